@@ -1,0 +1,114 @@
+"""The public verbs: load a run or trace, analyze it, import it into a run store."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+
+from pastaprof.errors import InputError
+from pastaprof.events.schema import KINDS, conform
+from pastaprof.importers import iter_ranks, manifest_for
+from pastaprof.processor.link import link_rank
+from pastaprof.processor.pipeline import Processor
+from pastaprof.store.run import Run, open_run_dir
+from pastaprof.store.writer import MANIFEST, RunWriter
+from pastaprof.tools.base import Report, RunInfo, Tool
+from pastaprof.tools.registry import resolve
+
+Progress = Callable[[int], None]
+
+
+def example_path() -> Path:
+    """The bundled example trace: GPT-2 small, 3 training steps, recorded on an H200."""
+    return Path(str(resources.files("pastaprof") / "data" / "example_gpt2_train_3steps.pt.trace.json.gz"))
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and (path / MANIFEST).exists()
+
+
+def load(path: str | Path, ranks: Sequence[int] | None = None, progress: Progress | None = None) -> Run:
+    """Open a run directory, or import a foreign trace (file or folder of per-rank
+    files) into memory.  Returns a :class:`Run`."""
+    path = Path(path)
+    rank_list = list(ranks) if ranks is not None else None
+    if is_run_dir(path):
+        return open_run_dir(path, rank_list)
+    per_kind: dict[str, list] = {k: [] for k in KINDS}
+    metas = []
+    for rank, tables, meta in iter_ranks(path, rank_list, progress):
+        linked = link_rank(tables)
+        for kind in KINDS:
+            if kind in linked:
+                per_kind[kind].append(conform(kind, linked[kind]))
+        metas.append(meta)
+    import pyarrow as pa
+
+    tables = {k: pa.concat_tables(v) for k, v in per_kind.items() if v}
+    return Run(manifest_for(path, metas), tables=tables)
+
+
+def import_trace(path: str | Path, out: str | Path, ranks: Sequence[int] | None = None,
+                 force: bool = False, progress: Progress | None = None) -> Path:
+    """Import a foreign trace into a run directory at ``out`` (written atomically)."""
+    path = Path(path)
+    with RunWriter(out, overwrite=force) as writer:
+        proc = Processor(sink=writer)
+        metas = []
+        for rank, tables, meta in iter_ranks(path, list(ranks) if ranks is not None else None, progress):
+            proc.ingest_rank(rank, tables)
+            metas.append(meta)
+        if not metas:
+            raise InputError(path, "no trace matches the selected ranks")
+        return writer.commit(manifest_for(path, metas))
+
+
+def analyze(source: str | Path | Run, tools: Sequence[str | Tool] | None = None,
+            ranks: Sequence[int] | None = None, progress: Progress | None = None,
+            out: str | Path | None = None) -> list[Report]:
+    """Run tools over a run directory, a foreign trace or a loaded Run.
+
+    ``tools``: names (see ``pastaprof tools``) or Tool instances; default: the
+    built-in set.  ``out``: also store the imported events as a run directory.
+    """
+    instances = _instances(tools)
+    rank_list = list(ranks) if ranks is not None else None
+    if isinstance(source, Run) or is_run_dir(Path(source)):
+        run = source if isinstance(source, Run) else open_run_dir(Path(source), rank_list)
+        proc = Processor(instances, info=RunInfo(run.manifest))
+        for kind in KINDS:
+            if proc.wants(kind):
+                proc.submit(kind, run.table(kind))
+        return proc.finish()
+    path = Path(source)
+    writer = RunWriter(out) if out is not None else None
+    try:
+        metas = []
+        proc = Processor(instances, sink=writer)
+        for rank, tables, meta in iter_ranks(path, rank_list, progress):
+            if not metas:
+                proc.info = RunInfo(manifest_for(path, [meta]))
+            proc.ingest_rank(rank, tables)
+            metas.append(meta)
+        if not metas:
+            raise InputError(path, "no trace matches the selected ranks")
+        proc.info.manifest.update(manifest_for(path, metas))
+        reports = proc.finish()
+        if writer is not None:
+            writer.commit(manifest_for(path, metas))
+        return reports
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+
+
+def _instances(tools: Sequence[str | Tool] | None) -> list[Tool]:
+    """Tool objects for a mix of names and instances (None: the default set)."""
+    if tools is None:
+        return [cls() for cls in resolve(None)]
+    out: list[Tool] = []
+    for t in tools:
+        out.extend([t] if isinstance(t, Tool) else [cls() for cls in resolve([t])])
+    return out

@@ -1,0 +1,184 @@
+"""The unified event model: one Arrow schema per event kind.
+
+Every handler and importer emits ``pyarrow.RecordBatch`` objects that conform to
+these schemas, and every tool consumes them.  Keeping the model columnar (and
+names dictionary-encoded) is what lets pastaprof move millions of events without
+building one Python object per event.
+
+Conventions (see docs/events.md):
+
+* Time is ``start_ns`` / ``end_ns``: int64 nanoseconds on the Unix-epoch clock
+  (the clock of ``time.time_ns()``).  Instant events have ``end_ns == start_ns``.
+* ``rank`` is the distributed rank (0 for single-process runs), ``device`` the
+  GPU ordinal (-1 for host-only events), ``stream`` the GPU stream (-1 if none).
+* ``correlation`` ties a runtime API call to the GPU activity it launched.
+* ``op_id`` (on GPU activities and API calls) is the ``id`` of the innermost
+  framework operator that launched the work, or null when none did.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+NAME = pa.dictionary(pa.int32(), pa.string())
+
+COMMON: list[pa.Field] = [
+    pa.field("start_ns", pa.int64(), nullable=False),
+    pa.field("end_ns", pa.int64(), nullable=False),
+    pa.field("rank", pa.int32(), nullable=False),
+    pa.field("device", pa.int32()),
+    pa.field("stream", pa.int64()),
+    pa.field("pid", pa.int64()),
+    pa.field("tid", pa.int64()),
+    pa.field("correlation", pa.int64()),
+    pa.field("name", NAME),
+]
+
+_SPECIFIC: dict[str, list[pa.Field]] = {
+    # A GPU kernel execution.
+    "kernel": [
+        pa.field("grid_x", pa.int32()), pa.field("grid_y", pa.int32()), pa.field("grid_z", pa.int32()),
+        pa.field("block_x", pa.int32()), pa.field("block_y", pa.int32()), pa.field("block_z", pa.int32()),
+        pa.field("registers", pa.int32()),
+        pa.field("shared_bytes", pa.int64()),
+        pa.field("op_id", pa.int64()),
+    ],
+    # A GPU copy. ``direction`` is HtoD, DtoH, DtoD, HtoH, PtoP or unknown.
+    "memcpy": [
+        pa.field("bytes", pa.int64()),
+        pa.field("direction", NAME),
+        pa.field("op_id", pa.int64()),
+    ],
+    "memset": [
+        pa.field("bytes", pa.int64()),
+        pa.field("op_id", pa.int64()),
+    ],
+    # Raw allocations by the driver/runtime. ``memory_kind``: device, pinned, managed, pool.
+    "alloc": [
+        pa.field("address", pa.uint64()),
+        pa.field("bytes", pa.int64()),
+        pa.field("memory_kind", NAME),
+    ],
+    "free": [
+        pa.field("address", pa.uint64()),
+        pa.field("bytes", pa.int64()),
+        pa.field("memory_kind", NAME),
+    ],
+    # Host/device synchronisation (stream, event, context or device wait).
+    "sync": [
+        pa.field("sync_kind", NAME),
+    ],
+    # A runtime or driver API call on the host. ``api_kind``: runtime or driver.
+    "api": [
+        pa.field("api_kind", NAME),
+        pa.field("op_id", pa.int64()),
+    ],
+    # A framework operator (e.g. aten::mm). ``id`` is unique within a rank.
+    "op": [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("parent_id", pa.int64()),
+        pa.field("depth", pa.int32()),
+        pa.field("external_id", pa.int64()),
+        pa.field("sequence_id", pa.int64()),
+        pa.field("is_backward", pa.bool_()),
+        pa.field("input_shapes", pa.string()),
+        pa.field("input_dtypes", pa.string()),
+        pa.field("module", NAME),
+        pa.field("call_site", NAME),
+    ],
+    # A caching-allocator block event. ``bytes`` is negative on free.
+    "tensor": [
+        pa.field("address", pa.uint64()),
+        pa.field("bytes", pa.int64()),
+        pa.field("total_allocated", pa.int64()),
+        pa.field("total_reserved", pa.int64()),
+        pa.field("device_type", NAME),
+    ],
+    # A user, NVTX or record_function range. ``domain``: user, gpu_user, nvtx, python.
+    "range": [
+        pa.field("domain", NAME),
+        pa.field("id", pa.int64()),
+    ],
+    # A Python call frame (torch.profiler with_stack): file, line, function in ``name``.
+    "frame": [
+        pa.field("id", pa.int64()),
+        pa.field("parent_id", pa.int64()),
+        pa.field("file", NAME),
+        pa.field("line", pa.int32()),
+        pa.field("function", NAME),
+        pa.field("is_module", pa.bool_()),
+    ],
+    # Unified memory: faults and migrations. ``uvm_kind``: gpu_fault, cpu_fault, htod, dtoh, dtod,
+    # thrashing, throttling, remote_map. ``cause``: the migration cause where known.
+    "uvm": [
+        pa.field("uvm_kind", NAME),
+        pa.field("address", pa.uint64()),
+        pa.field("bytes", pa.int64()),
+        pa.field("cause", NAME),
+    ],
+    # A sampled device metric, e.g. SM clock or memory used.
+    "counter": [
+        pa.field("value", pa.float64()),
+        pa.field("unit", NAME),
+    ],
+    # A collective communication op (NCCL/RCCL).
+    "collective": [
+        pa.field("bytes", pa.int64()),
+        pa.field("dtype", NAME),
+        pa.field("group_size", pa.int32()),
+        pa.field("peers", pa.string()),
+        pa.field("op_id", pa.int64()),
+    ],
+    # Per kernel launch x memory object, produced by an instruction-level handler.
+    "access_summary": [
+        pa.field("object_address", pa.uint64()),
+        pa.field("object_bytes", pa.int64()),
+        pa.field("reads", pa.int64()),
+        pa.field("writes", pa.int64()),
+        pa.field("bytes_read", pa.int64()),
+        pa.field("bytes_written", pa.int64()),
+        pa.field("sectors", pa.int64()),
+    ],
+}
+
+KINDS: tuple[str, ...] = tuple(_SPECIFIC)
+
+SCHEMAS: dict[str, pa.Schema] = {
+    kind: pa.schema(COMMON + fields, metadata={"pastaprof.kind": kind, "pastaprof.schema_version": str(SCHEMA_VERSION)})
+    for kind, fields in _SPECIFIC.items()
+}
+
+#: The kinds whose events occupy a GPU engine (used by the timeline tools).
+GPU_ACTIVITY_KINDS = ("kernel", "memcpy", "memset")
+
+
+def schema(kind: str) -> pa.Schema:
+    """The schema of ``kind``; raises ``KeyError`` naming the known kinds."""
+    try:
+        return SCHEMAS[kind]
+    except KeyError:
+        raise KeyError(f"unknown event kind {kind!r}; known kinds: {', '.join(KINDS)}") from None
+
+
+def empty(kind: str) -> pa.Table:
+    """An empty table of ``kind`` with the full schema."""
+    return schema(kind).empty_table()
+
+
+def conform(kind: str, table: pa.Table) -> pa.Table:
+    """Cast/extend ``table`` to the schema of ``kind``: missing columns become nulls
+    and extra columns are dropped.  Used at the boundary of every handler."""
+    target = schema(kind)
+    n = table.num_rows
+    cols = []
+    for field in target:
+        if field.name in table.column_names:
+            col = table.column(field.name)
+            if col.type != field.type:
+                col = col.cast(field.type)
+        else:
+            col = pa.nulls(n, field.type)
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=target)

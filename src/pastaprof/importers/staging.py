@@ -1,0 +1,190 @@
+"""Find the event array inside a Chrome-trace JSON file and stage it for DuckDB.
+
+A Kineto trace is one JSON object; its ``traceEvents`` array holds nearly all of
+its bytes, with small metadata before and after it.  We copy exactly that array
+(decompressing ``.gz`` on the way) into a temporary file that DuckDB's JSON
+reader then parses in parallel, in C++, straight into columns.  The metadata
+around it is parsed with orjson.  Nothing here holds the trace in memory.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+
+from pastaprof.errors import InputError
+
+CHUNK = 8 << 20
+HEAD_LIMIT = 64 << 20
+TAIL_WINDOW = 1 << 20
+
+
+def open_trace(path: Path) -> BinaryIO:
+    """Open a trace, transparently gunzipping (detected by magic bytes, not name)."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise InputError(path, "no such file") from None
+    except IsADirectoryError:
+        raise InputError(path, "is a directory, expected a trace file") from None
+    except OSError as e:
+        raise InputError(path, f"cannot open: {e.strerror}") from None
+    magic = f.read(2)
+    f.seek(0)
+    if magic == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+    return f
+
+
+def _find_array_start(head: bytes) -> tuple[int, bool]:
+    """Offset of the '[' that opens the event array (-1: read more) and whether the
+    file is a bare array (Chrome's "JSON array format").  Scans JSON tokens only
+    until the array starts; the metadata before it is small."""
+    i = 0
+    n = len(head)
+    while i < n and head[i] in b" \t\r\n":
+        i += 1
+    if head.startswith(b"\xef\xbb\xbf", i):
+        i += 3
+    if i >= n:
+        raise ValueError("empty file")
+    if head[i : i + 1] == b"[":
+        return i, True
+    if head[i : i + 1] != b"{":
+        raise ValueError("not JSON: does not start with '{' or '['")
+    depth = 0
+    in_str = False
+    key_start = -1
+    last_key = None
+    j = i
+    while j < n:
+        c = head[j]
+        if in_str:
+            if c == 0x5C:  # backslash
+                j += 2
+                continue
+            if c == 0x22:
+                in_str = False
+                if depth == 1:
+                    last_key = head[key_start:j]
+            j += 1
+            continue
+        if c == 0x22:
+            in_str = True
+            key_start = j + 1
+        elif c in b"{[":
+            if c == 0x5B and depth == 1 and last_key == b"traceEvents":
+                return j, False
+            depth += 1
+        elif c in b"}]":
+            depth -= 1
+            if depth == 0:
+                raise ValueError("no traceEvents array: not a Chrome/Kineto trace")
+        elif c == 0x2C and depth == 1:
+            last_key = None
+        j += 1
+    return -1, False  # need more bytes
+
+
+def _parse_header(prefix: bytes) -> dict[str, Any]:
+    """The metadata before ``"traceEvents":`` as a dict (best effort)."""
+    text = prefix.rstrip()
+    k = text.rfind(b'"traceEvents"')
+    if k < 0:
+        return {}
+    body = text[:k].rstrip().rstrip(b",") + b"}"
+    try:
+        meta = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _close_array(tail: bytes, bare: bool) -> tuple[int, dict[str, Any]]:
+    """Position (in ``tail``) of the ']' that closes the event array, and the
+    metadata that follows it.  Tries candidates from the end; a wrong one cannot
+    parse, because what follows it is then not the rest of a JSON object."""
+    pos = len(tail)
+    while True:
+        pos = tail.rfind(b"]", 0, pos)
+        if pos < 0:
+            raise ValueError("truncated: the traceEvents array is never closed")
+        rest = tail[pos + 1 :].strip()
+        if bare:
+            if not rest:
+                return pos, {}
+            continue
+        rest = rest.lstrip(b",").lstrip()
+        try:
+            meta = orjson.loads(b"{" + rest) if rest != b"}" else {}
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(meta, dict):
+            return pos, meta
+
+
+def stage_events(
+    path: Path, dest: Path, progress: Callable[[int], None] | None = None
+) -> dict[str, Any]:
+    """Copy the event array of ``path`` to ``dest`` (a JSON array file) and return
+    the trace's metadata (everything but ``traceEvents``).
+
+    Raises InputError with a one-line reason for anything that is not a
+    well-formed Chrome trace at this level (empty, not JSON, truncated, ...).
+    """
+    src = open_trace(path)
+    try:
+        try:
+            head = b""
+            start = -1
+            while start < 0:
+                block = src.read(CHUNK)
+                head += block
+                if not head.strip():
+                    raise InputError(path, "empty file")
+                try:
+                    start, bare = _find_array_start(head)
+                except ValueError as e:
+                    raise InputError(path, str(e)) from None
+                if start < 0 and (not block or len(head) >= HEAD_LIMIT):
+                    raise InputError(path, "no traceEvents array found: not a Chrome/Kineto trace")
+            meta = {} if bare else _parse_header(head[:start])
+            copied = 0
+            with open(dest, "wb") as out:
+                out.write(head[start:])
+                copied += len(head)
+                if progress:
+                    progress(len(head))
+                while True:
+                    block = src.read(CHUNK)
+                    if not block:
+                        break
+                    out.write(block)
+                    copied += len(block)
+                    if progress:
+                        progress(len(block))
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise InputError(path, f"corrupt or truncated gzip data ({e})") from None
+        except OSError as e:
+            raise InputError(path, f"read error: {e}") from None
+    finally:
+        src.close()
+    size = os.path.getsize(dest)
+    with open(dest, "r+b") as f:
+        off = max(0, size - TAIL_WINDOW)
+        f.seek(off)
+        tail = f.read()
+        try:
+            pos, trailer = _close_array(tail, bare)
+        except ValueError as e:
+            raise InputError(path, str(e)) from None
+        f.truncate(off + pos + 1)
+    meta.update(trailer)
+    meta["_bytes"] = copied
+    return meta

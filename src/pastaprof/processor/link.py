@@ -1,0 +1,186 @@
+"""Normalization: link ops, API calls and GPU work, and place ops in their
+module and source line.  Pure functions over whole per-rank tables, all
+vectorized (NumPy + Arrow); the processor calls them before fan-out.
+
+Links computed:
+* ``op.id`` (0..n-1 within a rank), ``op.parent_id`` / ``op.depth`` (nesting per thread);
+* ``api.op_id``: the op whose external id the call carries, else the innermost op
+  on the same thread whose interval contains the call;
+* ``kernel|memcpy|memset.op_id``: the op of the API call with the same
+  correlation id, else the op with the activity's external id;
+* ``op.module``: the innermost ``nn.Module`` frame around a forward op, joined to
+  its root module into a path; backward ops inherit the module of the forward op
+  with the same sequence number (autograd's link);
+* ``op.call_site``: the innermost Python frame outside torch/pastaprof.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pastaprof.processor.intervals import group_codes, innermost_enclosing, parents
+
+LIBRARY_PREFIXES = ("torch/", "pastaprof/", "<", "threading.py", "contextlib.py", "functools.py", "runpy.py")
+BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
+
+
+def _np(col: pa.ChunkedArray | pa.Array, fill: int = -1) -> np.ndarray:
+    return np.asarray(pc.fill_null(col, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _set(t: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    i = t.schema.get_field_index(name)
+    return t.set_column(i, name, values) if i >= 0 else t.append_column(name, values)
+
+
+def _ids_to_arrow(idx: np.ndarray) -> pa.Array:
+    return pa.array(idx, pa.int64(), mask=idx < 0)
+
+
+def _map_keys(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """values[j] where table_keys[j] == keys[i] (first match), else -1; keys < 0 never match."""
+    out = np.full(len(keys), -1, dtype=np.int64)
+    valid_t = table_keys >= 0
+    if not valid_t.any() or len(keys) == 0:
+        return out
+    tk = table_keys[valid_t]
+    tv = values[valid_t]
+    order = np.argsort(tk, kind="stable")
+    tk, tv = tk[order], tv[order]
+    pos = np.searchsorted(tk, keys)
+    posc = np.clip(pos, 0, len(tk) - 1)
+    hit = (keys >= 0) & (tk[posc] == keys)
+    out[hit] = tv[posc[hit]]
+    return out
+
+
+def _thread_groups(*tables: pa.Table) -> list[np.ndarray]:
+    """Shared (pid, tid) group codes across several tables."""
+    pids = [_np(t["pid"]) for t in tables]
+    tids = [_np(t["tid"]) for t in tables]
+    codes = group_codes(np.concatenate(pids), np.concatenate(tids))
+    out, k = [], 0
+    for p in pids:
+        out.append(codes[k : k + len(p)])
+        k += len(p)
+    return out
+
+
+def link_ops(op: pa.Table) -> pa.Table:
+    """Assign ids, parents and depths to ops."""
+    n = op.num_rows
+    op = _set(op, "id", pa.array(np.arange(n, dtype=np.int64)))
+    (g,) = _thread_groups(op)
+    parent, depth = parents(g, _np(op["start_ns"]), _np(op["end_ns"]))
+    op = _set(op, "parent_id", _ids_to_arrow(parent))
+    op = _set(op, "depth", pa.array(depth, pa.int32()))
+    return op
+
+
+def link_api(api: pa.Table, op: pa.Table) -> pa.Table:
+    ext_op = _map_keys(_np(api["external_id"]), _np(op["external_id"]), _np(op["id"])) if "external_id" in api.column_names else np.full(api.num_rows, -1)
+    g_api, g_op = _thread_groups(api, op)
+    by_time = innermost_enclosing(g_op, _np(op["start_ns"]), _np(op["end_ns"]), g_api, _np(api["start_ns"]))
+    op_ids = _np(op["id"])
+    by_time = np.where(by_time >= 0, op_ids[np.clip(by_time, 0, None)], -1)
+    return _set(api, "op_id", _ids_to_arrow(np.where(ext_op >= 0, ext_op, by_time)))
+
+
+def link_activity(act: pa.Table, api: pa.Table, op: pa.Table) -> pa.Table:
+    """op_id of GPU work: through its launching API call, else its external id."""
+    via_api = _map_keys(_np(act["correlation"]), _np(api["correlation"]), _np(api["op_id"]))
+    if "external_id" in act.column_names:
+        via_ext = _map_keys(_np(act["external_id"]), _np(op["external_id"]), _np(op["id"]))
+    else:
+        via_ext = np.full(act.num_rows, -1)
+    return _set(act, "op_id", _ids_to_arrow(np.where(via_api >= 0, via_api, via_ext)))
+
+
+def _is_library(files: pa.ChunkedArray) -> np.ndarray:
+    files = pc.fill_null(files.cast(pa.string()), "<none>")
+    lib = np.zeros(len(files), dtype=bool)
+    for p in LIBRARY_PREFIXES:
+        lib |= pc.starts_with(files, p).to_numpy(zero_copy_only=False)
+    for part in ("site-packages/torch/", "/pastaprof/"):
+        lib |= pc.match_substring(files, part).to_numpy(zero_copy_only=False)
+    return lib
+
+
+def module_paths(frame: pa.Table, idx: np.ndarray) -> pa.Array:
+    """Path from the root module ('A_0/B_0/C_1') of each module frame in ``idx``."""
+    if len(idx) == 0:
+        return pa.array([], pa.string())
+    sub = frame.take(idx)
+    (g,) = _thread_groups(sub)
+    par, _ = parents(g, _np(sub["start_ns"]), _np(sub["end_ns"]))
+    names = np.asarray(sub["function"].cast(pa.string()).to_pylist(), dtype=object)
+    resolved = names.copy()
+    anc = par.copy()
+    pending = anc >= 0
+    while pending.any():  # one pass per level of module nesting
+        resolved[pending] = names[anc[pending]] + "/" + resolved[pending]
+        anc = np.where(pending, par[np.clip(anc, 0, None)], -1)
+        pending = anc >= 0
+    return pa.array(resolved, pa.string())
+
+
+def _take_or_null(values: pa.Array, hit: np.ndarray) -> pa.Array:
+    return values.take(pa.array(hit, pa.int64(), mask=hit < 0))
+
+
+def place_ops(op: pa.Table, frame: pa.Table) -> pa.Table:
+    """Fill op.module, op.call_site and op.is_backward."""
+    n = op.num_rows
+    op_names = op["name"].cast(pa.string())
+    is_eval = pc.fill_null(pc.starts_with(op_names, BACKWARD_PREFIX), False).to_numpy(zero_copy_only=False)
+    ostart, oend = _np(op["start_ns"]), _np(op["end_ns"])
+    module_hit = np.full(n, -1, dtype=np.int64)
+    mod_paths = pa.array([], pa.string())
+    call_site = pa.nulls(n, pa.string())
+    if frame.num_rows and n:
+        g_fr, g_op = _thread_groups(frame, op)
+        fstart, fend = _np(frame["start_ns"]), _np(frame["end_ns"])
+        is_mod = pc.fill_null(frame["is_module"], False).to_numpy(zero_copy_only=False)
+        mod_idx = np.nonzero(is_mod)[0]
+        mod_paths = module_paths(frame, mod_idx)
+        module_hit = innermost_enclosing(g_fr[mod_idx], fstart[mod_idx], fend[mod_idx], g_op, ostart)
+        usr_idx = np.nonzero(~is_mod & ~_is_library(frame["file"]))[0]
+        hit = innermost_enclosing(g_fr[usr_idx], fstart[usr_idx], fend[usr_idx], g_op, ostart)
+        call_site = _take_or_null(frame["name"].cast(pa.string()).combine_chunks(), np.where(hit >= 0, usr_idx[np.clip(hit, 0, None)], -1))
+    (g_op,) = _thread_groups(op)
+    # Backward: the evaluate_function ops of autograd and everything inside them.
+    ev_idx = np.nonzero(is_eval)[0]
+    inside = innermost_enclosing(g_op[ev_idx], ostart[ev_idx], oend[ev_idx], g_op, ostart)
+    is_bwd = is_eval | (inside >= 0)
+    # They take the module of the forward op that has their evaluate op's sequence number.
+    if len(ev_idx):
+        seq = _np(op["sequence_id"])
+        fwd_idx = np.nonzero(~is_bwd & (seq >= 0) & (module_hit >= 0))[0]
+        ev_of = np.where(inside >= 0, ev_idx[np.clip(inside, 0, None)], -1)
+        ev_of[is_eval] = np.nonzero(is_eval)[0]
+        need = np.nonzero(is_bwd & (ev_of >= 0))[0]
+        src = _map_keys(seq[ev_of[need]], seq[fwd_idx], fwd_idx)
+        got = src >= 0
+        module_hit[need[got]] = module_hit[src[got]]
+    op = _set(op, "module", _take_or_null(mod_paths, module_hit))
+    op = _set(op, "call_site", call_site)
+    op = _set(op, "is_backward", pa.array(is_bwd, pa.bool_()))
+    return op
+
+
+def link_rank(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    """Link one rank's tables (see module docstring); returns new tables."""
+    t = dict(tables)
+    op = link_ops(t["op"])
+    op = place_ops(op, t["frame"])
+    api = link_api(t["api"], op)
+    for kind in ("kernel", "memcpy", "memset"):
+        t[kind] = link_activity(t[kind], api, op)
+    if "collective" in t and t["collective"].num_rows and "external_id" in t["collective"].column_names:
+        coll = t["collective"]
+        t["collective"] = _set(coll, "op_id", _ids_to_arrow(
+            _map_keys(_np(coll["external_id"]), _np(op["external_id"]), _np(op["id"]))))
+    t["op"], t["api"] = op, api
+    return t

@@ -1,0 +1,94 @@
+"""The tool contract: declare the kinds you consume, receive batches, return a Report.
+
+A tool never knows whether it runs live (batches arrive while the program
+runs) or offline (batches are replayed from a run store or an imported trace):
+the processor calls ``on_batch`` with Arrow ``RecordBatch`` objects of the
+kinds listed in ``consumes``, then ``report()`` once.  The default
+``on_batch`` keeps the batches so ``self.table(kind)`` returns everything seen
+so far -- enough for most tools; streaming tools override ``on_batch``.
+
+Third-party tools register a class in the ``pastaprof.tools`` entry-point group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import pyarrow as pa
+
+from pastaprof.events.schema import schema
+
+Severity = Literal["info", "warning", "critical"]
+
+
+@dataclass
+class Finding:
+    """One machine-readable conclusion: what, how bad, the numbers behind it, where."""
+
+    severity: Severity
+    title: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    location: str | None = None
+    tool: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tool": self.tool, "severity": self.severity, "title": self.title,
+                "evidence": self.evidence, "location": self.location}
+
+
+@dataclass
+class Report:
+    """A tool's result: titled tables, findings and headline numbers."""
+
+    tool: str
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for f in self.findings:
+            f.tool = f.tool or self.tool
+
+
+@dataclass
+class RunInfo:
+    """What a tool may know about the run besides its events (from the manifest)."""
+
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def devices(self) -> list[dict[str, Any]]:
+        return list(self.manifest.get("devices", []))
+
+
+class Tool:
+    """Base class of every analysis tool.  Subclasses set ``name``, ``description``
+    and ``consumes`` and implement ``report``."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    consumes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        self.info = RunInfo()
+        self._batches: dict[str, list[pa.RecordBatch]] = {k: [] for k in self.consumes}
+
+    def begin(self, info: RunInfo) -> None:
+        """Called once before the first batch."""
+        self.info = info
+
+    def on_batch(self, kind: str, batch: pa.RecordBatch) -> None:
+        """Receive events of a consumed kind.  Default: keep them for ``table``."""
+        self._batches[kind].append(batch)
+
+    def table(self, kind: str) -> pa.Table:
+        """All batches of ``kind`` received so far, as one table."""
+        batches = self._batches.get(kind, [])
+        if not batches:
+            return schema(kind).empty_table()
+        return pa.Table.from_batches(batches)
+
+    def report(self) -> Report:
+        raise NotImplementedError

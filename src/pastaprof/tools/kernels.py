@@ -1,0 +1,77 @@
+"""kernels -- PASTA's app_metric/code_check: where GPU time goes, per kernel name.
+
+Per kernel name: launches, total/mean/median/p99 duration, share of GPU time,
+grid and block shapes; memcpy/memset counts and bytes by direction.  Findings
+flag kernels that dominate GPU time and many tiny kernels (launch overhead).
+"""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+
+from pastaprof.tools.base import Finding, Report, Tool
+
+DOMINANT_SHARE = 0.25      # a kernel name taking >= 25% of GPU time is worth a look
+TINY_KERNEL_NS = 5_000     # kernels under 5 us are dominated by launch overhead ...
+TINY_MIN_LAUNCHES = 1_000  # ... when there are this many of them
+
+
+class Kernels(Tool):
+    name = "kernels"
+    description = "Per kernel: launches, total/mean/median/p99 time, GPU-time share, grid/block; copies by direction"
+    consumes = ("kernel", "memcpy", "memset")
+
+    def report(self) -> Report:
+        con = duckdb.connect()
+        con.register("kernel", self.table("kernel"))
+        con.register("memcpy", self.table("memcpy"))
+        con.register("memset", self.table("memset"))
+        per_kernel = con.sql("""
+            WITH k AS (SELECT CAST(name AS VARCHAR) AS name, end_ns - start_ns AS d,
+                              grid_x, grid_y, grid_z, block_x, block_y, block_z FROM kernel),
+                 tot AS (SELECT sum(d) AS t FROM k)
+            SELECT name, count(*) AS launches, sum(d)::BIGINT AS total_ns, avg(d) AS mean_ns,
+                   quantile_disc(d, 0.5) AS median_ns, quantile_disc(d, 0.99) AS p99_ns,
+                   sum(d) / NULLIF((SELECT t FROM tot), 0) AS share,
+                   mode(format('{}x{}x{}', grid_x, grid_y, grid_z)) AS grid,
+                   mode(format('{}x{}x{}', block_x, block_y, block_z)) AS block,
+                   count(DISTINCT (grid_x, grid_y, grid_z)) AS distinct_grids
+            FROM k GROUP BY name ORDER BY total_ns DESC, name
+        """).to_arrow_table()
+        copies = con.sql("""
+            SELECT 'memcpy' AS kind, CAST(direction AS VARCHAR) AS direction, count(*) AS count,
+                   sum(bytes)::BIGINT AS bytes, sum(end_ns - start_ns)::BIGINT AS total_ns FROM memcpy GROUP BY 2
+            UNION ALL
+            SELECT 'memset', 'device', count(*), sum(bytes)::BIGINT, sum(end_ns - start_ns)::BIGINT FROM memset HAVING count(*) > 0
+            ORDER BY kind, direction
+        """).to_arrow_table()
+        totals = con.execute("""
+            SELECT (SELECT count(*) FROM kernel) AS kernels,
+                   (SELECT coalesce(sum(end_ns - start_ns), 0) FROM kernel) AS kernel_ns,
+                   (SELECT count(*) FROM memcpy) AS memcpys,
+                   (SELECT coalesce(sum(bytes), 0) FROM memcpy) AS memcpy_bytes,
+                   (SELECT count(*) FROM memset) AS memsets
+        """).fetchone()
+        summary = dict(zip(["kernels", "kernel_ns", "memcpys", "memcpy_bytes", "memsets"], [int(v) for v in totals]))
+        summary["distinct_kernels"] = per_kernel.num_rows
+        return Report(self.name, tables={"kernels": per_kernel, "copies": copies},
+                      findings=self._findings(per_kernel, summary), summary=summary)
+
+    def _findings(self, per_kernel: pa.Table, summary: dict) -> list[Finding]:
+        out: list[Finding] = []
+        rows = per_kernel.slice(0, 5).to_pylist()
+        for r in rows:
+            if r["share"] is not None and r["share"] >= DOMINANT_SHARE:
+                out.append(Finding("warning", f"one kernel takes {r['share']:.0%} of GPU time",
+                                   {"launches": r["launches"], "total_ns": r["total_ns"], "share": round(r["share"], 4),
+                                    "mean_ns": round(r["mean_ns"], 1)}, location=r["name"]))
+        con = duckdb.connect()
+        con.register("k", per_kernel)
+        tiny = con.execute(f"SELECT sum(launches), sum(total_ns) FROM k WHERE median_ns < {TINY_KERNEL_NS}").fetchone()
+        if tiny[0] and tiny[0] >= TINY_MIN_LAUNCHES:
+            out.append(Finding("info", f"{tiny[0]} launches of kernels with median under {TINY_KERNEL_NS // 1000} us",
+                               {"launches": int(tiny[0]), "total_ns": int(tiny[1]),
+                                "share_of_launches": round(tiny[0] / max(summary["kernels"], 1), 4)},
+                               location="many small kernels: consider fusion or CUDA graphs"))
+        return out
