@@ -36,7 +36,7 @@ CATEGORY_KIND = {
     "python_function": "frame",
 }
 # Categories understood but not turned into events of their own.
-IGNORED_CATEGORIES = {"ac2g", "fwdbwd", "overhead", "trace", "cpu_instant_event", "python_function_metadata"}
+IGNORED_CATEGORIES = {"ac2g", "async", "fwdbwd", "overhead", "trace", "cpu_instant_event"}
 
 # JSON keys pulled out of ``args`` in the single parsing pass (index = position).
 ARG_KEYS = [
@@ -191,6 +191,7 @@ def _project(con, staged: Path, rank: int, base: int, path: Path) -> tuple[dict[
         """, [str(staged)])
     except duckdb.Error as e:
         raise InputError(path, _describe_duckdb_error(e)) from None
+    counts = dict(con.execute("SELECT coalesce(lcat, ''), count(*) FROM raw GROUP BY 1").fetchall())
     bad = con.execute("SELECT count(*) FROM raw WHERE ph IS NULL").fetchone()[0]
     total = con.execute("SELECT count(*) FROM raw").fetchone()[0]
     if total and bad == total:
@@ -218,7 +219,6 @@ def _project(con, staged: Path, rank: int, base: int, path: Path) -> tuple[dict[
             WHERE raw.ph IN ('X', 'i', 'I') AND raw.ts IS NOT NULL
         """)
         con.execute("DROP TABLE raw")
-        counts = dict(con.execute("SELECT coalesce(lcat, ''), count(*) FROM ev GROUP BY 1").fetchall())
         tables: dict[str, pa.Table] = {}
         for kind, sql in _queries(rank).items():
             t = con.sql(sql + " ORDER BY start_ns").to_arrow_table()
@@ -247,18 +247,24 @@ def _collectives(op: pa.Table) -> pa.Table:
 
 
 _DUCK_RE = re.compile(r"^[A-Za-z ]*Error: ")
+_STAGED_FILE_RE = re.compile(r'\s*in file "[^"]*",?')
+_RECORD_RE = re.compile(r"record/value (\d+)")
 
 
 def _describe_duckdb_error(e: Exception) -> str:
+    """One user-facing line for a DuckDB failure on the staged event array (the
+    temporary file is not the user's business: its name is removed)."""
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    msg = _DUCK_RE.sub("", msg)
+    msg = _STAGED_FILE_RE.sub("", _DUCK_RE.sub("", msg)).strip()
     low = msg.lower()
-    if "malformed json" in low or "unexpected" in low or "invalid" in low and "json" in low:
+    rec = _RECORD_RE.search(msg)
+    where = f" (event {rec.group(1)})" if rec else ""
+    if "expected object" in low:
+        return f"traceEvents holds an entry that is not an event object{where}"
+    if "malformed json" in low or "unexpected" in low or ("invalid" in low and "json" in low):
         return f"malformed JSON in the event array ({msg})"
-    if "could not convert" in low or "conversion" in low or "out of range" in low:
+    if "could not convert" in low or "conversion" in low or "out of range" in low or "failed to cast" in low:
         return f"a field has the wrong type ({msg})"
-    if "expected" in low and "array" in low:
-        return "traceEvents is not an array of event objects"
     return msg
 
 

@@ -39,12 +39,14 @@ class Finding:
 
 @dataclass
 class Report:
-    """A tool's result: titled tables, findings and headline numbers."""
+    """A tool's result: titled tables (shown), findings, headline numbers, and
+    ``details``: large per-event tables kept for programs, never printed."""
 
     tool: str
     tables: dict[str, pa.Table] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, pa.Table] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for f in self.findings:

@@ -1,0 +1,225 @@
+"""The ``pastaprof`` command line.
+
+Every failure a user can cause (bad path, corrupt trace, unknown tool, bad
+flag) ends as one line on stderr and exit code 2 -- never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pastaprof import __version__
+from pastaprof.errors import PastaprofError
+
+PROGRESS_MIN_BYTES = 32 << 20  # show a progress bar for imports above 32 MB
+
+
+def _fail(message: str) -> None:
+    click.echo(f"pastaprof: error: {message}", err=True)
+    sys.exit(2)
+
+
+def _parse_ranks(value: str | None) -> list[int] | None:
+    """'0,2,4-7' -> [0, 2, 4, 5, 6, 7]."""
+    if not value:
+        return None
+    ranks: list[int] = []
+    try:
+        for part in value.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                ranks.extend(range(int(lo), int(hi) + 1))
+            else:
+                ranks.append(int(part))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a rank list like '0,2,4-7'", param_hint="--ranks") from None
+    if any(r < 0 for r in ranks):
+        raise click.BadParameter("ranks are non-negative", param_hint="--ranks")
+    return ranks
+
+
+def _parse_tools(value: str | None) -> list[str] | None:
+    if not value:
+        return None
+    return [t.strip() for t in value.split(",") if t.strip()]
+
+
+@contextmanager
+def _progress(path: Path, quiet: bool) -> Iterator[Callable[[int], None] | None]:
+    """A rich progress bar over the bytes of a long import (decompressed bytes for .gz)."""
+    size = 0
+    try:
+        files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()] if path.is_dir() else []
+        size = sum(p.stat().st_size for p in files)
+    except OSError:
+        pass
+    if quiet or size < PROGRESS_MIN_BYTES or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn, TransferSpeedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        gz = any(p.name.endswith(".gz") for p in files)
+        task = bar.add_task(f"importing {path.name}", total=None if gz else size)
+        yield lambda n: bar.advance(task, n)
+
+
+def _run_guarded(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except PastaprofError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        click.echo("pastaprof: interrupted", err=True)
+        sys.exit(130)
+    except MemoryError:
+        _fail("out of memory")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", "-V", prog_name="pastaprof")
+def main() -> None:
+    """pastaprof: program analysis for GPU workloads.
+
+    Analyze a PyTorch profiler (Kineto) trace or a pastaprof run:
+
+        pastaprof analyze --example
+        pastaprof analyze trace.json.gz -t kernels,timeline --json findings.json
+    """
+
+
+@main.command()
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+@click.option("--example", is_flag=True, help="Analyze the bundled example (GPT-2 small, 3 training steps, H200).")
+@click.option("-t", "--tools", "tools", metavar="TOOL[,TOOL]", help="Tools to run (see `pastaprof tools`).")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write findings and tables as JSON here.")
+@click.option("--ranks", metavar="LIST", help="Only these ranks, e.g. 0,2,4-7.")
+@click.option("-o", "--out", type=click.Path(path_type=Path), help="Also store the imported events as a run directory.")
+@click.option("--rows", default=15, show_default=True, type=click.IntRange(1, 10_000), help="Rows per table.")
+@click.option("-q", "--quiet", is_flag=True, help="No terminal tables (use with --json).")
+def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path | None, ranks: str | None,
+            out: Path | None, rows: int, quiet: bool) -> None:
+    """Run analysis tools on a trace file, a folder of per-rank traces, or a run directory."""
+    from pastaprof.api import analyze as run_analyze
+    from pastaprof.api import example_path
+    from pastaprof.report.findings import write_json
+    from pastaprof.report.terminal import print_reports
+
+    if example == (path is not None):
+        _fail("give either a PATH or --example")
+    source = example_path() if example else path
+    assert source is not None
+    rank_list = _parse_ranks(ranks)
+    tool_list = _parse_tools(tools)
+    if json_out is not None and not json_out.parent.exists():
+        _fail(f"{json_out.parent}: directory does not exist")
+
+    def work() -> None:
+        with _progress(source, quiet) as progress:
+            reports = run_analyze(source, tools=tool_list, ranks=rank_list, progress=progress, out=out)
+        if not quiet:
+            print_reports(reports, max_rows=rows)
+        if json_out is not None:
+            write_json(reports, json_out, source=str(source))
+
+    _run_guarded(work)
+
+
+@main.command("import")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("-o", "--out", required=True, type=click.Path(path_type=Path), help="Run directory to create.")
+@click.option("--ranks", metavar="LIST", help="Only these ranks, e.g. 0,2,4-7.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+def import_cmd(path: Path, out: Path, ranks: str | None, force: bool) -> None:
+    """Import a foreign trace into a run directory (Parquet + run.json)."""
+    from pastaprof.api import import_trace
+
+    def work() -> None:
+        with _progress(path, False) as progress:
+            dest = import_trace(path, out, ranks=_parse_ranks(ranks), force=force, progress=progress)
+        click.echo(f"wrote {dest}")
+
+    _run_guarded(work)
+
+
+@main.command()
+def tools() -> None:
+    """List the installed analysis tools."""
+    from pastaprof.tools.registry import available
+
+    for name, cls in available().items():
+        click.echo(f"{name:<14} {cls.description}  [consumes: {', '.join(cls.consumes)}]")
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--ranks", metavar="LIST", help="Only these ranks.")
+def info(path: Path, ranks: str | None) -> None:
+    """What a run or trace holds: manifest, ranks, devices, event counts per kind."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pastaprof.api import load
+
+    def work() -> None:
+        with _progress(path, False) as progress:
+            run = load(path, ranks=_parse_ranks(ranks), progress=progress)
+        m = run.manifest
+        console = Console()
+        console.print(f"[bold]{path}[/]  format={m.get('format', 'pastaprof')}  schema={m.get('schema_version', '-')}"
+                      f"  ranks={run.ranks}")
+        for d in m.get("devices", []):
+            console.print(f"  device {d.get('id')}: {d.get('name')} ({d.get('numSms', '?')} SMs)")
+        if m.get("versions"):
+            console.print("  versions: " + ", ".join(f"{k}={v}" for k, v in m["versions"].items()))
+        if m.get("unknown_categories"):
+            console.print(f"  unknown categories (skipped): {m['unknown_categories']}")
+        t = Table("kind", "events", "first", "last", title="events")
+        for kind, table in run.iter_tables():
+            if table.num_rows:
+                import pyarrow.compute as pc
+
+                t.add_row(kind, f"{table.num_rows:,}", str(pc.min(table['start_ns'])), str(pc.max(table['end_ns'])))
+        console.print(t)
+
+    _run_guarded(work)
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--perfetto", "perfetto_out", type=click.Path(path_type=Path), help="Write a Perfetto trace (.pftrace).")
+@click.option("-o", "--out", "out_alias", type=click.Path(path_type=Path), help="Output file (same as --perfetto).")
+@click.option("--ranks", metavar="LIST", help="Only these ranks.")
+def export(path: Path, perfetto_out: Path | None, out_alias: Path | None, ranks: str | None) -> None:
+    """Export a run or trace: Perfetto protobuf trace (kernels per stream, ops, flows, memory)."""
+    from pastaprof.api import load
+
+    dest = perfetto_out or out_alias
+    if dest is None:
+        _fail("choose an output: --perfetto FILE (or -o FILE)")
+    assert dest is not None
+    if not dest.parent.exists():
+        _fail(f"{dest.parent}: directory does not exist")
+
+    def work() -> None:
+        from pastaprof.report.perfetto import write_perfetto
+
+        with _progress(path, False) as progress:
+            run = load(path, ranks=_parse_ranks(ranks), progress=progress)
+        counts = write_perfetto(run, dest)
+        click.echo(f"wrote {dest} ({', '.join(f'{k}={v}' for k, v in counts.items())})")
+
+    _run_guarded(work)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Machine-readable output: findings, summaries and tables as one JSON document."""
+
+from __future__ import annotations
+
+import decimal
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pastaprof.tools.base import Report
+
+JSON_FORMAT_VERSION = 1
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, decimal.Decimal):
+        return int(v) if v == v.to_integral_value() else float(v)
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def reports_to_dict(reports: list[Report], source: str | None = None, max_rows: int | None = 1000) -> dict[str, Any]:
+    """The JSON document: every finding flat (severity, title, evidence, location, tool),
+    plus each tool's summary and tables (rows capped at ``max_rows``)."""
+    return _clean({
+        "format_version": JSON_FORMAT_VERSION,
+        "source": source,
+        "findings": [f.to_dict() for r in reports for f in r.findings],
+        "tools": {
+            r.tool: {
+                "summary": r.summary,
+                "tables": {name: t.slice(0, max_rows).to_pylist() if max_rows else t.to_pylist()
+                           for name, t in r.tables.items()},
+            }
+            for r in reports
+        },
+    })
+
+
+def write_json(reports: list[Report], path: str | Path, source: str | None = None) -> None:
+    """Write atomically: a temp file in the target directory, then rename."""
+    path = Path(path)
+    data = orjson.dumps(reports_to_dict(reports, source), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

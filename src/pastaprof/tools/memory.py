@@ -1,0 +1,354 @@
+"""memory -- where allocator memory goes: footprint over time, the peak and what was
+live at it, blocks never freed, and step-over-step growth (leaks).
+
+Input: caching-allocator block events (kind ``tensor``, PyTorch's ``[memory]``
+instants: ``bytes`` < 0 on free), framework ops (to name who allocated a block),
+ranges (to find training steps) and raw driver allocations (``alloc``/``free``).
+
+Replay, per (rank, device, device_type): events in time order, ``replayed(t) =
+cumsum(bytes)``.  Traces usually start mid-run, so the replay starts at 0 while the
+allocator already held ``offset = total_allocated[0] - bytes[0]``; absolute levels
+are ``offset + replayed`` and are checked against the allocator's own column.
+
+Lifetimes: an alloc at address A is freed by the next event at A if that is a free
+(sort by (address, position) and match neighbours).  A free with no alloc before it
+is a pre-trace block: live from the trace start until that free.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pastaprof.processor.intervals import group_codes, innermost_enclosing
+from pastaprof.tools.base import Finding, Report, Tool
+
+MAX_POINTS = 500            # footprint curve: points per device (max kept per time bucket)
+TOP_LIVE = 20               # largest live-at-peak blocks listed per device
+MIN_STEPS = 3               # growth needs >= 2 step-to-step deltas
+LEAK_MIN_BYTES_PER_STEP = 1 << 20
+WARN_BYTES = 16 << 20       # never-freed severity thresholds
+CRITICAL_BYTES = 1 << 30
+CAPACITY_SHARE = 0.9        # reserved peak this close to device memory is a warning
+PROFILER_STEP_RE = r"^ProfilerStep#\d+$"
+USER_STEP_RE = r"^(train_?|iter(ation)?_?)?step[\s#_-]*\d+$"
+OPTIMIZER_STEP = "Optimizer.step#"
+GPU_TYPES = ("cuda", "hip")
+NEVER = np.iinfo(np.int64).max
+SITE = ["rank", "device", "device_type", "op_name", "call_site", "module"]
+
+
+def _i64(col, fill: int = -1) -> np.ndarray:
+    return np.asarray(pc.fill_null(col, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _str(col) -> np.ndarray:
+    return np.asarray(pc.fill_null(col.cast(pa.string()), "").to_numpy(zero_copy_only=False), dtype=object)
+
+
+def _take(values: pa.Array, idx: np.ndarray) -> pa.Array:
+    return values.take(pa.array(idx, pa.int64(), mask=idx < 0))
+
+
+def _fmt(b: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(b) >= size:
+            return f"{b / size:.1f} {unit}"
+    return f"{int(b)} B"
+
+
+def _downsample(t: np.ndarray, v: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices of <= max_points rows: the max of ``v`` per time bucket, plus the last row."""
+    n = len(t)
+    if n <= max_points:
+        return np.arange(n)
+    nb = max(max_points - 1, 1)
+    bucket = (t - t[0]) * nb // (t[-1] - t[0] + 1)
+    o = np.lexsort((-v, bucket))
+    _, first = np.unique(bucket[o], return_index=True)
+    return np.union1d(o[first], [n - 1])
+
+
+def _group(t: pa.Table, keys: list[str], sums: list[str], extra: list | None = None,
+           names: dict[str, str] | None = None, count: str = "blocks") -> pa.Table:
+    """Group ``t`` by ``keys``: sums (same names), a row count and extra aggregations; largest first."""
+    aggs = [(c, "sum") for c in sums] + [(keys[0], "count")] + (extra or [])
+    g = t.group_by(keys, use_threads=False).aggregate(aggs)
+    ren = {f"{c}_sum": c for c in sums} | {f"{keys[0]}_count": count} | (names or {})
+    g = g.rename_columns([ren.get(c, c) for c in g.column_names])
+    return g.sort_by([(sums[0], "descending")] + [(k, "ascending") for k in keys])
+
+
+class Memory(Tool):
+    name = "memory"
+    description = "Allocator footprint over time, peak and what was live at it, never-freed blocks, per-step growth"
+    consumes = ("tensor", "alloc", "free", "op", "range")
+
+    def report(self) -> Report:
+        ev = self.table("tensor")
+        ev = ev.filter(pc.fill_null(pc.not_equal(ev["bytes"], 0), False))
+        findings: list[Finding] = []
+        tables: dict[str, pa.Table] = {"driver": self._driver()}
+        if ev.num_rows == 0:
+            return Report(self.name, tables=tables, summary=self._summary([], [], []))
+        # ---- replay, per device key, in time order (original order breaks ties)
+        dtype_all = _str(ev["device_type"])
+        dcode = np.unique(dtype_all, return_inverse=True)[1]
+        rank0, dev0 = _i64(ev["rank"], 0), _i64(ev["device"])
+        key0 = group_codes(rank0, dev0, dcode)
+        order = np.lexsort((np.arange(ev.num_rows), _i64(ev["start_ns"]), key0))
+        ev = ev.take(pa.array(order))
+        n = ev.num_rows
+        key, rank, dev, dtype = key0[order], rank0[order], dev0[order], dtype_all[order]
+        t = _i64(ev["start_ns"])
+        nbytes = _i64(ev["bytes"], 0)
+        addr = np.asarray(pc.fill_null(ev["address"], 0).to_numpy(zero_copy_only=False), dtype=np.uint64)
+        ta_ok = pc.is_valid(ev["total_allocated"]).to_numpy(zero_copy_only=False)
+        ta, tr = _i64(ev["total_allocated"], 0), _i64(ev["total_reserved"], 0)
+        seg = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        seg_end = np.r_[seg[1:], n]
+        seg_len = seg_end - seg
+        csg = np.cumsum(nbytes)
+        cs = csg - np.repeat(csg[seg] - nbytes[seg], seg_len)
+        offset = np.where(ta_ok[seg], ta[seg] - nbytes[seg], 0)
+        level = cs + np.repeat(offset, seg_len)
+        mismatched = np.add.reduceat((ta_ok & (ta != level)).astype(np.int64), seg)
+        # ---- lifetimes: pair each alloc with the next event at its address if that is a free
+        pos = np.arange(n)
+        o2 = np.lexsort((pos, addr, key))
+        a, b = o2[:-1], o2[1:]
+        m = (key[a] == key[b]) & (addr[a] == addr[b]) & (nbytes[a] > 0) & (nbytes[b] < 0)
+        free_of = np.full(n, -1)
+        free_of[a[m]] = b[m]
+        paired_free = np.zeros(n, bool)
+        paired_free[b[m]] = True
+        is_alloc, is_free = nbytes > 0, nbytes < 0
+        pre = is_free & ~paired_free                  # frees of blocks allocated before the trace
+        rows = np.flatnonzero(is_alloc | pre)        # one row per block
+        r_alloc = is_alloc[rows]
+        fpos = np.where(r_alloc, free_of[rows], rows)
+        fpos = np.where(fpos < 0, NEVER, fpos)
+        apos = np.where(r_alloc, rows, -1)
+        op_idx = self._allocating_op(rank[rows], _i64(ev["pid"])[rows], _i64(ev["tid"])[rows], t[rows])
+        op_idx[~r_alloc] = -1
+        ops = self.table("op")
+        op_cols = {c: _take(ops[src].cast(typ).combine_chunks(), op_idx) if ops.num_rows else pa.nulls(len(rows), typ)
+                   for c, src, typ in (("op_id", "id", pa.int64()), ("op_name", "name", pa.string()),
+                                       ("module", "module", pa.string()), ("call_site", "call_site", pa.string()))}
+        blocks = pa.table({
+            "rank": pa.array(rank[rows], pa.int32()), "device": pa.array(dev[rows], pa.int32()),
+            "device_type": pa.array(dtype[rows], pa.string()),
+            "address": pa.array(addr[rows], pa.uint64()), "bytes": pa.array(np.abs(nbytes[rows])),
+            "alloc_ns": pa.array(t[rows], pa.int64(), mask=~r_alloc),
+            "free_ns": pa.array(t[np.clip(fpos, 0, n - 1)], pa.int64(), mask=fpos == NEVER),
+            "pretrace": pa.array(~r_alloc), **op_cols,
+        })
+        bkey = key[rows]                              # sorted: rows are in (key, time) order
+        bseg = np.searchsorted(bkey, np.arange(len(seg) + 1))
+        # ---- per device: peak, what was live at it, never freed
+        max_points = int(self.options.get("max_points", MAX_POINTS))
+        top_live = int(self.options.get("top_live", TOP_LIVE))
+        dev_rows, curve, live_idx, by_site_idx = [], [], [], []
+        caps = {int(d.get("id", -1)): d.get("totalGlobalMem") for d in self.info.devices if isinstance(d, dict)}
+        for k, (s, e) in enumerate(zip(seg, seg_end, strict=True)):
+            p = s + int(np.argmax(cs[s:e]))           # first time the replay reaches its maximum
+            bs, be = bseg[k], bseg[k + 1]
+            live = bs + np.flatnonzero((apos[bs:be] <= p) & (p < fpos[bs:be]))
+            traced_live = live[r_alloc[live]]
+            by_site_idx.append(live)
+            live_idx.append(live[np.argsort(-np.abs(nbytes[rows[live]]), kind="stable")[:top_live]])
+            never = bs + np.flatnonzero(r_alloc[bs:be] & (fpos[bs:be] == NEVER))
+            pre_freed = int(-nbytes[rows[bs:be][~r_alloc[bs:be]]].sum())
+            curve.append(s + _downsample(t[s:e], cs[s:e], max_points))
+            ta_max = int(ta[s:e][ta_ok[s:e]].max()) if ta_ok[s:e].any() else None
+            row = {
+                "rank": int(rank[s]), "device": int(dev[s]), "device_type": str(dtype[s]),
+                "alloc_events": int(is_alloc[s:e].sum()), "free_events": int(is_free[s:e].sum()),
+                "first_ns": int(t[s]), "last_ns": int(t[e - 1]),
+                "pretrace_offset_bytes": int(offset[k]), "peak_bytes": int(level[p]), "peak_ns": int(t[p]),
+                "peak_replayed_bytes": int(cs[p]), "max_total_allocated": ta_max,
+                "replay_consistent": ta_max is None or ta_max == int(level[p]), "mismatched_events": int(mismatched[k]),
+                "reserved_at_peak": int(tr[p]), "max_reserved_bytes": int(tr[s:e].max()),
+                "live_at_peak_blocks": len(traced_live), "live_at_peak_bytes": int(nbytes[rows[traced_live]].sum()),
+                "pretrace_at_peak_bytes": int(level[p] - nbytes[rows[traced_live]].sum()),
+                "pretrace_freed_bytes": pre_freed, "pretrace_unfreed_bytes": int(offset[k]) - pre_freed,
+                "never_freed_blocks": len(never), "never_freed_bytes": int(nbytes[rows[never]].sum()),
+                "end_bytes": int(level[e - 1]),
+            }
+            cap = caps.get(row["device"]) if row["device_type"] in GPU_TYPES else None
+            row["device_memory_bytes"] = int(cap) if isinstance(cap, (int, float)) else None
+            dev_rows.append(row)
+        devices = pa.Table.from_pylist(dev_rows)
+        keep = np.concatenate(curve)
+        tables["devices"] = devices  # one row per (rank, device, device_type)
+        tables["footprint"] = pa.table({
+            "rank": pa.array(rank[keep], pa.int32()), "device": pa.array(dev[keep], pa.int32()),
+            "device_type": pa.array(dtype[keep], pa.string()), "time_ns": t[keep],
+            "allocated_bytes": level[keep], "replayed_bytes": cs[keep],
+            "total_allocated": ev["total_allocated"].take(pa.array(keep)),
+            "total_reserved": ev["total_reserved"].take(pa.array(keep)),
+        })
+        live_tab = blocks.take(pa.array(np.concatenate(live_idx), pa.int64()))
+        tables["live_at_peak"] = live_tab
+        by_site = blocks.take(pa.array(np.concatenate(by_site_idx), pa.int64()))
+        tables["live_at_peak_by_site"] = _group(by_site, SITE + ["pretrace"], ["bytes"])
+        never_tab = blocks.filter(pc.and_(pc.invert(blocks["pretrace"]), pc.is_null(blocks["free_ns"])))
+        tables["never_freed"] = _group(never_tab, SITE, ["bytes"], [("alloc_ns", "min"), ("alloc_ns", "max")],
+                                         {"alloc_ns_min": "first_alloc_ns", "alloc_ns_max": "last_alloc_ns"})
+        # ---- steps and growth
+        step_rows, surv_tabs, leaks = self._steps(rank, dev, dtype, seg, seg_end, t, level, offset, blocks, bseg, fpos)
+        tables["steps"] = pa.Table.from_pylist(step_rows) if step_rows else pa.table({"step": pa.array([], pa.string())})
+        tables["step_survivors"] = pa.concat_tables(surv_tabs) if surv_tabs else pa.table({"op_name": pa.array([], pa.string())})
+        findings += self._findings(dev_rows, tables["never_freed"], leaks)
+        return Report(self.name, tables=tables, findings=findings, summary=self._summary(dev_rows, leaks, step_rows))
+
+    # ------------------------------------------------------------------ helpers
+    def _allocating_op(self, rank, pid, tid, time) -> np.ndarray:
+        """Index (into the op table) of the innermost op on the same thread around each time, or -1."""
+        ops = self.table("op")
+        if ops.num_rows == 0 or len(time) == 0:
+            return np.full(len(time), -1)
+        no = ops.num_rows
+        g = group_codes(np.r_[_i64(ops["rank"], 0), rank], np.r_[_i64(ops["pid"]), pid], np.r_[_i64(ops["tid"]), tid])
+        return innermost_enclosing(g[:no], _i64(ops["start_ns"]), _i64(ops["end_ns"]), g[no:], time)
+
+    def _step_windows(self, r: int, t_lo: int, t_hi: int) -> tuple[np.ndarray, np.ndarray, list[str], str]:
+        """Step windows of rank ``r``: ProfilerStep#N, user ``stepN`` ranges, optimizer steps,
+        else exact repetition of the top-level op sequence on the busiest thread."""
+        rng, ops = self.table("range"), self.table("op")
+        rng = rng.filter(pc.and_(pc.equal(rng["rank"], r), pc.fill_null(pc.equal(rng["domain"].cast(pa.string()), "user"), True)))
+        ops = ops.filter(pc.equal(ops["rank"], r))
+        named = pa.concat_tables([x.select(["name", "start_ns", "end_ns"]).cast(
+            pa.schema([("name", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])) for x in (rng, ops)])
+        for pattern, source in ((PROFILER_STEP_RE, "ProfilerStep"), (USER_STEP_RE, "step ranges")):
+            hit = named.filter(pc.match_substring_regex(named["name"], pattern, ignore_case=True))
+            if hit.num_rows:
+                g = hit.group_by("name").aggregate([("start_ns", "min"), ("end_ns", "max")]).sort_by("start_ns_min")
+                return _i64(g["start_ns_min"]), _i64(g["end_ns_max"]), g["name"].to_pylist(), source
+        opt = rng.filter(pc.starts_with(rng["name"].cast(pa.string()), OPTIMIZER_STEP))
+        if opt.num_rows:
+            ends = np.sort(_i64(opt["end_ns"]))
+            return np.r_[t_lo, ends[:-1]], ends, [f"step {i}" for i in range(len(ends))], "optimizer steps"
+        top = ops.filter(pc.fill_null(pc.equal(ops["depth"], 0), True))
+        if top.num_rows >= MIN_STEPS:
+            th = group_codes(_i64(top["pid"]), _i64(top["tid"]))
+            top = top.filter(pa.array(th == np.bincount(th).argmax())).sort_by("start_ns")
+            c = np.unique(_str(top["name"]), return_inverse=True)[1]
+            nt = len(c)
+            for p in range(1, nt // MIN_STEPS + 1):
+                if nt % p == 0 and np.array_equal(c[p:], c[:-p]):
+                    starts = _i64(top["start_ns"])[::p]
+                    return starts, np.r_[starts[1:], t_hi], [f"iteration {i}" for i in range(len(starts))], "repeated ops"
+        return np.array([], np.int64), np.array([], np.int64), [], "none"
+
+    def _steps(self, rank, dev, dtype, seg, seg_end, t, level, offset, blocks, bseg, fpos):
+        """Per device and step: level at step start/end, growth, survivors; leak records."""
+        step_rows, surv_tabs, leaks = [], [], []
+        min_growth = int(self.options.get("leak_min_bytes", LEAK_MIN_BYTES_PER_STEP))
+        ops, rng = self.table("op"), self.table("range")
+        windows: dict[int, tuple] = {}
+        alloc_ns = _i64(blocks["alloc_ns"], -1)
+        bbytes = _i64(blocks["bytes"], 0)
+        for k, (s, e) in enumerate(zip(seg, seg_end, strict=True)):
+            r = int(rank[s])
+            if r not in windows:
+                mine = rank == r
+                hi = max([int(t[mine].max())] + [int(_i64(x.filter(pc.equal(x["rank"], r))["end_ns"]).max(initial=0))
+                                                 for x in (ops, rng)])
+                windows[r] = self._step_windows(r, int(t[mine].min()), hi + 1)
+            starts, ends, labels, source = windows[r]
+            if len(starts) == 0:
+                continue
+            tk, lk = t[s:e], level[s:e]
+            i_start = np.searchsorted(tk, starts, "left") - 1   # last event before the step starts
+            i_end = np.searchsorted(tk, ends, "left") - 1       # last event before it ends
+            at_start = np.where(i_start >= 0, lk[np.clip(i_start, 0, None)], offset[k])
+            at_end = np.where(i_end >= 0, lk[np.clip(i_end, 0, None)], offset[k])
+            bs, be = bseg[k], bseg[k + 1]
+            a_k, f_k, b_k = alloc_ns[bs:be], fpos[bs:be], bbytes[bs:be]
+            for j in range(len(starts)):
+                lo, hi = i_start[j] + 1, i_end[j] + 1
+                surv = (a_k >= starts[j]) & (a_k < ends[j]) & (f_k >= s + hi)   # made in the step, live after it
+                step_rows.append({"rank": r, "device": int(dev[s]), "device_type": str(dtype[s]), "step": labels[j],
+                                  "source": source, "start_ns": int(starts[j]), "end_ns": int(ends[j]),
+                                  "allocated_at_start": int(at_start[j]), "allocated_at_end": int(at_end[j]),
+                                  "growth_bytes": int(at_end[j] - at_start[j]),
+                                  "peak_bytes": int(lk[lo:hi].max(initial=at_start[j])),
+                                  "survivor_blocks": int(surv.sum()), "survivor_bytes": int(b_k[surv].sum())})
+            deltas = np.diff(at_end)
+            if len(starts) < MIN_STEPS or not (deltas > 0).all() or np.median(deltas) < min_growth:
+                continue
+            # What accumulates: blocks made during the steps and still live after the last one.
+            made = bs + np.flatnonzero((a_k >= starts[0]) & (a_k < ends[-1]) & (f_k >= s + i_end[-1] + 1))
+            sub = blocks.take(pa.array(made, pa.int64()))
+            sub = sub.append_column("step", pa.array(np.searchsorted(starts, _i64(sub["alloc_ns"]), "right") - 1))
+            g = _group(sub, SITE, ["bytes"], [("step", "count_distinct")], {"step_count_distinct": "steps"})
+            surv_tabs.append(g)
+            leaks.append({"device": f"{dtype[s]}:{dev[s]}", "rank": r, "steps": len(starts), "source": source,
+                          "growth_bytes_per_step": int(np.median(deltas)),
+                          "total_growth_bytes": int(at_end[-1] - at_start[0]),
+                          "allocated_at_step_end": [int(x) for x in at_end], "sites": g.slice(0, 3).to_pylist()})
+        return step_rows, surv_tabs, leaks
+
+    def _driver(self) -> pa.Table:
+        parts = []
+        for kind in ("alloc", "free"):
+            x = self.table(kind)
+            parts.append(pa.table({"kind": pa.array([kind] * x.num_rows, pa.string()), "rank": x["rank"],
+                                   "device": x["device"], "memory_kind": x["memory_kind"].cast(pa.string()),
+                                   "bytes": x["bytes"]}))
+        allx = pa.concat_tables(parts)
+        return _group(allx, ["kind", "rank", "device", "memory_kind"], ["bytes"], count="events")
+
+    def _findings(self, dev_rows: list[dict], never: pa.Table, leaks: list[dict]) -> list[Finding]:
+        out: list[Finding] = []
+        for lk in leaks:
+            top = lk["sites"][0] if lk["sites"] else {}
+            where = " @ ".join(x for x in (top.get("op_name"), top.get("call_site")) if x) or None
+            sev = "critical" if lk["total_growth_bytes"] >= CRITICAL_BYTES else "warning"
+            out.append(Finding(sev, f"{lk['device']}: memory grows {_fmt(lk['growth_bytes_per_step'])} per step "
+                                    f"over {lk['steps']} steps", dict(lk), location=where))
+        for d in dev_rows:
+            nb = d["never_freed_bytes"]
+            name = f"{d['device_type']}:{d['device']}"
+            if nb > 0:
+                mine = never.filter(pc.and_(pc.equal(never["rank"], d["rank"]), pc.and_(
+                    pc.equal(never["device"], d["device"]), pc.equal(never["device_type"], d["device_type"]))))
+                top = mine.slice(0, 1).to_pylist()[0]
+                sev = "critical" if nb >= CRITICAL_BYTES else "warning" if nb >= WARN_BYTES else "info"
+                out.append(Finding(sev, f"{name}: {_fmt(nb)} in {d['never_freed_blocks']} blocks allocated during the "
+                                        "trace still live at its end",
+                                   {"rank": d["rank"], "bytes": nb, "blocks": d["never_freed_blocks"],
+                                    "top_site_bytes": top["bytes"], "top_site_blocks": top["blocks"]},
+                                   location=" @ ".join(x for x in (top["op_name"], top["call_site"]) if x) or None))
+            cap = d["device_memory_bytes"]
+            if cap and d["max_reserved_bytes"] >= CAPACITY_SHARE * cap:
+                out.append(Finding("warning", f"{name}: allocator reserved {d['max_reserved_bytes'] / cap:.0%} of device memory",
+                                   {"max_reserved_bytes": d["max_reserved_bytes"], "device_memory_bytes": cap,
+                                    "peak_bytes": d["peak_bytes"]}))
+            if d["mismatched_events"]:
+                out.append(Finding("info", f"{name}: {d['mismatched_events']} events disagree with the allocator's total "
+                                           "(events missing or out of order)", {"rank": d["rank"]}))
+        return out
+
+    @staticmethod
+    def _summary(dev_rows: list[dict], leaks: list[dict], step_rows: list[dict]) -> dict:
+        gpu = [d for d in dev_rows if d["device_type"] in GPU_TYPES] or dev_rows
+        main = max(gpu, key=lambda d: d["peak_bytes"]) if gpu else defaultdict(lambda: None)
+        return {
+            "devices": len(dev_rows),
+            "alloc_events": sum(d["alloc_events"] for d in dev_rows),
+            "free_events": sum(d["free_events"] for d in dev_rows),
+            "peak_device": f"{main['device_type']}:{main['device']}", "peak_rank": main["rank"],
+            "peak_bytes": main["peak_bytes"], "peak_ns": main["peak_ns"],
+            "peak_replayed_bytes": main["peak_replayed_bytes"], "pretrace_offset_bytes": main["pretrace_offset_bytes"],
+            "live_at_peak_bytes": main["live_at_peak_bytes"], "max_reserved_bytes": main["max_reserved_bytes"],
+            "never_freed_bytes": sum(d["never_freed_bytes"] for d in dev_rows),
+            "never_freed_blocks": sum(d["never_freed_blocks"] for d in dev_rows),
+            "steps": len({(r["rank"], r["step"]) for r in step_rows}),
+            "leak_bytes_per_step": max((lk["growth_bytes_per_step"] for lk in leaks), default=0),
+        }
+

@@ -1,0 +1,136 @@
+"""ops -- DL workload characterization: framework ops and the GPU work they cause.
+
+Per op name (and rolled up per module where the trace knows it): calls, CPU
+time (inclusive), GPU time of the kernels/copies the op itself launched
+(``self_gpu_ns``) and of everything launched inside it (``gpu_ns``), kernels
+per call, dominant kernel, the most common input shapes.
+
+GPU work is attributed to the innermost op that launched it (``op_id``), so
+summing ``self_gpu_ns`` over all ops gives exactly the linked GPU time; the
+inclusive ``gpu_ns`` adds the GPU time of descendant ops.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from pastaprof.tools.base import Finding, Report, Tool
+
+TOP_ROWS = 50
+UNATTRIBUTED_WARN_SHARE = 0.05   # >5% of GPU time not linked to any op is worth a warning
+
+
+def _inclusive(op: pa.Table, self_gpu: np.ndarray) -> np.ndarray:
+    """Per op: its own GPU time plus that of all its descendants (via parent_id)."""
+    n = op.num_rows
+    total = self_gpu.astype(np.int64).copy()
+    if n == 0:
+        return total
+    parent = np.asarray(op["parent_id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    ids = np.asarray(op["id"].to_numpy(zero_copy_only=False), dtype=np.int64)
+    pos = np.full(ids.max() + 1, -1, dtype=np.int64)
+    pos[ids] = np.arange(n)
+    ppos = np.where(parent >= 0, pos[np.clip(parent, 0, None)], -1)
+    depth = np.asarray(op["depth"].fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    # Push sums upwards one level at a time, deepest first (vectorized per level).
+    for d in range(int(depth.max()) if n else 0, 0, -1):
+        rows = np.nonzero((depth == d) & (ppos >= 0))[0]
+        np.add.at(total, ppos[rows], total[rows])
+    return total
+
+
+class Ops(Tool):
+    name = "ops"
+    description = "Per framework op and module: calls, CPU time, GPU time of launched kernels, dominant kernel, shapes"
+    consumes = ("op", "kernel", "memcpy", "memset")
+
+    def report(self) -> Report:
+        op = self.table("op")
+        con = duckdb.connect()
+        con.register("k", self.table("kernel"))
+        con.register("c", self.table("memcpy"))
+        con.register("s", self.table("memset"))
+        con.execute("""
+            CREATE TEMP TABLE gpu AS
+            SELECT rank, op_id, CAST(name AS VARCHAR) AS kname, end_ns - start_ns AS d FROM k
+            UNION ALL SELECT rank, op_id, CAST(name AS VARCHAR), end_ns - start_ns FROM c
+            UNION ALL SELECT rank, op_id, CAST(name AS VARCHAR), end_ns - start_ns FROM s
+        """)
+        per_op = con.sql(
+            "SELECT rank, op_id, sum(d)::BIGINT AS gpu_ns, count(*) AS launches FROM gpu WHERE op_id IS NOT NULL GROUP BY ALL"
+        ).to_arrow_table()
+        self_gpu = np.zeros(op.num_rows, dtype=np.int64)
+        self_launch = np.zeros(op.num_rows, dtype=np.int64)
+        incl = np.zeros(op.num_rows, dtype=np.int64)
+        if op.num_rows:
+            ranks = np.asarray(op["rank"].to_numpy(zero_copy_only=False))
+            for r in np.unique(ranks):
+                rows = np.nonzero(ranks == r)[0]
+                sub = op.take(rows)
+                ids = np.asarray(sub["id"].to_numpy(zero_copy_only=False), dtype=np.int64)
+                pos = np.full(ids.max() + 1, -1, dtype=np.int64)
+                pos[ids] = np.arange(len(rows))
+                m = np.asarray(per_op["rank"].to_numpy(zero_copy_only=False)) == r
+                oid = np.asarray(per_op["op_id"].to_numpy(zero_copy_only=False))[m]
+                ok = (oid <= ids.max()) & (pos[np.clip(oid, 0, ids.max())] >= 0)
+                at = rows[pos[oid[ok]]]
+                self_gpu[at] = np.asarray(per_op["gpu_ns"].to_numpy(zero_copy_only=False))[m][ok]
+                self_launch[at] = np.asarray(per_op["launches"].to_numpy(zero_copy_only=False))[m][ok]
+                incl[rows] = _inclusive(sub, self_gpu[rows])
+        ops = pa.table({
+            "rank": op["rank"], "id": op["id"], "name": op["name"].cast(pa.string()),
+            "module": op["module"].cast(pa.string()), "call_site": op["call_site"].cast(pa.string()),
+            "is_backward": op["is_backward"], "depth": op["depth"], "input_shapes": op["input_shapes"],
+            "cpu_ns": pa.array(np.asarray(op["end_ns"]) - np.asarray(op["start_ns"]) if op.num_rows else [], pa.int64()),
+            "self_gpu_ns": pa.array(self_gpu), "gpu_ns": pa.array(incl), "self_launches": pa.array(self_launch),
+        })
+        con.register("ops", ops)
+        dominant = """
+            dom AS (SELECT o.name AS op_name, g.kname, sum(g.d) AS d FROM gpu g JOIN ops o
+                    ON g.op_id = o.id AND g.rank = o.rank GROUP BY ALL),
+            domk AS (SELECT op_name, arg_max(kname, d) AS dominant_kernel, max(d)::BIGINT AS dominant_ns FROM dom GROUP BY 1)"""
+        by_name = con.sql(f"""
+            WITH {dominant.strip()},
+            shapes AS (SELECT name, mode(input_shapes) AS shapes FROM ops GROUP BY 1)
+            SELECT o.name, count(*) AS calls, sum(cpu_ns)::BIGINT AS cpu_ns,
+                   sum(self_gpu_ns)::BIGINT AS self_gpu_ns, sum(gpu_ns)::BIGINT AS gpu_ns,
+                   sum(self_launches)::BIGINT AS kernels, round(sum(self_launches) / count(*), 2) AS kernels_per_call,
+                   any_value(domk.dominant_kernel) AS dominant_kernel, any_value(shapes.shapes) AS input_shapes,
+                   bool_or(is_backward) AS backward
+            FROM ops o LEFT JOIN domk ON domk.op_name = o.name LEFT JOIN shapes ON shapes.name = o.name
+            GROUP BY o.name ORDER BY self_gpu_ns DESC, cpu_ns DESC
+        """).to_arrow_table()
+        by_module = con.sql("""
+            SELECT coalesce(module, '(no module)') AS module, count(*) AS ops,
+                   sum(self_gpu_ns)::BIGINT AS gpu_ns, sum(CASE WHEN depth = 0 THEN cpu_ns ELSE 0 END)::BIGINT AS cpu_ns,
+                   sum(CASE WHEN is_backward THEN self_gpu_ns ELSE 0 END)::BIGINT AS backward_gpu_ns
+            FROM ops GROUP BY 1 ORDER BY gpu_ns DESC
+        """).to_arrow_table()
+        by_site = con.sql("""
+            SELECT call_site, count(*) AS ops, sum(self_gpu_ns)::BIGINT AS gpu_ns
+            FROM ops WHERE call_site IS NOT NULL GROUP BY 1 ORDER BY gpu_ns DESC LIMIT 50
+        """).to_arrow_table()
+        totals = con.execute("""
+            SELECT (SELECT coalesce(sum(d), 0) FROM gpu)::BIGINT,
+                   (SELECT coalesce(sum(d), 0) FROM gpu WHERE op_id IS NOT NULL)::BIGINT,
+                   (SELECT count(*) FROM ops)
+        """).fetchone()
+        summary = {"ops": int(totals[2]), "gpu_ns": int(totals[0]), "attributed_gpu_ns": int(totals[1]),
+                   "attributed_share": round(totals[1] / totals[0], 4) if totals[0] else None,
+                   "distinct_ops": by_name.num_rows}
+        findings = []
+        if totals[0] and 1 - totals[1] / totals[0] > UNATTRIBUTED_WARN_SHARE:
+            findings.append(Finding("warning", "GPU time not attributed to any framework op",
+                                    {"unattributed_ns": int(totals[0] - totals[1]),
+                                     "share": round(1 - totals[1] / totals[0], 4)}))
+        if by_name.num_rows:
+            top = by_name.slice(0, 1).to_pylist()[0]
+            if totals[0] and top["self_gpu_ns"]:
+                findings.append(Finding("info", f"{top['name']} launches the most GPU time",
+                                        {"gpu_ns": top["self_gpu_ns"], "calls": top["calls"],
+                                         "share": round(top["self_gpu_ns"] / totals[0], 4)},
+                                        location=top["dominant_kernel"]))
+        return Report(self.name, tables={"ops": by_name, "modules": by_module, "call sites": by_site},
+                      findings=findings, summary=summary, details={"per op": ops})

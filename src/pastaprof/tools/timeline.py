@@ -1,0 +1,308 @@
+"""timeline -- where the GPU waits: busy/idle per device and stream, why it idles, HTA's temporal breakdown.
+
+Consumes kernel, memcpy, memset (the *GPU activities*), api (the launching host
+calls, joined on ``(rank, correlation)``) and sync.  All times are int64 ns;
+every quantity is computed with vectorized sweeps (see ``_timeline_math``).
+
+Definitions
+-----------
+busy / idle (tables ``devices`` and ``streams``)
+    span = first activity start to last activity end of the (rank, device) or
+    (rank, device, stream); busy = length of the union of the activity intervals
+    (touching intervals merge, as HTA's ``merge_kernel_intervals``); idle = span - busy.
+
+idle split (table ``streams``) -- HTA's ``get_idle_time_breakdown``
+    Per stream, activities sorted by start; the gap before an activity is its start
+    minus the previous end, positive part only.  A gap is
+    *host_wait* if the activity's launching API call started strictly after the
+    previous end (the host had not even asked for the work yet), else *kernel_wait*
+    if gap < ``consecutive_kernel_delay_ns`` (default 30 us: launch latency between
+    back-to-back work), else *other*.  One deliberate difference from HTA: "previous
+    end" is the running maximum of the earlier ends of the stream rather than the
+    end of the single previous row, and negative gaps count 0 (HTA sums them).  This
+    makes host_wait + kernel_wait + other == idle exactly; the two agree whenever work
+    on a stream does not overlap, which in-order streams guarantee (and the test
+    traces confirm).  Activities without a launching call are never host_wait.
+
+temporal breakdown (table ``temporal``) -- HTA's ``get_temporal_breakdown``, per rank
+    span = first start to last end of all activities of the rank (all devices and
+    streams) plus, as HTA does, sync events that carry a stream (option
+    ``include_sync``); idle = span - union(all); compute = union(COMPUTATION);
+    non_compute = span - compute - idle.  Kernels are classified by name exactly
+    as HTA (COMMUNICATION ``^nccl.*Kernel``, MEMORY ``(^Memcpy)|(^Memset)|(^dma)``,
+    OTHER ``(.*(Memcpy)|(Memset))|(.*Sync)``, else COMPUTATION); memcpy/memset events
+    are MEMORY by kind (their Kineto names start with Memcpy/Memset, so this agrees
+    with HTA) and sync events are OTHER.  non_compute is split by priority
+    COMPUTATION > COMMUNICATION > MEMORY > OTHER -- each instant of non-compute time
+    goes to the highest class active then:
+      communication = |U(comp + comm)| - |U(comp)|       (exposed communication)
+      memory        = |U(comp + comm + mem)| - |U(comp + comm)|
+      other         = |U(all)| - |U(comp + comm + mem)|
+    so communication + memory + other == non_compute exactly.  We also report
+    communication_overlapped = |U(comm)| - communication (comm hidden under compute).
+    Percentages are of the span, rounded to 2 decimals like HTA; exact ns are kept.
+
+launch-bound kernels (table ``launch_bound``)
+    A kernel is launch-bound when its duration is shorter than its launch call's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pastaprof.tools._timeline_math import (
+    COMMUNICATION,
+    COMPUTATION,
+    MEMORY,
+    OTHER,
+    dense_codes,
+    group_sort,
+    hta_kernel_class,
+    lookup,
+    name_codes,
+    sweep,
+    to_int,
+)
+from pastaprof.tools.base import Finding, Report, Tool
+
+CONSECUTIVE_KERNEL_DELAY_NS = 30_000   # HTA's default consecutive_kernel_delay (30 us)
+STARVED_IDLE_PCT = 50.0                # a rank idle for more than half its span ...
+HOST_WAIT_DOMINANT = 0.5               # ... with host_wait >= half of its stream idle time: GPU starved by the host
+CRITICAL_IDLE_PCT = 80.0               # idle beyond this makes the starvation finding critical
+LAUNCH_BOUND_SHARE = 0.5               # >= 50% of kernels (with a known launch call) launch-bound ...
+LAUNCH_BOUND_MIN = 100                 # ... and at least this many of them: a finding
+NON_COMPUTE_PCT = 25.0                 # exposed communication or memory above 25% of the span: a finding
+TOP_N = 20
+
+
+def _pct(part: np.ndarray, whole: np.ndarray) -> np.ndarray:
+    """100 * part / whole rounded to 2 decimals (HTA's rounding); 0 where whole is 0."""
+    part = np.asarray(part, dtype=np.float64)
+    whole = np.asarray(whole, dtype=np.float64)
+    return np.round(100.0 * np.divide(part, whole, out=np.zeros_like(part), where=whole > 0), 2)
+
+
+def _rep(codes: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
+    """The value of ``values`` for each group id (any row of the group)."""
+    out = np.zeros(n, dtype=np.int64)
+    out[codes] = values
+    return out
+
+
+class Timeline(Tool):
+    name = "timeline"
+    description = "GPU busy/idle per device and stream, idle causes (host/kernel wait), HTA temporal breakdown, launch-bound kernels"
+    consumes = ("kernel", "memcpy", "memset", "api", "sync")
+
+    # ------------------------------------------------------------------ inputs
+
+    def _activities(self) -> dict[str, np.ndarray]:
+        """GPU activities of all three kinds as one set of NumPy columns."""
+        cols: dict[str, list[np.ndarray]] = {k: [] for k in ("start", "end", "rank", "device", "stream", "corr", "cls", "kind")}
+        self._kernel_names: list[str] = []
+        self._kernel_name_code = np.zeros(0, dtype=np.int64)
+        for kind_code, kind in enumerate(("kernel", "memcpy", "memset")):
+            t = self.table(kind)
+            n = t.num_rows
+            cols["start"].append(to_int(t["start_ns"]))
+            cols["end"].append(to_int(t["end_ns"]))
+            cols["rank"].append(to_int(t["rank"]))
+            cols["device"].append(to_int(t["device"]))
+            cols["stream"].append(to_int(t["stream"]))
+            cols["corr"].append(to_int(t["correlation"]))
+            cols["kind"].append(np.full(n, kind_code, dtype=np.int8))
+            if kind == "kernel":
+                codes, names = name_codes(t["name"])
+                classes = np.array([hta_kernel_class(x) for x in names], dtype=np.int8)
+                cols["cls"].append(classes[codes] if n else np.zeros(0, dtype=np.int8))
+                self._kernel_names, self._kernel_name_code = names, codes
+            else:
+                cols["cls"].append(np.full(n, MEMORY, dtype=np.int8))
+        return {k: np.concatenate(v) for k, v in cols.items()}
+
+    def _syncs(self) -> dict[str, np.ndarray]:
+        """Sync events that sit on a stream (what HTA's temporal breakdown includes)."""
+        t = self.table("sync")
+        stream = to_int(t["stream"])
+        keep = stream >= 0
+        return {"start": to_int(t["start_ns"])[keep], "end": to_int(t["end_ns"])[keep],
+                "rank": to_int(t["rank"])[keep]}
+
+    # ------------------------------------------------------------------ report
+
+    def report(self) -> Report:
+        delay = int(self.options.get("consecutive_kernel_delay_ns", CONSECUTIVE_KERNEL_DELAY_NS))
+        top_n = int(self.options.get("top_n", TOP_N))
+        act = self._activities()
+        api = self.table("api")
+        a_start, a_end = to_int(api["start_ns"]), to_int(api["end_ns"])
+        (launch,) = lookup([act["rank"], act["corr"]], [to_int(api["rank"]), to_int(api["correlation"])],
+                           np.arange(api.num_rows, dtype=np.int64))
+        by_start = np.argsort(act["start"], kind="stable")
+
+        streams = self._streams(act, by_start, launch, a_start, delay)
+        devices = self._devices(act, by_start)
+        temporal = self._temporal(act, by_start, self._syncs() if self.options.get("include_sync", True) else None)
+        launch_bound, lb_totals = self._launch_bound(act, launch, a_start, a_end, top_n)
+
+        summary: dict[str, Any] = {
+            "activities": int(len(act["start"])),
+            "streams": streams.num_rows,
+            "per_rank": [{k: r[k] for k in ("rank", "span_ns", "idle_pct", "compute_pct", "non_compute_pct",
+                                            "communication_pct", "memory_pct", "other_pct")}
+                         for r in temporal.to_pylist()],
+            **lb_totals,
+        }
+        findings = self._findings(temporal, streams, lb_totals, launch_bound)
+        return Report(self.name, tables={"devices": devices, "streams": streams, "temporal": temporal,
+                                         "launch_bound": launch_bound},
+                      findings=findings, summary=summary)
+
+    def _streams(self, act, by_start, launch, a_start, delay) -> pa.Table:
+        code, n = dense_codes(act["rank"], act["device"], act["stream"])
+        o = group_sort(code, by_start)
+        sw = sweep(code[o], act["start"][o], act["end"][o])
+        li = launch[o]
+        has = li >= 0
+        later_call = np.zeros(len(o), dtype=bool)
+        later_call[has] = a_start[li[has]] > sw.prev_end[has]
+        gap_row = ~sw.is_first & (sw.gap > 0)
+        host = gap_row & later_call
+        kern = gap_row & ~later_call & (sw.gap < delay)
+        other = gap_row & ~host & ~kern
+        first, last, span = sw.spans(n)
+        idle = sw.per_segment(sw.gap, n)
+        cols: dict[str, Any] = {
+            "rank": _rep(code, n, act["rank"]), "device": _rep(code, n, act["device"]),
+            "stream": _rep(code, n, act["stream"]), "activities": np.bincount(code, minlength=n),
+            "first_ns": first, "last_ns": last, "span_ns": span, "busy_ns": span - idle, "idle_ns": idle,
+            "idle_pct": _pct(idle, span),
+        }
+        for label, mask in (("host_wait", host), ("kernel_wait", kern), ("other", other)):
+            cols[f"{label}_ns"] = sw.per_segment(np.where(mask, sw.gap, 0), n)
+            cols[f"{label}_gaps"] = sw.per_segment(mask, n)
+        for label in ("host_wait", "kernel_wait", "other"):
+            cols[f"{label}_share"] = _pct(cols[f"{label}_ns"], idle) / 100.0
+        return pa.table(cols)
+
+    def _devices(self, act, by_start) -> pa.Table:
+        code, n = dense_codes(act["rank"], act["device"])
+        o = group_sort(code, by_start)
+        sw = sweep(code[o], act["start"][o], act["end"][o])
+        first, last, span = sw.spans(n)
+        busy = sw.union(n)
+        return pa.table({
+            "rank": _rep(code, n, act["rank"]), "device": _rep(code, n, act["device"]),
+            "activities": np.bincount(code, minlength=n), "first_ns": first, "last_ns": last,
+            "span_ns": span, "busy_ns": busy, "idle_ns": span - busy, "busy_pct": _pct(busy, span),
+            "idle_pct": _pct(span - busy, span),
+        })
+
+    def _temporal(self, act, by_start, syncs: dict[str, np.ndarray] | None) -> pa.Table:
+        start, end, rank, cls = act["start"], act["end"], act["rank"], act["cls"]
+        if syncs is not None and len(syncs["start"]):
+            start = np.concatenate([start, syncs["start"]])
+            end = np.concatenate([end, syncs["end"]])
+            rank = np.concatenate([rank, syncs["rank"]])
+            cls = np.concatenate([cls, np.full(len(syncs["start"]), OTHER, dtype=np.int8)])
+            by_start = np.argsort(start, kind="stable")
+        code, n = dense_codes(rank)
+        o = group_sort(code, by_start)
+        seg, s, e, c = code[o], start[o], end[o], cls[o]
+        sw_all = sweep(seg, s, e)
+        _, _, span = sw_all.spans(n)
+        # Unions of the nested class sets comp <= comp+comm <= comp+comm+mem <= all; a set
+        # with as many rows as the next larger one is that set (no second sweep).
+        unions: dict[int, np.ndarray] = {}
+        prev_count, prev_union = len(c), sw_all.union(n)
+        for top in (MEMORY, COMMUNICATION, COMPUTATION):
+            mask = c <= top
+            count = int(mask.sum())
+            if count != prev_count:
+                prev_count, prev_union = count, sweep(seg[mask], s[mask], e[mask]).union(n)
+            unions[top] = prev_union
+        busy, u_comp = sw_all.union(n), unions[COMPUTATION]
+        comm_mask = c == COMMUNICATION
+        u_comm = sweep(seg[comm_mask], s[comm_mask], e[comm_mask]).union(n) if comm_mask.any() else np.zeros(n, np.int64)
+        idle = span - busy
+        non_compute = span - u_comp - idle
+        comm = unions[COMMUNICATION] - u_comp
+        mem = unions[MEMORY] - unions[COMMUNICATION]
+        other = busy - unions[MEMORY]
+        return pa.table({
+            "rank": _rep(code, n, rank), "span_ns": span, "idle_ns": idle, "compute_ns": u_comp,
+            "non_compute_ns": non_compute, "communication_ns": comm, "memory_ns": mem, "other_ns": other,
+            "communication_overlapped_ns": u_comm - comm,
+            "idle_pct": _pct(idle, span), "compute_pct": _pct(u_comp, span), "non_compute_pct": _pct(non_compute, span),
+            "communication_pct": _pct(comm, span), "memory_pct": _pct(mem, span), "other_pct": _pct(other, span),
+        })
+
+    def _launch_bound(self, act, launch, a_start, a_end, top_n) -> tuple[pa.Table, dict[str, Any]]:
+        k = act["kind"] == 0
+        names, codes = self._kernel_names, self._kernel_name_code
+        li = launch[k]
+        has = li >= 0
+        kdur = (act["end"] - act["start"])[k]
+        ldur = np.zeros(len(li), dtype=np.int64)
+        ldur[has] = a_end[li[has]] - a_start[li[has]]
+        bound = has & (kdur < ldur)
+        m = len(names)
+        launches = np.bincount(codes, minlength=m)
+        with_launch = np.bincount(codes, weights=has, minlength=m).astype(np.int64)
+        lb = np.bincount(codes, weights=bound, minlength=m).astype(np.int64)
+        kernel_ns = np.rint(np.bincount(codes, weights=kdur, minlength=m)).astype(np.int64)
+        lb_kernel_ns = np.rint(np.bincount(codes, weights=np.where(bound, kdur, 0), minlength=m)).astype(np.int64)
+        lb_launch_ns = np.rint(np.bincount(codes, weights=np.where(bound, ldur, 0), minlength=m)).astype(np.int64)
+        order = np.lexsort((np.arange(m), -lb))
+        order = order[lb[order] > 0][:top_n]
+        table = pa.table({
+            "name": pa.array([names[i] for i in order], pa.string()),
+            "launches": launches[order], "with_launch": with_launch[order], "launch_bound": lb[order],
+            "launch_bound_share": np.round(lb[order] / np.maximum(with_launch[order], 1), 4),
+            "kernel_ns": kernel_ns[order], "launch_bound_kernel_ns": lb_kernel_ns[order],
+            "launch_bound_launch_ns": lb_launch_ns[order],
+        })
+        n_has, n_lb = int(has.sum()), int(bound.sum())
+        totals = {"kernels": int(k.sum()), "kernels_with_launch": n_has, "launch_bound_kernels": n_lb,
+                  "launch_bound_share": round(n_lb / n_has, 4) if n_has else 0.0}
+        return table, totals
+
+    # ------------------------------------------------------------------ findings
+
+    def _findings(self, temporal: pa.Table, streams: pa.Table, lb: dict[str, Any], lb_table: pa.Table) -> list[Finding]:
+        out: list[Finding] = []
+        st = streams.to_pydict()
+        for r in temporal.to_pylist():
+            rank = r["rank"]
+            rows = [i for i, x in enumerate(st["rank"]) if x == rank]
+            waits = {c: sum(st[f"{c}_ns"][i] for i in rows) for c in ("host_wait", "kernel_wait", "other")}
+            total_wait = sum(waits.values())
+            if r["idle_pct"] > STARVED_IDLE_PCT:
+                share = waits["host_wait"] / total_wait if total_wait else 0.0
+                evidence = {"idle_pct": r["idle_pct"], "idle_ns": r["idle_ns"], "span_ns": r["span_ns"],
+                            **{f"{c}_ns": v for c, v in waits.items()}, "host_wait_share_of_stream_idle": round(share, 4)}
+                if share >= HOST_WAIT_DOMINANT:
+                    sev = "critical" if r["idle_pct"] >= CRITICAL_IDLE_PCT else "warning"
+                    out.append(Finding(sev, f"GPU starved by the host: idle {r['idle_pct']:.1f}% of its span, "
+                                            f"{share:.0%} of stream idle time waiting for launches", evidence,
+                                       location=f"rank {rank}"))
+                else:
+                    top = max(waits, key=waits.get) if total_wait else "other"
+                    out.append(Finding("warning", f"GPU idle {r['idle_pct']:.1f}% of its span (mostly {top})",
+                                       evidence, location=f"rank {rank}"))
+            for label in ("communication", "memory"):
+                if r[f"{label}_pct"] >= NON_COMPUTE_PCT:
+                    what = "exposed communication" if label == "communication" else "copies/memsets not overlapped with compute"
+                    out.append(Finding("warning", f"{what}: {r[f'{label}_pct']:.1f}% of the GPU span",
+                                       {f"{label}_ns": r[f"{label}_ns"], f"{label}_pct": r[f"{label}_pct"],
+                                        "span_ns": r["span_ns"], "compute_pct": r["compute_pct"]},
+                                       location=f"rank {rank}"))
+        if lb["launch_bound_kernels"] >= LAUNCH_BOUND_MIN and lb["launch_bound_share"] >= LAUNCH_BOUND_SHARE:
+            out.append(Finding("warning", f"{lb['launch_bound_kernels']} of {lb['kernels_with_launch']} kernels "
+                                          f"({lb['launch_bound_share']:.0%}) run shorter than their launch call",
+                               {**lb, "top_kernels": lb_table.column("name").to_pylist()[:5]},
+                               location="launch-bound: consider CUDA graphs, fusion or larger batches"))
+        return out

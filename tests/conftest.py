@@ -1,0 +1,38 @@
+"""Shared fixtures: the real traces recorded on an H200 (tests/data) and raw-JSON facts
+computed independently of pastaprof (plain json + gzip), to check the importer against."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+TRACES = sorted(DATA.glob("*.pt.trace.json.gz"))
+FOREIGN = sorted((DATA / "foreign").glob("*.json"))
+
+
+def raw_events(path: Path) -> list[dict]:
+    opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
+    with opener(path, "rt") as f:
+        doc = json.load(f)
+    return doc["traceEvents"] if isinstance(doc, dict) else doc
+
+
+def dur_ns(e: dict) -> int:
+    """Kineto writes dur in microseconds with 3 decimals: exact integer ns."""
+    return round(float(e["dur"]) * 1000)
+
+
+@pytest.fixture(params=TRACES, ids=lambda p: p.name.split(".")[0])
+def trace(request) -> Path:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def example_run():
+    import pastaprof
+
+    return pastaprof.load(pastaprof.example_path())

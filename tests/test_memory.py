@@ -1,0 +1,299 @@
+"""The memory tool against real PyTorch-profiler traces, checked with numbers computed
+independently from the raw JSON (gzip + json, a plain Python replay)."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+from itertools import accumulate
+from pathlib import Path
+
+import pytest
+
+import pastaprof
+from pastaprof.tools.memory import Memory
+
+DATA = Path(__file__).parent / "data"
+TRACES = sorted(p.name for p in DATA.glob("*.json.gz"))
+EXAMPLE = "example"
+MiB = 1 << 20
+DEVICE_TYPES = {0: "cpu", 1: "cuda"}
+
+
+def _path(name: str) -> Path:
+    return pastaprof.example_path() if name == EXAMPLE else DATA / name
+
+
+@functools.cache
+def report(name: str):
+    (r,) = pastaprof.analyze(_path(name), tools=["memory"])
+    return r
+
+
+@functools.cache
+def raw(name: str) -> dict:
+    """Per (device_type, device): a replay of the raw [memory] events, done by hand."""
+    path = _path(name)
+    with gzip.open(path) if path.suffix == ".gz" else open(path) as f:
+        doc = json.load(f)
+    base = doc.get("baseTimeNanoseconds", 0)
+    events = doc["traceEvents"]
+    ops = [e for e in events if e.get("cat") == "cpu_op" and e.get("ph") == "X" and e.get("dur", 0) > 0]
+    mem = sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"])
+    out = {}
+    for key in sorted({(DEVICE_TYPES[e["args"]["Device Type"]], e["args"]["Device Id"]) for e in mem}):
+        evs = [e for e in mem if (DEVICE_TYPES[e["args"]["Device Type"]], e["args"]["Device Id"]) == key]
+        b = [e["args"]["Bytes"] for e in evs]
+        ta = [e["args"]["Total Allocated"] for e in evs]
+        cs = list(accumulate(b))
+        peak = cs.index(max(cs))
+        live: dict[int, int] = {}        # address -> index of its open alloc
+        pairs, pre_frees = {}, []        # alloc index -> free index; (index, bytes) of pre-trace frees
+        for i, e in enumerate(evs):
+            a = e["args"]["Addr"]
+            if b[i] > 0:
+                live[a] = i
+            elif a in live:
+                pairs[live.pop(a)] = i
+            else:
+                pre_frees.append((i, -b[i]))
+        allocs = [i for i in range(len(b)) if b[i] > 0]
+        out[key] = {
+            "allocs": len(allocs), "frees": sum(x < 0 for x in b),
+            "offset": ta[0] - b[0], "max_total_allocated": max(ta), "max_cumsum": max(cs),
+            "pretrace_freed_before_peak": sum(n for i, n in pre_frees if i <= peak),
+            "live_at_peak": sum(b[i] for i in allocs if i <= peak and pairs.get(i, len(b)) > peak),
+            "never_freed": sum(b[i] for i in live.values()),
+            "never_freed_blocks": len(live),
+            # allocation time (ns, as the importer computes it) -> innermost enclosing op on its thread
+            "alloc_op": {round(evs[i]["ts"] * 1000) + base: _innermost(ops, evs[i], base) for i in allocs},
+        }
+    return out
+
+
+def _innermost(ops: list[dict], e: dict, base: int) -> str | None:
+    t = round(e["ts"] * 1000)
+    hits = [o for o in ops if o["pid"] == e["pid"] and o["tid"] == e["tid"]
+            and round(o["ts"] * 1000) <= t < round(o["ts"] * 1000) + round(o["dur"] * 1000)]
+    return max(hits, key=lambda o: (o["ts"], -o["dur"]))["name"] if hits else None
+
+
+def _device_rows(r) -> dict:
+    return {(d["device_type"], d["device"]): d for d in r.tables["devices"].to_pylist()}
+
+
+ALL = TRACES + [EXAMPLE]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_replay_matches_allocator(name):
+    rows, expected = _device_rows(report(name)), raw(name)
+    assert set(rows) == set(expected)
+    for key, x in expected.items():
+        d = rows[key]
+        # the replay, shifted by the allocator's level before the trace, reaches the allocator's own maximum
+        assert x["max_cumsum"] + x["offset"] == x["max_total_allocated"], key
+        assert d["peak_bytes"] == x["max_total_allocated"], key
+        assert d["peak_replayed_bytes"] == x["max_cumsum"], key
+        assert d["pretrace_offset_bytes"] == x["offset"], key
+        assert d["replay_consistent"] and d["mismatched_events"] == 0, key
+        assert (d["alloc_events"], d["free_events"]) == (x["allocs"], x["frees"]), key
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_counts_match_raw_memory_events(name):
+    s, expected = report(name).summary, raw(name)
+    assert s["alloc_events"] == sum(x["allocs"] for x in expected.values())
+    assert s["free_events"] == sum(x["frees"] for x in expected.values())
+    assert s["devices"] == len(expected)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_live_at_peak(name):
+    r = report(name)
+    rows, expected = _device_rows(r), raw(name)
+    by_site = r.tables["live_at_peak_by_site"].to_pylist()
+    for key, x in expected.items():
+        d = rows[key]
+        # blocks allocated in the trace and live at the peak == peak - pre-trace offset (+ pre-trace
+        # blocks already freed by then, none in these traces)
+        assert x["pretrace_freed_before_peak"] == 0
+        assert d["live_at_peak_bytes"] == d["peak_bytes"] - d["pretrace_offset_bytes"] == x["live_at_peak"], key
+        assert d["live_at_peak_bytes"] + d["pretrace_at_peak_bytes"] == d["peak_bytes"]
+        site_sum = sum(g["bytes"] for g in by_site if (g["device_type"], g["device"]) == key and not g["pretrace"])
+        assert site_sum == d["live_at_peak_bytes"], key
+        assert sum(g["blocks"] for g in by_site if (g["device_type"], g["device"]) == key
+                   and not g["pretrace"]) == d["live_at_peak_blocks"]
+    # the largest live blocks: sorted, alive at the peak, named by the innermost op around their allocation
+    live = r.tables["live_at_peak"].to_pylist()
+    assert live
+    for key in expected:
+        mine = [b for b in live if (b["device_type"], b["device"]) == key]
+        assert [b["bytes"] for b in mine] == sorted((b["bytes"] for b in mine), reverse=True)
+        peak_ns = rows[key]["peak_ns"]
+        for b in mine:
+            assert b["alloc_ns"] <= peak_ns and (b["free_ns"] is None or b["free_ns"] > peak_ns)
+            assert b["op_name"] == expected[key]["alloc_op"][b["alloc_ns"]], (key, b)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_never_freed_matches_raw_pairing(name):
+    r = report(name)
+    rows, expected = _device_rows(r), raw(name)
+    never = r.tables["never_freed"].to_pylist()
+    for key, x in expected.items():
+        assert rows[key]["never_freed_bytes"] == x["never_freed"], key
+        assert rows[key]["never_freed_blocks"] == x["never_freed_blocks"], key
+        assert sum(g["bytes"] for g in never if (g["device_type"], g["device"]) == key) == x["never_freed"]
+    assert r.summary["never_freed_bytes"] == sum(x["never_freed"] for x in expected.values())
+    has_finding = any("still live at its end" in f.title for f in r.findings)
+    assert has_finding == (r.summary["never_freed_bytes"] > 0)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_footprint_curve_keeps_the_peak(name):
+    r = report(name)
+    fp = r.tables["footprint"].to_pylist()
+    for key, d in _device_rows(r).items():
+        pts = [p for p in fp if (p["device_type"], p["device"]) == key]
+        assert 0 < len(pts) <= 500
+        assert max(p["allocated_bytes"] for p in pts) == d["peak_bytes"]
+        assert all(p["allocated_bytes"] == p["total_allocated"] for p in pts)
+        assert all(p["allocated_bytes"] - p["replayed_bytes"] == d["pretrace_offset_bytes"] for p in pts)
+        assert [p["time_ns"] for p in pts] == sorted(p["time_ns"] for p in pts)
+        assert pts[-1]["allocated_bytes"] == d["end_bytes"]
+
+
+def test_example_is_downsampled():
+    fp = report(EXAMPLE).tables["footprint"]
+    gpu = [p for p in fp.to_pylist() if p["device_type"] == "cuda"]
+    assert raw(EXAMPLE)[("cuda", 0)]["allocs"] > 1000 and len(gpu) <= 500
+
+
+def test_planted_leak():
+    r = report("leak_5steps.pt.trace.json.gz")
+    x = raw("leak_5steps.pt.trace.json.gz")[("cuda", 0)]
+    assert x["never_freed"] == 5 * 4 * MiB and x["never_freed_blocks"] == 5
+    assert r.summary["never_freed_bytes"] == 5 * 4 * MiB
+    (never,) = r.tables["never_freed"].to_pylist()
+    assert (never["device_type"], never["op_name"], never["call_site"]) == ("cuda", "aten::mul", "record.py(51): <module>")
+    assert (never["bytes"], never["blocks"]) == (20 * MiB, 5)
+    leaks = [f for f in r.findings if "grows" in f.title]
+    assert len(leaks) == 1
+    (leak,) = leaks
+    assert leak.severity == "warning" and "4.0 MiB per step" in leak.title
+    assert leak.evidence["growth_bytes_per_step"] == 4 * MiB
+    assert leak.evidence["steps"] == 5 and leak.evidence["total_growth_bytes"] == 20 * MiB
+    assert leak.location == "aten::mul @ record.py(51): <module>"
+    assert r.summary["leak_bytes_per_step"] == 4 * MiB and r.summary["steps"] == 5
+    (surv,) = r.tables["step_survivors"].to_pylist()
+    assert (surv["op_name"], surv["bytes"], surv["blocks"], surv["steps"]) == ("aten::mul", 20 * MiB, 5, 5)
+    gpu_steps = [s for s in r.tables["steps"].to_pylist() if s["device_type"] == "cuda"]
+    assert [s["growth_bytes"] for s in gpu_steps] == [4 * MiB] * 5
+    assert [s["survivor_bytes"] for s in gpu_steps] == [4 * MiB] * 5
+    # the host side of the same loop allocates and frees an 8-byte scalar: no growth there
+    cpu_steps = [s for s in r.tables["steps"].to_pylist() if s["device_type"] == "cpu"]
+    assert [s["growth_bytes"] for s in cpu_steps] == [0] * 5
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if not n.startswith("leak")])
+def test_no_false_leak(name):
+    r = report(name)
+    assert not [f for f in r.findings if "grows" in f.title]
+    assert r.summary["leak_bytes_per_step"] == 0
+
+
+def test_step_sources():
+    mlp = report("mlp_train_3steps.pt.trace.json.gz").tables["steps"].to_pylist()
+    assert {s["source"] for s in mlp} == {"step ranges"}
+    assert [s["step"] for s in mlp if s["device_type"] == "cuda"] == ["step0", "step1", "step2"]
+    gpt2 = report("gpt2_small2l_train_3steps.pt.trace.json.gz").tables["steps"].to_pylist()
+    assert {s["source"] for s in gpt2} == {"optimizer steps"} and len([s for s in gpt2 if s["device_type"] == "cuda"]) == 3
+    (mlp_never,) = report("mlp_train_3steps.pt.trace.json.gz").tables["never_freed"].to_pylist()
+    assert (mlp_never["bytes"], mlp_never["op_name"]) == (512, "aten::nll_loss_forward")
+
+
+def test_loaded_run_gives_same_summary():
+    name = "two_streams_copies.pt.trace.json.gz"
+    (r,) = pastaprof.analyze(pastaprof.load(DATA / name), tools=["memory"])
+    assert r.summary == report(name).summary
+
+
+# ---- synthetic traces for cases the recorded ones lack
+
+
+def _mem(ts, nbytes, addr, total, dev=0, dtype=1):
+    return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts,
+            "args": {"Total Reserved": 1 << 30, "Total Allocated": total, "Bytes": nbytes, "Device Id": dev,
+                     "Device Type": dtype, "Addr": addr}}
+
+
+def _x(name, ts, dur, cat="cpu_op"):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": {}}
+
+
+def _write(tmp_path, events) -> Path:
+    p = tmp_path / "synthetic.pt.trace.json"
+    p.write_text(json.dumps({"traceEvents": events}))
+    return p
+
+
+def test_pretrace_frees_and_address_reuse(tmp_path):
+    # The allocator holds 1200 B before the trace: 600 B at 0x10 and 400 B at 0x20 are freed in
+    # it, 200 B never are.  0x100 is allocated, freed and allocated again.
+    events = [_mem(10, 100, 0x100, 1300), _mem(20, -600, 0x10, 700), _mem(30, 800, 0x200, 1500),
+              _mem(40, -100, 0x100, 1400), _x("aten::add", 44, 16), _x("aten::empty", 45, 10),
+              _mem(50, 250, 0x100, 1650), _mem(60, -800, 0x200, 850), _mem(70, -400, 0x20, 450)]
+    (r,) = pastaprof.analyze(_write(tmp_path, events), tools=["memory"])
+    (d,) = r.tables["devices"].to_pylist()
+    assert (d["alloc_events"], d["free_events"]) == (3, 4)
+    assert (d["pretrace_offset_bytes"], d["peak_bytes"], d["peak_replayed_bytes"]) == (1200, 1650, 450)
+    assert d["peak_ns"] == 50_000
+    # live at the peak: 800 + 250 allocated in the trace = replayed peak + the 600 pre-trace bytes freed before it
+    assert d["live_at_peak_bytes"] == 1050 == d["peak_replayed_bytes"] + 600
+    assert d["pretrace_at_peak_bytes"] == 600  # 400 B freed later + 200 B never
+    assert (d["pretrace_freed_bytes"], d["pretrace_unfreed_bytes"]) == (1000, 200)
+    assert (d["never_freed_blocks"], d["never_freed_bytes"], d["end_bytes"]) == (1, 250, 450)
+    live = r.tables["live_at_peak"].to_pylist()
+    assert [(b["bytes"], b["pretrace"], b["op_name"]) for b in live] == [
+        (800, False, None), (400, True, None), (250, False, "aten::empty")]
+    (never,) = r.tables["never_freed"].to_pylist()
+    assert (never["address"] if "address" in never else 0x100, never["op_name"]) == (0x100, "aten::empty")
+
+
+def _profiler_step_trace(leak_bytes: int):
+    events, total, t0 = [], 10 * MiB, 1000
+    for i in range(4):
+        s = t0 + 100 * i
+        events.append(_x(f"ProfilerStep#{i + 7}", s, 90, cat="user_annotation"))
+        events.append(_x("aten::empty", s + 10, 10))
+        events.append(_mem(s + 12, 2 * MiB, 0x9000, total := total + 2 * MiB))
+        events.append(_x("aten::mul", s + 30, 10))
+        events.append(_mem(s + 32, leak_bytes, 0x1000 + i * 0x10_0000, total := total + leak_bytes))
+        events.append(_mem(s + 50, -2 * MiB, 0x9000, total := total - 2 * MiB))
+    return events
+
+
+def test_profiler_step_leak(tmp_path):
+    path = _write(tmp_path, _profiler_step_trace(MiB))
+    (r,) = pastaprof.analyze(path, tools=["memory"])
+    steps = r.tables["steps"].to_pylist()
+    assert [s["step"] for s in steps] == [f"ProfilerStep#{i}" for i in range(7, 11)]
+    assert {s["source"] for s in steps} == {"ProfilerStep"}
+    assert [s["growth_bytes"] for s in steps] == [MiB] * 4
+    assert [s["peak_bytes"] - s["allocated_at_start"] for s in steps] == [3 * MiB] * 4
+    (leak,) = [f for f in r.findings if "grows" in f.title]
+    assert leak.evidence["growth_bytes_per_step"] == MiB and leak.location == "aten::mul"
+    # below the threshold: measured, not reported
+    (quiet,) = pastaprof.analyze(path, tools=[Memory(leak_min_bytes=2 * MiB)])
+    assert not [f for f in quiet.findings if "grows" in f.title]
+    # no growth, no finding
+    (flat,) = pastaprof.analyze(_write(tmp_path, _profiler_step_trace(0)[:0] + _profiler_step_trace(MiB)[:6]),
+                                tools=["memory"])
+    assert not [f for f in flat.findings if "grows" in f.title]
+
+
+def test_no_memory_events(tmp_path):
+    (r,) = pastaprof.analyze(_write(tmp_path, [_x("aten::mm", 1, 5)]), tools=["memory"])
+    assert r.summary["alloc_events"] == 0 and r.summary["devices"] == 0 and not r.findings
