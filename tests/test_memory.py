@@ -259,10 +259,10 @@ def test_pretrace_frees_and_address_reuse(tmp_path):
     assert [(b["bytes"], b["pretrace"], b["op_name"]) for b in live] == [
         (800, False, None), (400, True, None), (250, False, "aten::empty")]
     (never,) = r.tables["never_freed"].to_pylist()
-    assert (never["address"] if "address" in never else 0x100, never["op_name"]) == (0x100, "aten::empty")
+    assert (never["bytes"], never["blocks"], never["op_name"]) == (250, 1, "aten::empty")
 
 
-def _profiler_step_trace(leak_bytes: int):
+def _profiler_step_trace(leak_bytes: int, free_it: bool = False):
     events, total, t0 = [], 10 * MiB, 1000
     for i in range(4):
         s = t0 + 100 * i
@@ -272,6 +272,8 @@ def _profiler_step_trace(leak_bytes: int):
         events.append(_x("aten::mul", s + 30, 10))
         events.append(_mem(s + 32, leak_bytes, 0x1000 + i * 0x10_0000, total := total + leak_bytes))
         events.append(_mem(s + 50, -2 * MiB, 0x9000, total := total - 2 * MiB))
+        if free_it:
+            events.append(_mem(s + 60, -leak_bytes, 0x1000 + i * 0x10_0000, total := total - leak_bytes))
     return events
 
 
@@ -289,9 +291,9 @@ def test_profiler_step_leak(tmp_path):
     (quiet,) = pastaprof.analyze(path, tools=[Memory(leak_min_bytes=2 * MiB)])
     assert not [f for f in quiet.findings if "grows" in f.title]
     # no growth, no finding
-    (flat,) = pastaprof.analyze(_write(tmp_path, _profiler_step_trace(0)[:0] + _profiler_step_trace(MiB)[:6]),
-                                tools=["memory"])
-    assert not [f for f in flat.findings if "grows" in f.title]
+    (flat,) = pastaprof.analyze(_write(tmp_path, _profiler_step_trace(MiB, free_it=True)), tools=["memory"])
+    assert [s["growth_bytes"] for s in flat.tables["steps"].to_pylist()] == [0] * 4
+    assert not [f for f in flat.findings if "grows" in f.title] and flat.summary["never_freed_bytes"] == 0
 
 
 def test_no_memory_events(tmp_path):
