@@ -34,11 +34,11 @@ Results: a table on stdout and everything as JSON in --results
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -112,7 +112,7 @@ def measure(cmd: list[str], env: dict[str, str] | None = None, log: Path | None 
     stdout = tempfile.TemporaryFile()
     try:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=stdout, stderr=out, env=env)
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=out, env=env, start_new_session=True)
         peak = 0
         stop = threading.Event()
 
@@ -127,7 +127,12 @@ def measure(cmd: list[str], env: dict[str, str] | None = None, log: Path | None 
 
         th = threading.Thread(target=sampler, daemon=True)
         th.start()
-        _, status, ru = os.wait4(proc.pid, 0)
+        try:
+            _, status, ru = os.wait4(proc.pid, 0)
+        except BaseException:  # interrupted: stop the child (its own process group) too
+            os.killpg(proc.pid, 15)
+            proc.wait()
+            raise
         wall = time.perf_counter() - t0
         stop.set()
         th.join()
@@ -139,7 +144,7 @@ def measure(cmd: list[str], env: dict[str, str] | None = None, log: Path | None 
         if log:
             out.close()
     return {
-        "cmd": cmd, "rc": proc.returncode, "wall_s": wall,
+        "cmd": cmd, "rc": proc.returncode, "wall_s": wall, "loadavg_after": os.getloadavg(),
         "peak_rss_bytes": ru.ru_maxrss * 1024, "peak_tree_rss_sampled_bytes": peak,
         "user_s": ru.ru_utime, "sys_s": ru.ru_stime, "stdout": text[-20000:],
     }
@@ -172,6 +177,12 @@ def _pkg_versions(python: str, names: list[str]) -> dict:
         return {"error": str(e)}
 
 
+def _git_state() -> dict:
+    def git(*a: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True).stdout.strip()
+    return {"head": git("rev-parse", "HEAD"), "uncommitted_src": git("status", "--short", "src").splitlines()}
+
+
 def machine_info() -> dict:
     cpu = "?"
     with open("/proc/cpuinfo") as fh:
@@ -192,9 +203,16 @@ def machine_info() -> dict:
     }
 
 
-def available_tools(pastaprof: str) -> list[str]:
-    r = subprocess.run([pastaprof, "tools"], capture_output=True, text=True)
-    return [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+def available_tools(pastaprof: str, wanted: list[str], tries: int = 5) -> tuple[list[str], str]:
+    """Installed tool names (retried a few times while a wanted one is missing: a tool
+    whose module is being edited fails to load for a moment) and the last stderr."""
+    for _ in range(tries):
+        r = subprocess.run([pastaprof, "tools"], capture_output=True, text=True)
+        have = [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+        if all(t in have for t in wanted):
+            break
+        time.sleep(3)
+    return have, r.stderr.strip()
 
 
 # ----------------------------------------------------------------------------- main
@@ -213,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=WORK)
     ap.add_argument("--results", type=Path, help="JSON results (default WORKDIR/results.json)")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a measured child is stopped too
 
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
@@ -227,11 +246,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  built in {time.perf_counter() - t0:.1f} s: {gen['events']:,} events, {gen['bytes']:,} bytes", flush=True)
     json_bytes = trace.stat().st_size
 
-    have = available_tools(args.pastaprof)
     tools = [t for t in args.tools.split(",") if t]
+    have, why = available_tools(args.pastaprof, tools)
     missing = [t for t in tools if t not in have]
     if missing:
-        print(f"warning: tools not installed, dropped: {missing} (have {have})", file=sys.stderr)
+        print(f"warning: tools not installed, dropped: {missing} (have {have}) {why}", file=sys.stderr)
         tools = [t for t in tools if t in have]
     hta = not args.skip_hta
     if hta and not args.hta_python.exists():
@@ -298,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             "pastaprof_env": _pkg_versions(sys.executable, ["pastaprof", "duckdb", "pyarrow", "numpy", "orjson", "click"]),
             "hta_env": _pkg_versions(str(args.hta_python), ["HolisticTraceAnalysis", "pandas", "numpy", "torch"]) if hta else None,
         },
+        "source_tree": _git_state(),
         "trace": {"path": str(trace), "bytes": json_bytes, "generator": gen},
         "tools": tools,
         "repeat": args.repeat,

@@ -134,7 +134,7 @@ class Template:
     def render(self, ts_shift_ns: int, id_shift: dict[str, int]) -> str:
         vals: list[str] = []
         append = vals.append
-        for kind, v in zip(self.kinds, self.values):
+        for kind, v in zip(self.kinds, self.values, strict=True):
             if kind == "ts":
                 v += ts_shift_ns
                 s = str(v)
@@ -166,14 +166,14 @@ def build(copies: int, out_path: Path, gap_us: float, src: Path) -> dict:
     rep = [parsed[i] for i in rep_idx]
 
     starts = [ts_to_ns(f"{e['ts']:.3f}") for e in rep]
-    ends = [s + round(float(e.get("dur", 0)) * 1000) for s, e in zip(starts, rep)]
+    ends = [s + round(float(e.get("dur", 0)) * 1000) for s, e in zip(starts, rep, strict=True)]
     span_ns = max(ends) - min(starts)
     period_ns = span_ns + round(gap_us * 1000)
     period_ns = -(-period_ns // 1000) * 1000  # whole microseconds
 
     maxima = {ns: 0 for ns in NAMESPACES}
     tmpl = Template([events[i] for i in rep_idx])
-    for kind, v in zip(tmpl.kinds, tmpl.values):
+    for kind, v in zip(tmpl.kinds, tmpl.values, strict=True):
         if kind != "ts":
             maxima[kind] = max(maxima[kind], v)
     strides = {k: 10 ** max(1, math.ceil(math.log10(m + 1))) if m else 10 for k, m in maxima.items()}

@@ -66,17 +66,23 @@ def raw(name: str) -> dict:
             "live_at_peak": sum(b[i] for i in allocs if i <= peak and pairs.get(i, len(b)) > peak),
             "never_freed": sum(b[i] for i in live.values()),
             "never_freed_blocks": len(live),
-            # allocation time (ns, as the importer computes it) -> innermost enclosing op on its thread
-            "alloc_op": {round(evs[i]["ts"] * 1000) + base: _innermost(ops, evs[i], base) for i in allocs},
+            # allocation time (ns, as the importer computes it) -> its event
+            "alloc_event": {round(evs[i]["ts"] * 1000) + base: evs[i] for i in allocs},
         }
+    out["ops"] = ops
     return out
 
 
-def _innermost(ops: list[dict], e: dict, base: int) -> str | None:
+def _innermost(ops: list[dict], e: dict) -> str | None:
+    """Name of the innermost cpu_op on the event's thread whose interval holds it."""
     t = round(e["ts"] * 1000)
     hits = [o for o in ops if o["pid"] == e["pid"] and o["tid"] == e["tid"]
             and round(o["ts"] * 1000) <= t < round(o["ts"] * 1000) + round(o["dur"] * 1000)]
     return max(hits, key=lambda o: (o["ts"], -o["dur"]))["name"] if hits else None
+
+
+def _devices(x: dict) -> dict:
+    return {k: v for k, v in x.items() if k != "ops"}
 
 
 def _device_rows(r) -> dict:
@@ -88,7 +94,7 @@ ALL = TRACES + [EXAMPLE]
 
 @pytest.mark.parametrize("name", ALL)
 def test_replay_matches_allocator(name):
-    rows, expected = _device_rows(report(name)), raw(name)
+    rows, expected = _device_rows(report(name)), _devices(raw(name))
     assert set(rows) == set(expected)
     for key, x in expected.items():
         d = rows[key]
@@ -103,7 +109,7 @@ def test_replay_matches_allocator(name):
 
 @pytest.mark.parametrize("name", ALL)
 def test_counts_match_raw_memory_events(name):
-    s, expected = report(name).summary, raw(name)
+    s, expected = report(name).summary, _devices(raw(name))
     assert s["alloc_events"] == sum(x["allocs"] for x in expected.values())
     assert s["free_events"] == sum(x["frees"] for x in expected.values())
     assert s["devices"] == len(expected)
@@ -112,7 +118,7 @@ def test_counts_match_raw_memory_events(name):
 @pytest.mark.parametrize("name", ALL)
 def test_live_at_peak(name):
     r = report(name)
-    rows, expected = _device_rows(r), raw(name)
+    rows, expected = _device_rows(r), _devices(raw(name))
     by_site = r.tables["live_at_peak_by_site"].to_pylist()
     for key, x in expected.items():
         d = rows[key]
@@ -134,13 +140,13 @@ def test_live_at_peak(name):
         peak_ns = rows[key]["peak_ns"]
         for b in mine:
             assert b["alloc_ns"] <= peak_ns and (b["free_ns"] is None or b["free_ns"] > peak_ns)
-            assert b["op_name"] == expected[key]["alloc_op"][b["alloc_ns"]], (key, b)
+            assert b["op_name"] == _innermost(raw(name)["ops"], expected[key]["alloc_event"][b["alloc_ns"]]), (key, b)
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_never_freed_matches_raw_pairing(name):
     r = report(name)
-    rows, expected = _device_rows(r), raw(name)
+    rows, expected = _device_rows(r), _devices(raw(name))
     never = r.tables["never_freed"].to_pylist()
     for key, x in expected.items():
         assert rows[key]["never_freed_bytes"] == x["never_freed"], key

@@ -37,7 +37,7 @@ def load(path: str | Path, ranks: Sequence[int] | None = None, progress: Progres
         return open_run_dir(path, rank_list)
     per_kind: dict[str, list] = {k: [] for k in KINDS}
     metas = []
-    for rank, tables, meta in iter_ranks(path, rank_list, progress):
+    for _rank, tables, meta in iter_ranks(path, rank_list, progress):
         linked = link_rank(tables)
         for kind in KINDS:
             if kind in linked:

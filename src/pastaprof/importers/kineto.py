@@ -189,7 +189,7 @@ def _project(con, staged: Path, rank: int, base: int, path: Path) -> tuple[dict[
                    CASE WHEN args IS NOT NULL THEN json_extract(args, {args_list}) END AS a
             FROM read_json(?, format='array', columns={COLUMNS}, maximum_object_size=268435456)
         """, [str(staged)])
-    except duckdb.Error as e:
+    except (duckdb.Error, UnicodeDecodeError) as e:
         raise InputError(path, _describe_duckdb_error(e)) from None
     counts = dict(con.execute("SELECT coalesce(lcat, ''), count(*) FROM raw GROUP BY 1").fetchall())
     bad = con.execute("SELECT count(*) FROM raw WHERE ph IS NULL").fetchone()[0]
@@ -223,7 +223,7 @@ def _project(con, staged: Path, rank: int, base: int, path: Path) -> tuple[dict[
         for kind, sql in _queries(rank).items():
             t = con.sql(sql + " ORDER BY start_ns").to_arrow_table()
             tables[kind] = t
-    except duckdb.Error as e:
+    except (duckdb.Error, UnicodeDecodeError) as e:
         raise InputError(path, _describe_duckdb_error(e)) from None
     tables["collective"] = _collectives(tables["op"])
     return tables, counts
@@ -254,6 +254,8 @@ _RECORD_RE = re.compile(r"record/value (\d+)")
 def _describe_duckdb_error(e: Exception) -> str:
     """One user-facing line for a DuckDB failure on the staged event array (the
     temporary file is not the user's business: its name is removed)."""
+    if isinstance(e, UnicodeDecodeError):  # DuckDB quoting a broken value in its own message
+        return "a field has the wrong type or invalid text"
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     msg = _STAGED_FILE_RE.sub("", _DUCK_RE.sub("", msg)).strip()
     low = msg.lower()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -83,13 +82,19 @@ def _ranges(cols: Sequence[np.ndarray]) -> list[tuple[int, int]]:
 
 
 def _pack(cols: Sequence[np.ndarray], ranges: list[tuple[int, int]]) -> np.ndarray:
-    """Mixed-radix int64 key of the columns over the given (lo, hi) ranges (caller checks the size)."""
-    code = np.zeros(len(cols[0]), dtype=np.int64)
-    for c, (lo, hi) in zip(cols, ranges):
-        code *= hi - lo + 1
-        code += c
-        code -= lo
-    return code
+    """Mixed-radix int64 key of the columns over the given (lo, hi) ranges (caller checks the size);
+    constant columns add nothing."""
+    code = None
+    for c, (lo, hi) in zip(cols, ranges, strict=True):
+        if hi == lo:
+            continue
+        if code is None:
+            code = np.subtract(c, lo, dtype=np.int64)
+        else:
+            code *= hi - lo + 1
+            code += c
+            code -= lo
+    return np.zeros(len(cols[0]), dtype=np.int64) if code is None else code
 
 
 def _radix_size(ranges: list[tuple[int, int]]) -> int:
@@ -135,108 +140,139 @@ class KeyIndex:
     usually a direct-address array (no sort); otherwise a sorted key array."""
 
     def __init__(self, *cols: np.ndarray) -> None:
-        valid = np.logical_and.reduce([c >= 0 for c in cols]) if len(cols[0]) else np.zeros(0, dtype=bool)
-        self.rows = np.flatnonzero(valid)
-        self.empty = len(self.rows) == 0
+        n = len(cols[0])
+        self.empty = n == 0
         if self.empty:
             return
-        cols = [c[self.rows] for c in cols] if len(self.rows) < len(valid) else list(cols)
+        if min(int(c.min()) for c in cols) >= 0:
+            rows = None  # all rows valid: row i is i
+        else:
+            rows = np.flatnonzero(np.logical_and.reduce([c >= 0 for c in cols]))
+            self.empty = len(rows) == 0
+            if self.empty:
+                return
+            cols = tuple(c[rows] for c in cols)
+        m = n if rows is None else len(rows)
         self.ranges = _ranges(cols)
         size = _radix_size(self.ranges)
         self.packed = size < 1 << 62
         self.cols = None if self.packed else cols
-        if self.packed and size <= 4 * len(self.rows) + (1 << 20):
-            self.slot = np.full(size, -1, dtype=np.int32 if len(valid) < 1 << 31 else np.int64)
-            key = _pack(cols, self.ranges)
+        self.dtype = np.int32 if n < 1 << 31 else np.int64
+        self.rows = np.arange(n, dtype=self.dtype) if rows is None else rows.astype(self.dtype)
+        self.slot = None
+        if not self.packed:
+            return
+        key = _pack(cols, self.ranges)
+        if size <= 4 * m + (1 << 20):  # direct addressing (correlation ids are dense): no sort
+            self.slot = np.full(size, -1, dtype=self.dtype)
             self.slot[key[::-1]] = self.rows[::-1]  # reversed: the first row wins
-            self.sorted_keys = None
+            del self.rows
         else:
-            self.slot = None
-            if self.packed:
-                key = _pack(cols, self.ranges)
-                order = np.argsort(key, kind="stable")
-                self.sorted_keys, self.sorted_rows = key[order], self.rows[order]
+            order = np.argsort(key, kind="stable")
+            self.sorted_keys, self.sorted_rows = key[order], self.rows[order]
 
     def find(self, *cols: np.ndarray) -> np.ndarray:
+        """Row of each key (int32 when the table has fewer than 2**31 rows), or -1."""
         n = len(cols[0])
-        out = np.full(n, -1, dtype=np.int64)
         if self.empty or n == 0:
-            return out
+            return np.full(n, -1, dtype=np.int32)
         if not self.packed:  # keys too wide to pack (rare): dense-code both sides together
-            both, _ = dense_codes(*[np.concatenate([q, t]) for q, t in zip(cols, self.cols)])
+            both, _ = dense_codes(*[np.concatenate([q, t]) for q, t in zip(cols, self.cols, strict=True)])
             qk, tk = both[:n], both[n:]
             order = np.argsort(tk, kind="stable")
             tks = tk[order]
             pos = np.minimum(np.searchsorted(tks, qk), len(tks) - 1)
             ok = (tks[pos] == qk) & np.logical_and.reduce([c >= 0 for c in cols])
             return np.where(ok, self.rows[order[pos]], -1)
-        inside = np.ones(n, dtype=bool)
-        for c, (lo, hi) in zip(cols, self.ranges):
-            inside &= (c >= lo) & (c <= hi)
-        q = np.flatnonzero(inside)
-        key = _pack([c[q] for c in cols], self.ranges)
+        out = None
+        if any(int(c.min()) < lo or int(c.max()) > hi for c, (lo, hi) in zip(cols, self.ranges, strict=True)):
+            q = np.flatnonzero(np.logical_and.reduce(
+                [(c >= lo) & (c <= hi) for c, (lo, hi) in zip(cols, self.ranges, strict=True)]))
+            cols = tuple(c[q] for c in cols)
+            out = np.full(n, -1, dtype=self.dtype)
+        key = _pack(cols, self.ranges)
         if self.slot is not None:
-            out[q] = self.slot[key]
+            found = self.slot[key]
         else:
             pos = np.minimum(np.searchsorted(self.sorted_keys, key), len(self.sorted_keys) - 1)
-            out[q] = np.where(self.sorted_keys[pos] == key, self.sorted_rows[pos], -1)
+            found = np.where(self.sorted_keys[pos] == key, self.sorted_rows[pos], -1)
+        if out is None:
+            return found
+        out[q] = found
         return out
 
 
-@dataclass
 class Sweep:
-    """A segmented sweep of rows sorted by (segment, start); see the module docstring."""
+    """Rows sorted by (segment, start), prepared for repeated gap and union queries.
 
-    first: np.ndarray        # per present segment: index of its first row
-    seg_ids: np.ndarray      # per present segment: its id
-    first_start: np.ndarray  # per present segment
-    last_end: np.ndarray     # per present segment
-    gap: np.ndarray          # per row: start - previous end (may be negative); 0 on first rows
+    ``seg``/``start``/``end`` must already be sorted by (seg, start), with end >= start.
+    Times are stored shifted per segment (see the module docstring) so that one
+    ``np.maximum.accumulate`` yields every segment's running end at once.
+    """
 
-    def per_segment(self, values: np.ndarray, n_segments: int) -> np.ndarray:
-        """Sum of a per-row quantity (int or bool) per segment id; 0 for absent segments."""
-        out = np.zeros(n_segments, dtype=np.int64)
-        if len(self.first):
-            out[self.seg_ids] = np.add.reduceat(values, self.first, dtype=np.int64)
+    def __init__(self, seg: np.ndarray, start: np.ndarray, end: np.ndarray, n_segments: int) -> None:
+        n = len(start)
+        self.n, self.n_segments = n, n_segments
+        if n == 0:
+            z = np.zeros(0, dtype=np.int64)
+            self.first = self.last = self.seg_ids = self.first_start = self.last_end = z
+            self.start_sh = self.end_sh = self.shift_last = z
+            return
+        is_first = np.empty(n, dtype=bool)
+        is_first[0] = True
+        np.not_equal(seg[1:], seg[:-1], out=is_first[1:])
+        self.first = np.flatnonzero(is_first)
+        del is_first
+        self.last = np.append(self.first[1:], n) - 1
+        self.seg_ids = seg[self.first]
+        self.first_start = start[self.first]
+        self.last_end = np.maximum.reduceat(end, self.first)
+        offset = np.zeros(len(self.first), dtype=np.int64)
+        np.cumsum(self.last_end[:-1] - self.first_start[:-1] + 1, out=offset[1:])
+        # segment k's time t maps to t - first_start_k + offset_k, inside [offset_k, offset_k + span_k]
+        shift_seg = offset - self.first_start
+        shift = np.repeat(shift_seg, np.diff(np.append(self.first, n)))
+        self.start_sh = start + shift
+        np.add(end, shift, out=shift)
+        self.end_sh = shift
+        self.shift_last = shift_seg
+
+    def _scatter(self, per_present: np.ndarray) -> np.ndarray:
+        out = np.zeros(self.n_segments, dtype=np.int64)
+        out[self.seg_ids] = per_present
         return out
 
-    def spans(self, n_segments: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def gaps(self, include: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(gap per row, last end per segment id) over the rows in ``include`` (all if None).
+
+        gap = start - running max end of the earlier included rows of the segment (may be
+        negative; 0 on a segment's first row).  An excluded row acts as a zero-length
+        interval at its start: it changes no union, so the sort order is kept as is."""
+        if self.n == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(self.n_segments, dtype=np.int64)
+        running = self.end_sh.copy() if include is None else np.where(include, self.end_sh, self.start_sh)
+        np.maximum.accumulate(running, out=running)
+        last_end = running[self.last] - self.shift_last
+        gap = np.empty(self.n, dtype=np.int64)
+        gap[0] = 0
+        np.subtract(self.start_sh[1:], running[:-1], out=gap[1:])
+        gap[self.first] = 0
+        return gap, self._scatter(last_end)
+
+    def per_segment(self, values: np.ndarray) -> np.ndarray:
+        """Sum of a per-row quantity (int or bool) per segment id; 0 for absent segments."""
+        if self.n == 0:
+            return np.zeros(self.n_segments, dtype=np.int64)
+        return self._scatter(np.add.reduceat(values, self.first, dtype=np.int64))
+
+    def spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(first start, last end, span) per segment id; absent segments: 0, 0, 0."""
-        fs = np.zeros(n_segments, dtype=np.int64)
-        le = np.zeros(n_segments, dtype=np.int64)
-        fs[self.seg_ids] = self.first_start
-        le[self.seg_ids] = self.last_end
+        fs, le = self._scatter(self.first_start), self._scatter(self.last_end)
         return fs, le, le - fs
 
-    def idle(self, n_segments: int) -> np.ndarray:
-        """Sum of the positive gaps per segment: its span minus its union."""
-        return self.per_segment(np.maximum(self.gap, 0), n_segments)
-
-    def union(self, n_segments: int) -> np.ndarray:
-        """Length of the union of each segment's intervals."""
-        return self.spans(n_segments)[2] - self.idle(n_segments)
-
-
-def sweep(seg: np.ndarray, start: np.ndarray, end: np.ndarray) -> Sweep:
-    """Segmented sweep of rows already sorted by (seg, start), with end >= start."""
-    n = len(start)
-    if n == 0:
-        z = np.zeros(0, dtype=np.int64)
-        return Sweep(z, z, z, z, z)
-    is_first = np.empty(n, dtype=bool)
-    is_first[0] = True
-    np.not_equal(seg[1:], seg[:-1], out=is_first[1:])
-    first = np.flatnonzero(is_first)
-    del is_first
-    first_start = start[first]
-    last_end = np.maximum.reduceat(end, first)
-    offset = np.zeros(len(first), dtype=np.int64)
-    np.cumsum(last_end[:-1] - first_start[:-1] + 1, out=offset[1:])
-    # segment k's times t map to t - first_start_k + offset_k, inside [offset_k, offset_k + span_k]
-    shift = np.repeat(offset - first_start, np.diff(np.append(first, n)))
-    running = np.add(end, shift)
-    np.maximum.accumulate(running, out=running)
-    gap = np.add(start, shift, out=shift)  # shifted starts ...
-    gap[1:] -= running[:-1]                 # ... minus the shifted previous end
-    gap[first] = 0
-    return Sweep(first, seg[first], first_start, last_end, gap)
+    def union(self, include: np.ndarray | None = None) -> np.ndarray:
+        """Length of the union of each segment's (included) intervals: HTA's merged time."""
+        gap, last_end = self.gaps(include)
+        np.maximum(gap, 0, out=gap)
+        # (a segment with no included row gets last start - first start - the gaps between starts = 0)
+        return last_end - self.spans()[0] - self.per_segment(gap)

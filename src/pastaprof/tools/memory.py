@@ -238,8 +238,9 @@ class Memory(Tool):
             top = top.filter(pa.array(th == np.bincount(th).argmax())).sort_by("start_ns")
             c = np.unique(_str(top["name"]), return_inverse=True)[1]
             nt = len(c)
-            for p in range(1, nt // MIN_STEPS + 1):
-                if nt % p == 0 and np.array_equal(c[p:], c[:-p]):
+            periods = np.arange(1, nt // MIN_STEPS + 1)
+            for p in periods[nt % periods == 0]:        # the sequence must be whole repetitions of a block
+                if np.array_equal(c[p:], c[:-p]):
                     starts = _i64(top["start_ns"])[::p]
                     return starts, np.r_[starts[1:], t_hi], [f"iteration {i}" for i in range(len(starts))], "repeated ops"
         return np.array([], np.int64), np.array([], np.int64), [], "none"

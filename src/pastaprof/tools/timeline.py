@@ -32,18 +32,31 @@ temporal breakdown (table ``temporal``) -- HTA's ``get_temporal_breakdown``, per
     as HTA (COMMUNICATION ``^nccl.*Kernel``, MEMORY ``(^Memcpy)|(^Memset)|(^dma)``,
     OTHER ``(.*(Memcpy)|(Memset))|(.*Sync)``, else COMPUTATION); memcpy/memset events
     are MEMORY by kind (their Kineto names start with Memcpy/Memset, so this agrees
-    with HTA) and sync events are OTHER.  non_compute is split by priority
-    COMPUTATION > COMMUNICATION > MEMORY > OTHER -- each instant of non-compute time
-    goes to the highest class active then:
+    with HTA) and sync events are OTHER by kind (HTA goes by name: "Stream Sync",
+    "Event Sync", "Context Sync" are OTHER there too; only a sync named like
+    "Stream Wait Event" would be COMPUTATION in HTA).  Syncs count only here, never
+    in the ``devices``/``streams`` tables (HTA's idle breakdown also drops them).
+    non_compute is split by priority COMPUTATION > COMMUNICATION > MEMORY > OTHER:
+    each instant of non-compute time goes to the highest class active then,
       communication = |U(comp + comm)| - |U(comp)|       (exposed communication)
       memory        = |U(comp + comm + mem)| - |U(comp + comm)|
       other         = |U(all)| - |U(comp + comm + mem)|
-    so communication + memory + other == non_compute exactly.  We also report
+    so communication + memory + other == non_compute exactly.  Also reported:
     communication_overlapped = |U(comm)| - communication (comm hidden under compute).
     Percentages are of the span, rounded to 2 decimals like HTA; exact ns are kept.
 
-launch-bound kernels (table ``launch_bound``)
-    A kernel is launch-bound when its duration is shorter than its launch call's.
+launch-bound kernels (table ``launch_bound``, top ``top_n`` names by count)
+    A kernel is launch-bound when its duration is shorter than its launch call's
+    (the api row with its rank and correlation).
+
+Findings (thresholds are the module constants below)
+    * rank idle > 50% of its span and host_wait >= 50% of the idle time summed over
+      its streams: "GPU starved by the host" (critical from 80% idle); idle > 50%
+      otherwise: "GPU idle", naming the dominant idle category;
+    * exposed communication or memory >= 25% of the span;
+    * >= 50% of the kernels with a known launch call launch-bound, and at least 100.
+
+Options: ``consecutive_kernel_delay_ns`` (30_000), ``top_n`` (20), ``include_sync`` (True).
 """
 
 from __future__ import annotations
@@ -58,13 +71,13 @@ from pastaprof.tools._timeline_math import (
     COMPUTATION,
     MEMORY,
     OTHER,
+    KeyIndex,
+    Sweep,
     dense_codes,
     group_sort,
     hta_kernel_class,
-    lookup,
     name_codes,
-    sweep,
-    to_int,
+    to_np,
 )
 from pastaprof.tools.base import Finding, Report, Tool
 
@@ -72,10 +85,12 @@ CONSECUTIVE_KERNEL_DELAY_NS = 30_000   # HTA's default consecutive_kernel_delay 
 STARVED_IDLE_PCT = 50.0                # a rank idle for more than half its span ...
 HOST_WAIT_DOMINANT = 0.5               # ... with host_wait >= half of its stream idle time: GPU starved by the host
 CRITICAL_IDLE_PCT = 80.0               # idle beyond this makes the starvation finding critical
-LAUNCH_BOUND_SHARE = 0.5               # >= 50% of kernels (with a known launch call) launch-bound ...
-LAUNCH_BOUND_MIN = 100                 # ... and at least this many of them: a finding
+LAUNCH_BOUND_SHARE = 0.5               # >= 50% of the kernels with a known launch call are launch-bound ...
+LAUNCH_BOUND_MIN = 100                 # ... and at least this many: a finding
 NON_COMPUTE_PCT = 25.0                 # exposed communication or memory above 25% of the span: a finding
 TOP_N = 20
+_NO_LAUNCH = np.iinfo(np.int64).max
+_COLUMNS = ("start", "end", "rank", "device", "stream", "lag", "cls")
 
 
 def _pct(part: np.ndarray, whole: np.ndarray) -> np.ndarray:
@@ -94,42 +109,59 @@ def _rep(codes: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
 
 class Timeline(Tool):
     name = "timeline"
-    description = "GPU busy/idle per device and stream, idle causes (host/kernel wait), HTA temporal breakdown, launch-bound kernels"
+    description = ("GPU busy/idle per device and stream, idle causes (host/kernel wait), "
+                   "HTA temporal breakdown, launch-bound kernels")
     consumes = ("kernel", "memcpy", "memset", "api", "sync")
 
     # ------------------------------------------------------------------ inputs
 
     def _activities(self) -> dict[str, np.ndarray]:
-        """GPU activities of all three kinds as one set of NumPy columns."""
-        cols: dict[str, list[np.ndarray]] = {k: [] for k in ("start", "end", "rank", "device", "stream", "corr", "cls", "kind")}
-        self._kernel_names: list[str] = []
-        self._kernel_name_code = np.zeros(0, dtype=np.int64)
-        for kind_code, kind in enumerate(("kernel", "memcpy", "memset")):
+        """GPU activities of the three kinds as NumPy columns (``_COLUMNS``).  ``lag`` is the
+        activity start minus its launch call's start (``_NO_LAUNCH`` without one): the call
+        started after time t iff start - t > lag.  Also collects the launch-bound counts."""
+        api = self.table("api")
+        index = KeyIndex(to_np(api["rank"], dtype=np.int32), to_np(api["correlation"]))
+        a_start, a_end = to_np(api["start_ns"]), to_np(api["end_ns"])
+        parts = []
+        self._lb = None
+        for kind in ("kernel", "memcpy", "memset"):
             t = self.table(kind)
-            n = t.num_rows
-            cols["start"].append(to_int(t["start_ns"]))
-            cols["end"].append(to_int(t["end_ns"]))
-            cols["rank"].append(to_int(t["rank"]))
-            cols["device"].append(to_int(t["device"]))
-            cols["stream"].append(to_int(t["stream"]))
-            cols["corr"].append(to_int(t["correlation"]))
-            cols["kind"].append(np.full(n, kind_code, dtype=np.int8))
+            if t.num_rows == 0:
+                continue
+            start, end = to_np(t["start_ns"]), to_np(t["end_ns"])
+            if len(end) and (end < start).any():
+                end = np.maximum(end, start)  # a negative duration occupies nothing
+            rank = to_np(t["rank"], dtype=np.int32)
+            launch = index.find(rank, to_np(t["correlation"]))
+            has = launch >= 0
+            call = launch[has]
+            lag = np.full(len(start), _NO_LAUNCH, dtype=np.int64)
+            lag[has] = start[has] - a_start[call]
             if kind == "kernel":
                 codes, names = name_codes(t["name"])
-                classes = np.array([hta_kernel_class(x) for x in names], dtype=np.int8)
-                cols["cls"].append(classes[codes] if n else np.zeros(0, dtype=np.int8))
-                self._kernel_names, self._kernel_name_code = names, codes
+                cls = np.array([hta_kernel_class(x) for x in names], dtype=np.int8)[codes]
+                launch_ns = np.zeros(len(start), dtype=np.int64)
+                launch_ns[has] = a_end[call] - a_start[call]
+                kernel_ns = end - start
+                self._lb = (names, codes, has, has & (kernel_ns < launch_ns), kernel_ns, launch_ns)
             else:
-                cols["cls"].append(np.full(n, MEMORY, dtype=np.int8))
-        return {k: np.concatenate(v) for k, v in cols.items()}
+                cls = np.full(len(start), MEMORY, dtype=np.int8)
+            parts.append({"start": start, "end": end, "rank": rank, "device": to_np(t["device"], dtype=np.int32),
+                          "stream": to_np(t["stream"]), "lag": lag, "cls": cls})
+        if not parts:
+            empty = {"start": np.int64, "end": np.int64, "rank": np.int32, "device": np.int32,
+                     "stream": np.int64, "lag": np.int64, "cls": np.int8}
+            return {k: np.zeros(0, dtype=d) for k, d in empty.items()}
+        if len(parts) == 1:
+            return parts[0]
+        return {k: np.concatenate([p[k] for p in parts]) for k in _COLUMNS}
 
     def _syncs(self) -> dict[str, np.ndarray]:
         """Sync events that sit on a stream (what HTA's temporal breakdown includes)."""
         t = self.table("sync")
-        stream = to_int(t["stream"])
-        keep = stream >= 0
-        return {"start": to_int(t["start_ns"])[keep], "end": to_int(t["end_ns"])[keep],
-                "rank": to_int(t["rank"])[keep]}
+        keep = to_np(t["stream"]) >= 0
+        start, end = to_np(t["start_ns"])[keep], to_np(t["end_ns"])[keep]
+        return {"start": start, "end": np.maximum(end, start), "rank": to_np(t["rank"], dtype=np.int32)[keep]}
 
     # ------------------------------------------------------------------ report
 
@@ -137,17 +169,11 @@ class Timeline(Tool):
         delay = int(self.options.get("consecutive_kernel_delay_ns", CONSECUTIVE_KERNEL_DELAY_NS))
         top_n = int(self.options.get("top_n", TOP_N))
         act = self._activities()
-        api = self.table("api")
-        a_start, a_end = to_int(api["start_ns"]), to_int(api["end_ns"])
-        (launch,) = lookup([act["rank"], act["corr"]], [to_int(api["rank"]), to_int(api["correlation"])],
-                           np.arange(api.num_rows, dtype=np.int64))
         by_start = np.argsort(act["start"], kind="stable")
-
-        streams = self._streams(act, by_start, launch, a_start, delay)
+        streams = self._streams(act, by_start, delay)
         devices = self._devices(act, by_start)
         temporal = self._temporal(act, by_start, self._syncs() if self.options.get("include_sync", True) else None)
-        launch_bound, lb_totals = self._launch_bound(act, launch, a_start, a_end, top_n)
-
+        launch_bound, lb_totals = self._launch_bound(top_n)
         summary: dict[str, Any] = {
             "activities": int(len(act["start"])),
             "streams": streams.num_rows,
@@ -161,39 +187,40 @@ class Timeline(Tool):
                                          "launch_bound": launch_bound},
                       findings=findings, summary=summary)
 
-    def _streams(self, act, by_start, launch, a_start, delay) -> pa.Table:
+    def _streams(self, act, by_start, delay) -> pa.Table:
         code, n = dense_codes(act["rank"], act["device"], act["stream"])
         o = group_sort(code, by_start)
-        sw = sweep(code[o], act["start"][o], act["end"][o])
-        li = launch[o]
-        has = li >= 0
-        later_call = np.zeros(len(o), dtype=bool)
-        later_call[has] = a_start[li[has]] > sw.prev_end[has]
-        gap_row = ~sw.is_first & (sw.gap > 0)
-        host = gap_row & later_call
-        kern = gap_row & ~later_call & (sw.gap < delay)
-        other = gap_row & ~host & ~kern
-        first, last, span = sw.spans(n)
-        idle = sw.per_segment(sw.gap, n)
+        sw = Sweep(code[o], act["start"][o], act["end"][o], n)
+        gap, _ = sw.gaps()
+        pos = gap > 0
+        host = gap > act["lag"][o]              # the launch call started after the previous end
+        host &= pos
+        kern = gap < delay
+        kern &= pos
+        kern &= ~host
+        other = pos & ~host & ~kern
+        _, _, span = sw.spans()
+        np.maximum(gap, 0, out=gap)
+        idle = sw.per_segment(gap)
         cols: dict[str, Any] = {
             "rank": _rep(code, n, act["rank"]), "device": _rep(code, n, act["device"]),
             "stream": _rep(code, n, act["stream"]), "activities": np.bincount(code, minlength=n),
-            "first_ns": first, "last_ns": last, "span_ns": span, "busy_ns": span - idle, "idle_ns": idle,
-            "idle_pct": _pct(idle, span),
+            "span_ns": span, "busy_ns": span - idle, "idle_ns": idle, "idle_pct": _pct(idle, span),
         }
-        for label, mask in (("host_wait", host), ("kernel_wait", kern), ("other", other)):
-            cols[f"{label}_ns"] = sw.per_segment(np.where(mask, sw.gap, 0), n)
-            cols[f"{label}_gaps"] = sw.per_segment(mask, n)
-        for label in ("host_wait", "kernel_wait", "other"):
-            cols[f"{label}_share"] = _pct(cols[f"{label}_ns"], idle) / 100.0
+        masks = {"host_wait": host, "kernel_wait": kern, "other": other}
+        for label, mask in masks.items():
+            cols[f"{label}_ns"] = sw.per_segment(np.where(mask, gap, 0))
+        for label, mask in masks.items():
+            cols[f"{label}_gaps"] = sw.per_segment(mask)
         return pa.table(cols)
 
     def _devices(self, act, by_start) -> pa.Table:
         code, n = dense_codes(act["rank"], act["device"])
         o = group_sort(code, by_start)
-        sw = sweep(code[o], act["start"][o], act["end"][o])
-        first, last, span = sw.spans(n)
-        busy = sw.union(n)
+        sw = Sweep(code[o], act["start"][o], act["end"][o], n)
+        del o
+        first, last, span = sw.spans()
+        busy = sw.union()
         return pa.table({
             "rank": _rep(code, n, act["rank"]), "device": _rep(code, n, act["device"]),
             "activities": np.bincount(code, minlength=n), "first_ns": first, "last_ns": last,
@@ -211,22 +238,24 @@ class Timeline(Tool):
             by_start = np.argsort(start, kind="stable")
         code, n = dense_codes(rank)
         o = group_sort(code, by_start)
-        seg, s, e, c = code[o], start[o], end[o], cls[o]
-        sw_all = sweep(seg, s, e)
-        _, _, span = sw_all.spans(n)
-        # Unions of the nested class sets comp <= comp+comm <= comp+comm+mem <= all; a set
-        # with as many rows as the next larger one is that set (no second sweep).
+        sw = Sweep(code[o], start[o], end[o], n)
+        c = cls[o]
+        del o
+        _, _, span = sw.spans()
+        busy = sw.union()
+        # Unions of the nested sets comp <= comp+comm <= comp+comm+mem <= all; a set with
+        # as many rows as the next larger one is that set (no second sweep).
         unions: dict[int, np.ndarray] = {}
-        prev_count, prev_union = len(c), sw_all.union(n)
+        prev_count, prev_union = len(c), busy
         for top in (MEMORY, COMMUNICATION, COMPUTATION):
             mask = c <= top
             count = int(mask.sum())
             if count != prev_count:
-                prev_count, prev_union = count, sweep(seg[mask], s[mask], e[mask]).union(n)
+                prev_count, prev_union = count, sw.union(mask)
             unions[top] = prev_union
-        busy, u_comp = sw_all.union(n), unions[COMPUTATION]
+        u_comp = unions[COMPUTATION]
         comm_mask = c == COMMUNICATION
-        u_comm = sweep(seg[comm_mask], s[comm_mask], e[comm_mask]).union(n) if comm_mask.any() else np.zeros(n, np.int64)
+        u_comm = sw.union(comm_mask) if comm_mask.any() else np.zeros(n, np.int64)
         idle = span - busy
         non_compute = span - u_comp - idle
         comm = unions[COMMUNICATION] - u_comp
@@ -240,33 +269,31 @@ class Timeline(Tool):
             "communication_pct": _pct(comm, span), "memory_pct": _pct(mem, span), "other_pct": _pct(other, span),
         })
 
-    def _launch_bound(self, act, launch, a_start, a_end, top_n) -> tuple[pa.Table, dict[str, Any]]:
-        k = act["kind"] == 0
-        names, codes = self._kernel_names, self._kernel_name_code
-        li = launch[k]
-        has = li >= 0
-        kdur = (act["end"] - act["start"])[k]
-        ldur = np.zeros(len(li), dtype=np.int64)
-        ldur[has] = a_end[li[has]] - a_start[li[has]]
-        bound = has & (kdur < ldur)
+    def _launch_bound(self, top_n: int) -> tuple[pa.Table, dict[str, Any]]:
+        if self._lb is None:
+            names, codes, has, bound = [], np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(0, bool)
+            kdur = ldur = np.zeros(0, np.int64)
+        else:
+            names, codes, has, bound, kdur, ldur = self._lb
         m = len(names)
+
+        def per_name(weights: np.ndarray) -> np.ndarray:  # exact int64 sums per name (float64 sums of ints < 2**53)
+            return np.rint(np.bincount(codes, weights=weights, minlength=m)).astype(np.int64)
+
         launches = np.bincount(codes, minlength=m)
-        with_launch = np.bincount(codes, weights=has, minlength=m).astype(np.int64)
-        lb = np.bincount(codes, weights=bound, minlength=m).astype(np.int64)
-        kernel_ns = np.rint(np.bincount(codes, weights=kdur, minlength=m)).astype(np.int64)
-        lb_kernel_ns = np.rint(np.bincount(codes, weights=np.where(bound, kdur, 0), minlength=m)).astype(np.int64)
-        lb_launch_ns = np.rint(np.bincount(codes, weights=np.where(bound, ldur, 0), minlength=m)).astype(np.int64)
+        with_launch, lb = per_name(has), per_name(bound)
         order = np.lexsort((np.arange(m), -lb))
         order = order[lb[order] > 0][:top_n]
         table = pa.table({
             "name": pa.array([names[i] for i in order], pa.string()),
             "launches": launches[order], "with_launch": with_launch[order], "launch_bound": lb[order],
             "launch_bound_share": np.round(lb[order] / np.maximum(with_launch[order], 1), 4),
-            "kernel_ns": kernel_ns[order], "launch_bound_kernel_ns": lb_kernel_ns[order],
-            "launch_bound_launch_ns": lb_launch_ns[order],
+            "kernel_ns": per_name(kdur)[order],
+            "launch_bound_kernel_ns": per_name(np.where(bound, kdur, 0))[order],
+            "launch_bound_launch_ns": per_name(np.where(bound, ldur, 0))[order],
         })
         n_has, n_lb = int(has.sum()), int(bound.sum())
-        totals = {"kernels": int(k.sum()), "kernels_with_launch": n_has, "launch_bound_kernels": n_lb,
+        totals = {"kernels": int(len(codes)), "kernels_with_launch": n_has, "launch_bound_kernels": n_lb,
                   "launch_bound_share": round(n_lb / n_has, 4) if n_has else 0.0}
         return table, totals
 
@@ -276,30 +303,29 @@ class Timeline(Tool):
         out: list[Finding] = []
         st = streams.to_pydict()
         for r in temporal.to_pylist():
-            rank = r["rank"]
+            rank, where = r["rank"], f"rank {r['rank']}"
             rows = [i for i, x in enumerate(st["rank"]) if x == rank]
             waits = {c: sum(st[f"{c}_ns"][i] for i in rows) for c in ("host_wait", "kernel_wait", "other")}
             total_wait = sum(waits.values())
             if r["idle_pct"] > STARVED_IDLE_PCT:
                 share = waits["host_wait"] / total_wait if total_wait else 0.0
                 evidence = {"idle_pct": r["idle_pct"], "idle_ns": r["idle_ns"], "span_ns": r["span_ns"],
-                            **{f"{c}_ns": v for c, v in waits.items()}, "host_wait_share_of_stream_idle": round(share, 4)}
+                            **{f"streams_{c}_ns": v for c, v in waits.items()},
+                            "host_wait_share_of_stream_idle": round(share, 4)}
                 if share >= HOST_WAIT_DOMINANT:
                     sev = "critical" if r["idle_pct"] >= CRITICAL_IDLE_PCT else "warning"
                     out.append(Finding(sev, f"GPU starved by the host: idle {r['idle_pct']:.1f}% of its span, "
-                                            f"{share:.0%} of stream idle time waiting for launches", evidence,
-                                       location=f"rank {rank}"))
+                                            f"{share:.0%} of stream idle time waiting for launches", evidence, where))
                 else:
                     top = max(waits, key=waits.get) if total_wait else "other"
                     out.append(Finding("warning", f"GPU idle {r['idle_pct']:.1f}% of its span (mostly {top})",
-                                       evidence, location=f"rank {rank}"))
-            for label in ("communication", "memory"):
+                                       evidence, where))
+            for label, what in (("communication", "exposed communication (not overlapped with compute)"),
+                                ("memory", "copies/memsets not overlapped with compute")):
                 if r[f"{label}_pct"] >= NON_COMPUTE_PCT:
-                    what = "exposed communication" if label == "communication" else "copies/memsets not overlapped with compute"
                     out.append(Finding("warning", f"{what}: {r[f'{label}_pct']:.1f}% of the GPU span",
                                        {f"{label}_ns": r[f"{label}_ns"], f"{label}_pct": r[f"{label}_pct"],
-                                        "span_ns": r["span_ns"], "compute_pct": r["compute_pct"]},
-                                       location=f"rank {rank}"))
+                                        "span_ns": r["span_ns"], "compute_pct": r["compute_pct"]}, where))
         if lb["launch_bound_kernels"] >= LAUNCH_BOUND_MIN and lb["launch_bound_share"] >= LAUNCH_BOUND_SHARE:
             out.append(Finding("warning", f"{lb['launch_bound_kernels']} of {lb['kernels_with_launch']} kernels "
                                           f"({lb['launch_bound_share']:.0%}) run shorter than their launch call",
