@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as _dt
 from typing import Any
 
 import pyarrow as pa
@@ -13,6 +14,7 @@ from pastaprof.report.names import short_kernel_name
 from pastaprof.tools.base import Report
 
 MAX_ROWS = 15
+EPOCH_NS_MIN = 10**17  # a *_ns value this large is a timestamp (after 1973), not a duration
 MAX_NAME = 70
 NAME_COLUMNS = {"name", "kernel", "dominant_kernel", "location"}
 MIN_WIDTH = 150  # when not on a terminal (piped, CI logs), don't squeeze tables into 80 columns
@@ -25,6 +27,12 @@ def _fmt_ns(v: int | float) -> str:
         if abs(v) >= scale:
             return f"{v / scale:,.2f} {unit}"
     return f"{v:,.0f} ns"
+
+
+def _fmt_time(ns: int) -> str:
+    """An absolute Unix-epoch timestamp as UTC time of day with microseconds."""
+    t = _dt.datetime.fromtimestamp(ns // 1_000_000_000, _dt.timezone.utc)
+    return f"{t:%H:%M:%S}.{(ns % 1_000_000_000) // 1000:06d}"
 
 
 def _fmt_bytes(v: int | float) -> str:
@@ -42,6 +50,8 @@ def format_value(column: str, v: Any) -> str:
     if isinstance(v, bool):
         return "yes" if v else ""
     if isinstance(v, (int, float)):
+        if (column.endswith("_ns") or column == "ns") and abs(v) >= EPOCH_NS_MIN:
+            return _fmt_time(int(v))
         if column.endswith("_ns") or column == "ns":
             return _fmt_ns(v)
         if "bytes" in column:
@@ -82,9 +92,12 @@ def print_reports(reports: list[Report], console: Console | None = None, max_row
         if rep.summary:
             flat = {k: v for k, v in rep.summary.items() if not isinstance(v, (dict, list))}
             console.print("  ".join(f"[bold]{escape(k)}[/]={escape(format_value(k, v))}" for k, v in flat.items()))
-        for title, table in rep.tables.items():
-            if table.num_rows:
-                console.print(render_table(title, table, max_rows))
+        shown = rep.display or {name: [] for name in rep.tables}
+        for title, columns in shown.items():
+            table = rep.tables.get(title)
+            if table is not None and table.num_rows:
+                cols = [c for c in columns if c in table.column_names] or table.column_names
+                console.print(render_table(title, table.select(cols), max_rows))
         for f in rep.findings:
             style = SEVERITY_STYLE.get(f.severity, "")
             ev = ", ".join(f"{k}={format_value(k, v)}" for k, v in f.evidence.items())

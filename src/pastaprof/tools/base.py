@@ -47,6 +47,9 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     details: dict[str, pa.Table] = field(default_factory=dict)
+    #: What the terminal shows: table name -> columns (empty list: all columns).
+    #: When empty, every table in ``tables`` is shown whole.  JSON always has all.
+    display: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for f in self.findings:

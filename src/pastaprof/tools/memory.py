@@ -26,6 +26,14 @@ import pyarrow.compute as pc
 from pastaprof.processor.intervals import group_codes, innermost_enclosing
 from pastaprof.tools.base import Finding, Report, Tool
 
+DISPLAY = {  # what the terminal shows; JSON and programs get every table and column
+    "devices": ["rank", "device", "device_type", "peak_bytes", "peak_ns", "live_at_peak_bytes", "pretrace_offset_bytes",
+                "max_reserved_bytes", "never_freed_bytes", "end_bytes"],
+    "live_at_peak_by_site": [],
+    "never_freed": [],
+    "steps": ["rank", "device", "device_type", "step", "allocated_at_end", "growth_bytes", "peak_bytes",
+              "survivor_bytes"],
+}
 MAX_POINTS = 500            # footprint curve: points per device (max kept per time bucket)
 TOP_LIVE = 20               # largest live-at-peak blocks listed per device
 MIN_STEPS = 3               # growth needs >= 2 step-to-step deltas
@@ -203,7 +211,8 @@ class Memory(Tool):
         tables["steps"] = pa.Table.from_pylist(step_rows) if step_rows else pa.table({"step": pa.array([], pa.string())})
         tables["step_survivors"] = pa.concat_tables(surv_tabs) if surv_tabs else pa.table({"op_name": pa.array([], pa.string())})
         findings += self._findings(dev_rows, tables["never_freed"], leaks)
-        return Report(self.name, tables=tables, findings=findings, summary=self._summary(dev_rows, leaks, step_rows))
+        return Report(self.name, tables=tables, findings=findings, summary=self._summary(dev_rows, leaks, step_rows),
+                      display=DISPLAY)
 
     # ------------------------------------------------------------------ helpers
     def _allocating_op(self, rank, pid, tid, time) -> np.ndarray:

@@ -107,6 +107,16 @@ def _rep(codes: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
     return out
 
 
+DISPLAY = {  # what the terminal shows; JSON and programs get every column
+    "temporal": ["rank", "span_ns", "idle_pct", "compute_pct", "non_compute_pct", "communication_pct", "memory_pct",
+                 "other_pct", "communication_overlapped_ns"],
+    "devices": ["rank", "device", "span_ns", "busy_ns", "idle_ns", "idle_pct"],
+    "streams": ["rank", "device", "stream", "activities", "busy_ns", "idle_ns", "idle_pct", "host_wait_ns",
+                "kernel_wait_ns", "other_ns"],
+    "launch_bound": ["name", "launches", "launch_bound", "launch_bound_share", "launch_bound_kernel_ns",
+                     "launch_bound_launch_ns"],
+}
+
 class Timeline(Tool):
     name = "timeline"
     description = ("GPU busy/idle per device and stream, idle causes (host/kernel wait), "
@@ -185,7 +195,7 @@ class Timeline(Tool):
         findings = self._findings(temporal, streams, lb_totals, launch_bound)
         return Report(self.name, tables={"devices": devices, "streams": streams, "temporal": temporal,
                                          "launch_bound": launch_bound},
-                      findings=findings, summary=summary)
+                      findings=findings, summary=summary, display=DISPLAY)
 
     def _streams(self, act, by_start, delay) -> pa.Table:
         code, n = dense_codes(act["rank"], act["device"], act["stream"])
