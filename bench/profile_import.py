@@ -178,7 +178,9 @@ def instrument() -> None:
     kineto._queries = queries
     kineto._connect = lambda *a, **k: TimedCon(orig_connect(*a, **k), cache)
     REC.wrap(kineto, "_project", "kineto._project (all DuckDB work)")
-    REC.wrap(kineto, "import_file", "import_file (stage + DuckDB + temp cleanup)")
+    import pastaprof.importers as importers
+
+    REC.wrap(importers, "import_file", "import_file (stage + DuckDB + temp cleanup)")
     REC.wrap(kineto, "_collectives", "collectives from ops")
     REC.wrap(pipeline, "link_rank", "link_rank")
     for f in ("link_ops", "place_ops", "link_api", "link_activity"):

@@ -83,10 +83,12 @@ def analyze(source: str | Path | Run, tools: Sequence[str | Tool] | None = None,
         return proc.finish()
     path = Path(source)
     writer = RunWriter(out) if out is not None else None
+    # Import only what the tools consume (everything when storing the run).
+    kinds = None if writer is not None else {k for t in instances for k in t.consumes}
     try:
         metas = []
         proc = Processor(instances, sink=writer)
-        for rank, tables, meta in iter_ranks(path, rank_list, progress):
+        for rank, tables, meta in iter_ranks(path, rank_list, progress, kinds):
             if not metas:
                 proc.info = RunInfo(manifest_for(path, [meta]))
             proc.ingest_rank(rank, tables)

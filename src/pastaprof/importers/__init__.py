@@ -35,15 +35,16 @@ def rank_from_name(path: Path) -> int | None:
 
 def iter_ranks(
     path: Path, ranks: list[int] | None = None, progress: Callable[[int], None] | None = None,
+    kinds: set[str] | None = None,
 ) -> Iterator[tuple[int, dict[str, pa.Table], dict[str, Any]]]:
     """Yield (rank, raw tables, metadata) per trace file.  The rank comes from the
     trace's ``distributedInfo``, else from the file name (``rank-3``), else the
-    file's position in the folder."""
+    file's position in the folder.  ``kinds``: import only these (None: all)."""
     files = trace_files(path)
     seen: set[int] = set()
     for i, f in enumerate(files):
         hint = rank_from_name(f)
-        tables, meta = import_file(f, progress=progress)
+        tables, meta = import_file(f, progress=progress, kinds=kinds)
         dist = meta.get("distributedInfo")
         if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
             rank = dist["rank"]

@@ -38,18 +38,28 @@ CATEGORY_KIND = {
 # Categories understood but not turned into events of their own.
 IGNORED_CATEGORIES = {"ac2g", "async", "fwdbwd", "overhead", "trace", "cpu_instant_event"}
 
-# JSON keys pulled out of ``args`` in the single parsing pass (index = position).
-ARG_KEYS = [
-    "External id", "correlation", "device", "stream", "grid", "block", "registers per thread",
-    "shared memory", "bytes", "Input Dims", "Input type", "Sequence number", "Addr", "Bytes",
-    "Total Allocated", "Total Reserved", "Device Id", "Device Type", "Python id", "Python parent id",
-    "Collective name", "In msg nelems", "Group size", "dtype", "Process Group Ranks", "external id",
-]
-A = {k: i + 1 for i, k in enumerate(ARG_KEYS)}  # DuckDB lists are 1-based
+# JSON keys each kind needs from ``args`` (only the wanted kinds' keys are extracted).
+KIND_ARGS: dict[str, tuple[str, ...]] = {
+    "kernel": ("External id", "external id", "correlation", "device", "stream", "grid", "block",
+               "registers per thread", "shared memory"),
+    "memcpy": ("External id", "external id", "correlation", "device", "stream", "bytes"),
+    "memset": ("External id", "external id", "correlation", "device", "stream", "bytes"),
+    "sync": ("correlation", "device", "stream"),
+    "api": ("External id", "external id", "correlation"),
+    "op": ("External id", "external id", "Sequence number", "Input Dims", "Input type", "Collective name",
+           "In msg nelems", "Group size", "dtype", "Process Group Ranks"),
+    "range": ("External id", "external id", "device", "stream"),
+    "frame": ("Python id", "Python parent id"),
+    "tensor": ("Addr", "Bytes", "Total Allocated", "Total Reserved", "Device Id", "Device Type"),
+}
+# Kinds whose links need other kinds imported too.
+KIND_NEEDS: dict[str, tuple[str, ...]] = {"op": ("frame", "api"), "collective": ("op",)}
+FLOW_USERS = {"kernel", "memcpy", "memset", "api", "sync"}
+ALL_KINDS = (*KIND_ARGS, "collective")
 
 COLUMNS = (
     "{ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'VARCHAR', tid: 'VARCHAR', "
-    "ts: 'DECIMAL(38,6)', dur: 'DECIMAL(38,6)', id: 'VARCHAR', s: 'VARCHAR', args: 'JSON'}"
+    "ts: 'DECIMAL(38,6)', dur: 'DECIMAL(38,6)', id: 'VARCHAR', args: 'JSON'}"
 )
 
 _DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
@@ -57,12 +67,18 @@ _DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2
                 "int8": 1, "bool": 1, "short": 2, "int16": 2}
 
 
-def _arg(key: str, typ: str = "BIGINT") -> str:
-    if typ == "JSON":
-        return f"a[{A[key]}]"
-    if typ == "VARCHAR":
-        return f"(a[{A[key]}] ->> '$')"
-    return f"TRY_CAST(a[{A[key]}] ->> '$' AS {typ})"
+def expand_kinds(kinds: set[str] | None) -> set[str]:
+    """The kinds to import for ``kinds`` (None: all), with what their links need."""
+    out = set(ALL_KINDS) if kinds is None else set(kinds) & set(ALL_KINDS)
+    changed = True
+    while changed:
+        changed = False
+        for k in list(out):
+            for dep in KIND_NEEDS.get(k, ()):
+                if dep not in out:
+                    out.add(dep)
+                    changed = True
+    return out
 
 
 def _int_or_digits(col: str) -> str:
@@ -70,96 +86,138 @@ def _int_or_digits(col: str) -> str:
     return f"COALESCE(TRY_CAST({col} AS BIGINT), TRY_CAST(regexp_extract({col}, '(\\d+)\\s*$', 1) AS BIGINT))"
 
 
-def _common(rank: int, device: str = "NULL", stream: str = "NULL", corr: str = "NULL") -> str:
-    return (
-        "start_ns, end_ns, "
-        f"CAST({rank} AS INTEGER) AS rank, CAST({device} AS INTEGER) AS device, CAST({stream} AS BIGINT) AS stream, "
-        f"{_int_or_digits('pid')} AS pid, {_int_or_digits('tid')} AS tid, CAST({corr} AS BIGINT) AS correlation, name"
-    )
+def _cats(kind: str) -> list[str]:
+    return [c for c, k in CATEGORY_KIND.items() if k == kind]
 
 
-def _cats(kind: str) -> str:
-    cats = [c for c, k in CATEGORY_KIND.items() if k == kind]
-    return "lcat IN (" + ", ".join(f"'{c}'" for c in cats) + ")"
+class _Sql:
+    """SQL fragments for one import: ``a`` is the list of extracted ``args`` values,
+    holding only the keys of the wanted kinds."""
 
+    def __init__(self, kinds: set[str]) -> None:
+        keys: list[str] = []
+        for kind in sorted(kinds):
+            for key in KIND_ARGS.get(kind, ()):
+                if key not in keys:
+                    keys.append(key)
+        self.keys = keys
+        self.index = {k: i + 1 for i, k in enumerate(keys)}  # DuckDB lists are 1-based
 
-GPU_DEVICE = f"COALESCE({_arg('device', 'INTEGER')}, {_int_or_digits('pid')})"
-GPU_STREAM = f"COALESCE({_arg('stream')}, {_int_or_digits('tid')})"
-CORR = f"COALESCE({_arg('correlation')}, flow_id)"
+    def extract(self) -> str:
+        paths = ", ".join("'$.\"" + k.replace('"', '\\"') + "\"'" for k in self.keys)
+        return f"json_extract(args, [{paths}])" if self.keys else "CAST(NULL AS JSON[])"
 
+    def arg(self, key: str, typ: str = "BIGINT") -> str:
+        if key not in self.index:
+            return "NULL"
+        ref = f"a[{self.index[key]}]"
+        if typ == "JSON":
+            return ref
+        if typ == "VARCHAR":
+            return f"({ref} ->> '$')"
+        return f"TRY_CAST({ref} ->> '$' AS {typ})"
 
-def _queries(rank: int) -> dict[str, str]:
-    dim = lambda key, i: f"TRY_CAST({_arg(key, 'JSON')}->>'$[{i}]' AS INTEGER)"  # noqa: E731
-    return {
-        "kernel": f"""SELECT {_common(rank, GPU_DEVICE, GPU_STREAM, CORR)},
-            {dim('grid', 0)} AS grid_x, {dim('grid', 1)} AS grid_y, {dim('grid', 2)} AS grid_z,
-            {dim('block', 0)} AS block_x, {dim('block', 1)} AS block_y, {dim('block', 2)} AS block_z,
-            {_arg('registers per thread', 'INTEGER')} AS registers, {_arg('shared memory')} AS shared_bytes,
-            COALESCE({_arg('External id')}, {_arg('external id')}) AS external_id
-            FROM ev WHERE ph = 'X' AND {_cats('kernel')}""",
-        "memcpy": f"""SELECT {_common(rank, GPU_DEVICE, GPU_STREAM, CORR)}, {_arg('bytes')} AS bytes,
-            CASE WHEN regexp_matches(name, 'HtoD|HostToDevice|H2D') THEN 'HtoD'
+    def ext(self) -> str:
+        return f"COALESCE({self.arg('External id')}, {self.arg('external id')})"
+
+    def gpu_device(self) -> str:
+        return f"COALESCE({self.arg('device', 'INTEGER')}, {_int_or_digits('pid')})"
+
+    def gpu_stream(self) -> str:
+        return f"COALESCE({self.arg('stream')}, {_int_or_digits('tid')})"
+
+    def common(self, rank: int, device: str = "NULL", stream: str = "NULL", corr: bool = False) -> str:
+        c = f"COALESCE({self.arg('correlation')}, flow_id)" if corr else "NULL"
+        return (
+            "start_ns, end_ns, "
+            f"CAST({rank} AS INTEGER) AS rank, CAST({device} AS INTEGER) AS device, CAST({stream} AS BIGINT) AS stream, "
+            f"{_int_or_digits('pid')} AS pid, {_int_or_digits('tid')} AS tid, CAST({c} AS BIGINT) AS correlation, name"
+        )
+
+    def queries(self, rank: int) -> dict[str, str]:
+        arg, ext = self.arg, self.ext()
+        dev, stream = self.gpu_device(), self.gpu_stream()
+        dim = lambda key, i: f"TRY_CAST({arg(key, 'JSON')}->>'$[{i}]' AS INTEGER)"  # noqa: E731
+        direction = """CASE WHEN regexp_matches(name, 'HtoD|HostToDevice|H2D') THEN 'HtoD'
                  WHEN regexp_matches(name, 'DtoH|DeviceToHost|D2H') THEN 'DtoH'
                  WHEN regexp_matches(name, 'DtoD|DeviceToDevice|D2D') THEN 'DtoD'
                  WHEN regexp_matches(name, 'HtoH|HostToHost|H2H') THEN 'HtoH'
-                 WHEN regexp_matches(name, 'PtoP|PeerToPeer|P2P') THEN 'PtoP' ELSE 'unknown' END AS direction,
-            COALESCE({_arg('External id')}, {_arg('external id')}) AS external_id
-            FROM ev WHERE ph = 'X' AND {_cats('memcpy')}""",
-        "memset": f"""SELECT {_common(rank, GPU_DEVICE, GPU_STREAM, CORR)}, {_arg('bytes')} AS bytes,
-            COALESCE({_arg('External id')}, {_arg('external id')}) AS external_id
-            FROM ev WHERE ph = 'X' AND {_cats('memset')}""",
-        "sync": f"""SELECT {_common(rank, GPU_DEVICE, GPU_STREAM, CORR)}, name AS sync_kind
-            FROM ev WHERE ph = 'X' AND {_cats('sync')}""",
-        "api": f"""SELECT {_common(rank, 'NULL', 'NULL', CORR)},
-            CASE WHEN contains(lcat, 'driver') THEN 'driver' ELSE 'runtime' END AS api_kind,
-            COALESCE({_arg('External id')}, {_arg('external id')}) AS external_id
-            FROM ev WHERE ph = 'X' AND {_cats('api')}""",
-        "op": f"""SELECT {_common(rank)},
-            COALESCE({_arg('External id')}, {_arg('external id')}) AS external_id,
-            {_arg('Sequence number')} AS sequence_id,
-            CAST({_arg('Input Dims', 'JSON')} AS VARCHAR) AS input_shapes,
-            CAST({_arg('Input type', 'JSON')} AS VARCHAR) AS input_dtypes,
-            {_arg('Collective name', 'VARCHAR')} AS collective,
-            {_arg('In msg nelems')} AS nelems, {_arg('Group size', 'INTEGER')} AS group_size,
-            {_arg('dtype', 'VARCHAR')} AS dtype, CAST({_arg('Process Group Ranks', 'JSON')} AS VARCHAR) AS peers
-            FROM ev WHERE ph = 'X' AND {_cats('op')}""",
-        "range": f"""SELECT {_common(rank, f"CASE WHEN lcat = 'gpu_user_annotation' THEN {GPU_DEVICE} END",
-                                      f"CASE WHEN lcat = 'gpu_user_annotation' THEN {GPU_STREAM} END")},
-            CASE WHEN lcat = 'gpu_user_annotation' THEN 'gpu_user' ELSE 'user' END AS domain,
-            COALESCE({_arg('External id')}, {_arg('external id')}) AS id
-            FROM ev WHERE ph = 'X' AND {_cats('range')}""",
-        "frame": f"""SELECT {_common(rank)}, {_arg('Python id')} AS id, {_arg('Python parent id')} AS parent_id,
-            CASE WHEN starts_with(name, 'nn.Module: ') THEN NULL
-                 ELSE NULLIF(regexp_extract(name, '^(.*)\\((\\d+)\\): ', 1), '') END AS file,
-            TRY_CAST(NULLIF(regexp_extract(name, '^(.*)\\((\\d+)\\): ', 2), '') AS INTEGER) AS line,
-            CASE WHEN starts_with(name, 'nn.Module: ') THEN substr(name, 12)
-                 WHEN regexp_matches(name, '^(.*)\\((\\d+)\\): ') THEN regexp_replace(name, '^(.*)\\((\\d+)\\): ', '')
-                 ELSE name END AS function,
-            starts_with(name, 'nn.Module: ') AS is_module
-            FROM ev WHERE ph = 'X' AND {_cats('frame')}""",
-        "tensor": f"""SELECT {_common(rank, _arg('Device Id', 'INTEGER'))},
-            CAST({_arg('Addr', 'UBIGINT')} AS UBIGINT) AS address, {_arg('Bytes')} AS bytes,
-            {_arg('Total Allocated')} AS total_allocated, {_arg('Total Reserved')} AS total_reserved,
-            CASE {_arg('Device Type', 'INTEGER')} WHEN 0 THEN 'cpu' WHEN 1 THEN 'cuda' WHEN 6 THEN 'hip'
-                 ELSE CAST({_arg('Device Type', 'INTEGER')} AS VARCHAR) END AS device_type
-            FROM ev WHERE lcat = 'cpu_instant_event' AND name = '[memory]'""",
-    }
+                 WHEN regexp_matches(name, 'PtoP|PeerToPeer|P2P') THEN 'PtoP' ELSE 'unknown' END"""
+        frame_re = "'^(.*)\\((\\d+)\\): '"
+        gpu_range = "lcat = 'gpu_user_annotation'"
+        return {
+            "kernel": f"""SELECT {self.common(rank, dev, stream, True)},
+                {dim('grid', 0)} AS grid_x, {dim('grid', 1)} AS grid_y, {dim('grid', 2)} AS grid_z,
+                {dim('block', 0)} AS block_x, {dim('block', 1)} AS block_y, {dim('block', 2)} AS block_z,
+                {arg('registers per thread', 'INTEGER')} AS registers, {arg('shared memory')} AS shared_bytes,
+                {ext} AS external_id FROM ev WHERE kind = 'kernel'""",
+            "memcpy": f"""SELECT {self.common(rank, dev, stream, True)}, {arg('bytes')} AS bytes,
+                {direction} AS direction, {ext} AS external_id FROM ev WHERE kind = 'memcpy'""",
+            "memset": f"""SELECT {self.common(rank, dev, stream, True)}, {arg('bytes')} AS bytes,
+                {ext} AS external_id FROM ev WHERE kind = 'memset'""",
+            "sync": f"""SELECT {self.common(rank, dev, stream, True)}, name AS sync_kind FROM ev WHERE kind = 'sync'""",
+            "api": f"""SELECT {self.common(rank, corr=True)},
+                CASE WHEN contains(lcat, 'driver') THEN 'driver' ELSE 'runtime' END AS api_kind,
+                {ext} AS external_id FROM ev WHERE kind = 'api'""",
+            "op": f"""SELECT {self.common(rank)}, {ext} AS external_id,
+                {arg('Sequence number')} AS sequence_id,
+                CAST({arg('Input Dims', 'JSON')} AS VARCHAR) AS input_shapes,
+                CAST({arg('Input type', 'JSON')} AS VARCHAR) AS input_dtypes,
+                {arg('Collective name', 'VARCHAR')} AS collective,
+                {arg('In msg nelems')} AS nelems, {arg('Group size', 'INTEGER')} AS group_size,
+                {arg('dtype', 'VARCHAR')} AS dtype, CAST({arg('Process Group Ranks', 'JSON')} AS VARCHAR) AS peers
+                FROM ev WHERE kind = 'op'""",
+            "range": f"""SELECT {self.common(rank, f"CASE WHEN {gpu_range} THEN {dev} END",
+                                             f"CASE WHEN {gpu_range} THEN {stream} END")},
+                CASE WHEN {gpu_range} THEN 'gpu_user' ELSE 'user' END AS domain, {ext} AS id
+                FROM ev WHERE kind = 'range'""",
+            "frame": f"""SELECT {self.common(rank)}, {arg('Python id')} AS id, {arg('Python parent id')} AS parent_id,
+                CASE WHEN starts_with(name, 'nn.Module: ') THEN NULL
+                     ELSE NULLIF(regexp_extract(name, {frame_re}, 1), '') END AS file,
+                TRY_CAST(NULLIF(regexp_extract(name, {frame_re}, 2), '') AS INTEGER) AS line,
+                CASE WHEN starts_with(name, 'nn.Module: ') THEN substr(name, 12)
+                     WHEN regexp_matches(name, {frame_re}) THEN regexp_replace(name, {frame_re}, '')
+                     ELSE name END AS function,
+                starts_with(name, 'nn.Module: ') AS is_module
+                FROM ev WHERE kind = 'frame'""",
+            "tensor": f"""SELECT {self.common(rank, arg('Device Id', 'INTEGER'))},
+                CAST({arg('Addr', 'UBIGINT')} AS UBIGINT) AS address, {arg('Bytes')} AS bytes,
+                {arg('Total Allocated')} AS total_allocated, {arg('Total Reserved')} AS total_reserved,
+                CASE {arg('Device Type', 'INTEGER')} WHEN 0 THEN 'cpu' WHEN 1 THEN 'cuda' WHEN 6 THEN 'hip'
+                     ELSE CAST({arg('Device Type', 'INTEGER')} AS VARCHAR) END AS device_type
+                FROM ev WHERE kind = 'tensor'""",
+        }
+
+    def kind_case(self, kinds: set[str]) -> str:
+        """SQL giving each raw event its pastaprof kind (NULL: not wanted)."""
+        whens = []
+        for kind in sorted(kinds & set(KIND_ARGS)):
+            if kind == "tensor":
+                whens.append("WHEN lcat = 'cpu_instant_event' AND name = '[memory]' THEN 'tensor'")
+            else:
+                cats = ", ".join(f"'{c}'" for c in _cats(kind))
+                whens.append(f"WHEN ph = 'X' AND lcat IN ({cats}) THEN '{kind}'")
+        if kinds & FLOW_USERS:
+            whens.append("WHEN lcat IN ('ac2g', 'async') AND ph IN ('s', 'f') THEN 'flow'")
+        return "CASE " + " ".join(whens) + " END" if whens else "NULL"
 
 
 def _connect(threads: int | None = None) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect(config={"threads": threads or 2, "memory_limit": "1GB", "preserve_insertion_order": False})
-    return con
+    return duckdb.connect(config={"threads": threads or 2, "memory_limit": "1GB", "preserve_insertion_order": False})
 
 
 def import_file(
     path: Path, rank: int | None = None, progress: Callable[[int], None] | None = None,
-    tmpdir: str | None = None,
+    tmpdir: str | None = None, kinds: set[str] | None = None,
 ) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     """Import one Kineto trace file: per-kind Arrow tables (unlinked) and metadata.
 
+    ``kinds``: import only these kinds (and what linking them needs); None: all.
+    Skipping kinds nobody consumes is what makes ``analyze -t kernels`` fast.
     ``rank`` overrides the rank found in the trace (``distributedInfo.rank``).
     """
     path = Path(path)
+    wanted = expand_kinds(kinds)
     with tempfile.TemporaryDirectory(prefix="pastaprof-import-", dir=tmpdir) as tmp:
         staged = Path(tmp) / "events.json"
         meta = stage_events(path, staged, progress)
@@ -168,65 +226,79 @@ def import_file(
             r = dist.get("rank") if isinstance(dist, dict) else None
             rank = int(r) if isinstance(r, int) else 0
         base = meta.get("baseTimeNanoseconds", 0)
-        base = int(base) if isinstance(base, (int, float)) else 0
+        base = int(base) if isinstance(base, (int, float)) and abs(base) < 2**62 else 0
         con = _connect()
         try:
-            tables, counts = _project(con, staged, rank, base, path)
+            tables, counts = _project(con, staged, rank, base, path, wanted)
         finally:
             con.close()
     meta = {k: v for k, v in meta.items() if k != "_bytes"} | {"bytes": meta.get("_bytes", 0)}
     meta["rank"] = rank
     meta["category_counts"] = counts
+    meta["kinds"] = sorted(wanted)
     return tables, meta
 
 
-def _project(con, staged: Path, rank: int, base: int, path: Path) -> tuple[dict[str, pa.Table], dict[str, int]]:
-    args_list = "[" + ", ".join("'$.\"" + k.replace('"', '\\"') + "\"'" for k in ARG_KEYS) + "]"
+def _project(con, staged: Path, rank: int, base: int, path: Path,
+             kinds: set[str]) -> tuple[dict[str, pa.Table], dict[str, int]]:
+    sql = _Sql(kinds)
+    kind = sql.kind_case(kinds)
+    when = "kind IS NOT NULL"
     try:
-        con.execute(f"""
-            CREATE TEMP TABLE raw AS
-            SELECT ph, cat, lower(cat) AS lcat, name, pid, tid, ts, dur, id, s,
-                   CASE WHEN args IS NOT NULL THEN json_extract(args, {args_list}) END AS a
-            FROM read_json(?, format='array', columns={COLUMNS}, maximum_object_size=268435456)
-        """, [str(staged)])
-    except (duckdb.Error, UnicodeDecodeError) as e:
-        raise InputError(path, _describe_duckdb_error(e)) from None
-    counts = dict(con.execute("SELECT coalesce(lcat, ''), count(*) FROM raw GROUP BY 1").fetchall())
-    bad = con.execute("SELECT count(*) FROM raw WHERE ph IS NULL").fetchone()[0]
-    total = con.execute("SELECT count(*) FROM raw").fetchone()[0]
-    if total and bad == total:
-        raise InputError(path, "no event has a 'ph' field: not a Chrome/Kineto trace")
-    con.execute(f"""
-        CREATE TEMP TABLE flows AS
-        SELECT ph, {_int_or_digits('pid')} AS pid, {_int_or_digits('tid')} AS tid, ts, TRY_CAST(id AS BIGINT) AS fid
-        FROM raw WHERE lcat = 'ac2g' AND ph IN ('s', 'f')""")
-    has_flows = con.execute("SELECT count(*) FROM flows").fetchone()[0] > 0
-    # Events whose correlation lives only in ac2g flows (older traces): borrow the flow id.
-    flow_join = (
-        "LEFT JOIN flows fl ON fl.ph = (CASE WHEN raw.lcat IN ('kernel','gpu_memcpy','memcpy','gpu_memset','memset') "
-        "THEN 'f' ELSE 's' END) AND fl.ts = raw.ts AND fl.pid IS NOT DISTINCT FROM "
-        f"{_int_or_digits('raw.pid')} AND fl.tid IS NOT DISTINCT FROM {_int_or_digits('raw.tid')} "
-        f"AND raw.a[{A['correlation']}] IS NULL AND raw.ph = 'X'"
-    ) if has_flows else ""
-    flow_col = "fl.fid AS flow_id" if has_flows else "CAST(NULL AS BIGINT) AS flow_id"
-    try:
+        # One parallel parse of the whole array.  Every event keeps its category (for
+        # the manifest's counts); only wanted events keep their fields.
         con.execute(f"""
             CREATE TEMP TABLE ev AS
-            SELECT raw.ph, raw.lcat, raw.name, raw.pid, raw.tid, raw.a, {flow_col},
-                   CAST(raw.ts * 1000 AS BIGINT) + {base} AS start_ns,
-                   CAST(raw.ts * 1000 AS BIGINT) + {base} + COALESCE(CAST(raw.dur * 1000 AS BIGINT), 0) AS end_ns
-            FROM raw {flow_join}
-            WHERE raw.ph IN ('X', 'i', 'I') AND raw.ts IS NOT NULL
-        """)
-        con.execute("DROP TABLE raw")
-        tables: dict[str, pa.Table] = {}
-        for kind, sql in _queries(rank).items():
-            t = con.sql(sql + " ORDER BY start_ns").to_arrow_table()
-            tables[kind] = t
+            WITH src AS (
+                SELECT *, lower(cat) AS lcat FROM read_json(?, format='array', columns={COLUMNS},
+                                                           maximum_object_size=268435456)),
+            k AS (SELECT *, {kind} AS kind FROM src)
+            SELECT lcat, kind, ph IS NOT NULL AS has_ph,
+                   CASE WHEN {when} THEN ph END AS ph, CASE WHEN {when} THEN name END AS name,
+                   CASE WHEN {when} THEN pid END AS pid, CASE WHEN {when} THEN tid END AS tid,
+                   CASE WHEN {when} THEN CAST(ts * 1000 AS BIGINT) + {base} END AS start_ns,
+                   CASE WHEN {when} THEN CAST(ts * 1000 AS BIGINT) + {base}
+                                         + COALESCE(CAST(dur * 1000 AS BIGINT), 0) END AS end_ns,
+                   CASE WHEN kind = 'flow' THEN TRY_CAST(id AS BIGINT) END AS fid,
+                   CASE WHEN {when} AND kind <> 'flow' THEN {sql.extract()} END AS a,
+                   CAST(NULL AS BIGINT) AS flow_id
+            FROM k
+        """, [str(staged)])
+        counts = dict(con.execute("SELECT coalesce(lcat, ''), count(*) FROM ev GROUP BY 1").fetchall())
+        total, with_ph = con.execute("SELECT count(*), count(*) FILTER (has_ph) FROM ev").fetchall()[0]
+        if total and not with_ph:
+            raise InputError(path, "no event has a 'ph' field: not a Chrome/Kineto trace")
+        con.execute("DELETE FROM ev WHERE kind IS NULL OR start_ns IS NULL AND kind <> 'flow'")
+        _borrow_flow_ids(con, sql)
+        tables = {k: con.sql(q + " ORDER BY start_ns").to_arrow_table()
+                  for k, q in sql.queries(rank).items() if k in kinds}
     except (duckdb.Error, UnicodeDecodeError) as e:
         raise InputError(path, _describe_duckdb_error(e)) from None
-    tables["collective"] = _collectives(tables["op"])
+    if "collective" in kinds:
+        tables["collective"] = _collectives(tables["op"])
     return tables, counts
+
+
+def _borrow_flow_ids(con, sql: _Sql) -> None:
+    """Older traces link GPU work to its launch only through ac2g/async flows: an
+    activity (or API call) without ``args.correlation`` takes the id of the flow
+    that ends (starts) at the same thread and time."""
+    corr = sql.arg("correlation")
+    missing = con.execute(
+        f"SELECT count(*) FROM ev WHERE kind IN ('kernel','memcpy','memset','api','sync') AND {corr} IS NULL"
+    ).fetchall()[0][0]
+    if not missing:
+        return
+    con.execute(f"""
+        UPDATE ev SET flow_id = fl.fid
+        FROM (SELECT ph, {_int_or_digits('pid')} AS p, {_int_or_digits('tid')} AS t, start_ns, fid FROM ev
+              WHERE kind = 'flow') AS fl
+        WHERE ev.kind IN ('kernel','memcpy','memset','api','sync') AND {corr.replace('a[', 'ev.a[')} IS NULL
+          AND fl.ph = (CASE WHEN ev.kind = 'api' THEN 's' ELSE 'f' END)
+          AND fl.start_ns = ev.start_ns
+          AND fl.p IS NOT DISTINCT FROM {_int_or_digits('ev.pid')}
+          AND fl.t IS NOT DISTINCT FROM {_int_or_digits('ev.tid')}
+    """)
 
 
 def _collectives(op: pa.Table) -> pa.Table:

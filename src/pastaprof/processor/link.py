@@ -171,13 +171,17 @@ def place_ops(op: pa.Table, frame: pa.Table) -> pa.Table:
 
 
 def link_rank(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
-    """Link one rank's tables (see module docstring); returns new tables."""
+    """Link one rank's tables (see module docstring); returns new tables.  Without
+    ``op`` (an import of only some kinds) there is nothing to link."""
     t = dict(tables)
+    if "op" not in t:
+        return t
     op = link_ops(t["op"])
     op = place_ops(op, t["frame"])
-    api = link_api(t["api"], op)
+    api = link_api(t["api"], op)  # import_file always brings frame and api along with op
     for kind in ("kernel", "memcpy", "memset"):
-        t[kind] = link_activity(t[kind], api, op)
+        if kind in t:
+            t[kind] = link_activity(t[kind], api, op)
     if "collective" in t and t["collective"].num_rows and "external_id" in t["collective"].column_names:
         coll = t["collective"]
         t["collective"] = _set(coll, "op_id", _ids_to_arrow(

@@ -29,15 +29,19 @@ class Kernels(Tool):
         con.register("memset", self.table("memset"))
         per_kernel = con.sql("""
             WITH k AS (SELECT CAST(name AS VARCHAR) AS name, end_ns - start_ns AS d,
-                              grid_x, grid_y, grid_z, block_x, block_y, block_z FROM kernel),
-                 tot AS (SELECT sum(d) AS t FROM k)
+                              format('{}x{}x{}', grid_x, grid_y, grid_z) AS grid,
+                              format('{}x{}x{}', block_x, block_y, block_z) AS block FROM kernel),
+                 tot AS (SELECT sum(d) AS t FROM k),
+                 shapes AS (SELECT name, grid, block, count(*) AS c FROM k GROUP BY ALL),
+                 common AS (SELECT name, first(grid ORDER BY c DESC, grid, block) AS grid,
+                                   first(block ORDER BY c DESC, grid, block) AS block,
+                                   count(DISTINCT grid) AS distinct_grids FROM shapes GROUP BY name)
             SELECT name, count(*) AS launches, sum(d)::BIGINT AS total_ns, avg(d) AS mean_ns,
                    quantile_disc(d, 0.5) AS median_ns, quantile_disc(d, 0.99) AS p99_ns,
                    sum(d) / NULLIF((SELECT t FROM tot), 0) AS share,
-                   mode(format('{}x{}x{}', grid_x, grid_y, grid_z)) AS grid,
-                   mode(format('{}x{}x{}', block_x, block_y, block_z)) AS block,
-                   count(DISTINCT (grid_x, grid_y, grid_z)) AS distinct_grids
-            FROM k GROUP BY name ORDER BY total_ns DESC, name
+                   any_value(common.grid) AS grid, any_value(common.block) AS block,
+                   any_value(common.distinct_grids) AS distinct_grids
+            FROM k JOIN common USING (name) GROUP BY name ORDER BY total_ns DESC, name
         """).to_arrow_table()
         copies = con.sql("""
             SELECT 'memcpy' AS kind, CAST(direction AS VARCHAR) AS direction, count(*) AS count,
@@ -52,7 +56,7 @@ class Kernels(Tool):
                    (SELECT count(*) FROM memcpy) AS memcpys,
                    (SELECT coalesce(sum(bytes), 0) FROM memcpy) AS memcpy_bytes,
                    (SELECT count(*) FROM memset) AS memsets
-        """).fetchone()
+        """).fetchall()[0]
         summary = dict(zip(["kernels", "kernel_ns", "memcpys", "memcpy_bytes", "memsets"], [int(v) for v in totals]))
         summary["distinct_kernels"] = per_kernel.num_rows
         return Report(self.name, tables={"kernels": per_kernel, "copies": copies},
@@ -68,7 +72,7 @@ class Kernels(Tool):
                                     "mean_ns": round(r["mean_ns"], 1)}, location=r["name"]))
         con = duckdb.connect()
         con.register("k", per_kernel)
-        tiny = con.execute(f"SELECT sum(launches), sum(total_ns) FROM k WHERE median_ns < {TINY_KERNEL_NS}").fetchone()
+        tiny = con.execute(f"SELECT sum(launches), sum(total_ns) FROM k WHERE median_ns < {TINY_KERNEL_NS}").fetchall()[0]
         if tiny[0] and tiny[0] >= TINY_MIN_LAUNCHES:
             out.append(Finding("info", f"{tiny[0]} launches of kernels with median under {TINY_KERNEL_NS // 1000} us",
                                {"launches": int(tiny[0]), "total_ns": int(tiny[1]),

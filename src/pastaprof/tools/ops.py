@@ -90,10 +90,13 @@ class Ops(Tool):
         dominant = """
             dom AS (SELECT o.name AS op_name, g.kname, sum(g.d) AS d FROM gpu g JOIN ops o
                     ON g.op_id = o.id AND g.rank = o.rank GROUP BY ALL),
-            domk AS (SELECT op_name, arg_max(kname, d) AS dominant_kernel, max(d)::BIGINT AS dominant_ns FROM dom GROUP BY 1)"""
+            domk AS (SELECT op_name, first(kname ORDER BY d DESC, kname) AS dominant_kernel, max(d)::BIGINT AS dominant_ns
+                     FROM dom GROUP BY 1)"""
         by_name = con.sql(f"""
             WITH {dominant.strip()},
-            shapes AS (SELECT name, mode(input_shapes) AS shapes FROM ops GROUP BY 1)
+            shape_counts AS (SELECT name, input_shapes, count(*) AS c FROM ops GROUP BY ALL),
+            shapes AS (SELECT name, first(input_shapes ORDER BY c DESC, input_shapes) AS shapes
+                       FROM shape_counts GROUP BY 1)
             SELECT o.name, count(*) AS calls, sum(cpu_ns)::BIGINT AS cpu_ns,
                    sum(self_gpu_ns)::BIGINT AS self_gpu_ns, sum(gpu_ns)::BIGINT AS gpu_ns,
                    sum(self_launches)::BIGINT AS kernels, round(sum(self_launches) / count(*), 2) AS kernels_per_call,
@@ -116,7 +119,7 @@ class Ops(Tool):
             SELECT (SELECT coalesce(sum(d), 0) FROM gpu)::BIGINT,
                    (SELECT coalesce(sum(d), 0) FROM gpu WHERE op_id IS NOT NULL)::BIGINT,
                    (SELECT count(*) FROM ops)
-        """).fetchone()
+        """).fetchall()[0]
         summary = {"ops": int(totals[2]), "gpu_ns": int(totals[0]), "attributed_gpu_ns": int(totals[1]),
                    "attributed_share": round(totals[1] / totals[0], 4) if totals[0] else None,
                    "distinct_ops": by_name.num_rows}
