@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import resource
 import shutil
 import sys
@@ -110,20 +111,18 @@ class TimedRelation:
 class TimedCon:
     """A DuckDB connection whose statements are timed, labelled by what they do."""
 
-    def __init__(self, con, kind_sql: dict[str, str]) -> None:
-        self._con, self._kind_sql = con, kind_sql
+    def __init__(self, con) -> None:
+        self._con = con
 
     @staticmethod
     def _label(sql: str) -> str:
         s = " ".join(sql.split())
-        if "CREATE TEMP TABLE raw" in s:
-            return "duckdb: read_json -> raw (parse + args extraction)"
-        if "CREATE TEMP TABLE flows" in s:
-            return "duckdb: flows table"
-        if "CREATE TEMP TABLE ev" in s:
-            return "duckdb: ev table (ts->ns, flow join)"
-        if s.startswith("DROP"):
-            return "duckdb: drop raw"
+        if "read_json" in s:
+            return "duckdb: read_json -> " + (re.search(r"CREATE TEMP TABLE (\w+)", s) or [None, "?"])[1]
+        if m := re.search(r"CREATE TEMP TABLE (\w+)", s):
+            return f"duckdb: table {m.group(1)}"
+        if s.startswith(("DROP", "DELETE", "UPDATE")):
+            return "duckdb: " + " ".join(s.split()[:3]).lower()
         if "GROUP BY" in s:
             return "duckdb: category counts"
         if "count(*)" in s:
@@ -140,13 +139,14 @@ class TimedCon:
         label = self._label(sql)
         with REC.phase(label) as fr:
             r = self._con.execute(sql, *a, **k)
-            if "CREATE" in label or "CREATE" in sql[:80]:
+            if "CREATE" in sql[:200]:
                 fr["duckdb_memory_bytes"] = self._duck_mem()
             return r
 
     def sql(self, sql, *a, **k):
-        kind = next((kd for kd, q in self._kind_sql.items() if sql.startswith(q)), None)
-        return TimedRelation(self._con.sql(sql, *a, **k), f"projection: {kind or sql[:30]}")
+        m = re.search(r"WHERE kind = '(\w+)'", sql) or re.search(r"lcat IN \('(\w+)'", sql)
+        label = m.group(1) if m else " ".join(sql.split())[:30]
+        return TimedRelation(self._con.sql(sql, *a, **k), f"projection: {label}")
 
     def __getattr__(self, item):
         return getattr(self._con, item)
@@ -166,22 +166,14 @@ def instrument() -> None:
 
     REC.wrap(kineto, "stage_events", "staging copy (stage_events)")
     orig_connect = kineto._connect
-    orig_queries = kineto._queries
-    cache: dict[str, str] = {}
-
-    def queries(rank):
-        q = orig_queries(rank)
-        cache.clear()
-        cache.update(q)
-        return q
-
-    kineto._queries = queries
-    kineto._connect = lambda *a, **k: TimedCon(orig_connect(*a, **k), cache)
+    kineto._connect = lambda *a, **k: TimedCon(orig_connect(*a, **k))
     REC.wrap(kineto, "_project", "kineto._project (all DuckDB work)")
     import pastaprof.importers as importers
 
     REC.wrap(importers, "import_file", "import_file (stage + DuckDB + temp cleanup)")
     REC.wrap(kineto, "_collectives", "collectives from ops")
+    if hasattr(kineto, "_borrow_flow_ids"):
+        REC.wrap(kineto, "_borrow_flow_ids", "borrow flow ids (old traces)")
     REC.wrap(pipeline, "link_rank", "link_rank")
     for f in ("link_ops", "place_ops", "link_api", "link_activity"):
         REC.wrap(link, f)
