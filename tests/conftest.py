@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 DATA = Path(__file__).parent / "data"
 TRACES = sorted(DATA.glob("*.pt.trace.json.gz"))
+# scripts/gpu-check re-records traces on the GPU and checks the importer on them too
+if os.environ.get("PASTAPROF_EXTRA_TRACES"):
+    TRACES += sorted(Path(os.environ["PASTAPROF_EXTRA_TRACES"]).glob("*.pt.trace.json.gz"))
 FOREIGN = sorted((DATA / "foreign").glob("*.json"))
 
 
