@@ -67,13 +67,16 @@ def test_bad_files_one_line_exit_2_nothing_written(tmp_path):
     (["analyze", str(SMALL), "--ranks", "zero"], "rank list"),
     (["analyze"], "PATH or --example"),
     (["info", "/nonexistent"], "no such file"),
-    (["export", str(SMALL)], "--perfetto"),
+    (["export", str(SMALL)], "Missing option '-o'"),
+    (["analyze", "--example", "--bogus"], "No such option '--bogus'"),
+    (["analyze", "--example", "--rows", "0"], "Invalid value for '--rows'"),
     (["analyze", str(SMALL), "--json", "/nonexistent/dir/f.json"], "does not exist"),
 ])
 def test_bad_flags_and_paths(args, needle):
     r = cli(*args)
     assert r.returncode == 2, r.stderr
     assert needle in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr
 
 

@@ -76,7 +76,7 @@ def test_parents_and_depth_match_a_stack_walk(sizes):
 
 def test_groups_are_independent():
     # same intervals on two threads: answers never cross groups
-    s = np.array([0, 10, 0, 10]); e = np.array([100, 20, 100, 20]); g = np.array([1, 1, 2, 2])
+    s, e, g = np.array([0, 10, 0, 10]), np.array([100, 20, 100, 20]), np.array([1, 1, 2, 2])
     got = innermost_enclosing(g, s, e, np.array([1, 2, 3]), np.array([15, 15, 15]))
     assert list(got) == [1, 3, -1]
     par, depth = parents(g, s, e)

@@ -27,6 +27,7 @@ import pytest
 import pastaprof
 from pastaprof.events.schema import GPU_ACTIVITY_KINDS, conform
 from pastaprof.report import perfetto as pf
+from pastaprof.report import protowire
 from pastaprof.report.perfetto import write_perfetto
 from pastaprof.store.run import Run
 
@@ -431,7 +432,7 @@ def test_empty_run_and_gzip(tmp_path):
 
 def test_varints_match_protobuf():
     values = [0, 1, 127, 128, 300, 2**31 - 1, 2**35 + 5, 2**63 - 1, -1, -300, -(2**63)]
-    flat, lens = pf._varint(np.array(values, np.int64))
+    flat, lens = protowire.varint(np.array(values, np.int64))
     offsets = np.concatenate([[0], np.cumsum(lens)])
     for i, v in enumerate(values):
         want = TE(counter_value=v).SerializeToString()[2:]       # minus the 2-byte tag of field 30

@@ -87,7 +87,7 @@ def _run_guarded(fn: Callable[[], Any]) -> Any:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", "-V", prog_name="pastaprof")
-def main() -> None:
+def cli() -> None:
     """pastaprof: program analysis for GPU workloads.
 
     Analyze a PyTorch profiler (Kineto) trace or a pastaprof run:
@@ -97,7 +97,7 @@ def main() -> None:
     """
 
 
-@main.command()
+@cli.command()
 @click.argument("path", required=False, type=click.Path(path_type=Path))
 @click.option("--example", is_flag=True, help="Analyze the bundled example (GPT-2 small, 3 training steps, H200).")
 @click.option("-t", "--tools", "tools", metavar="TOOL[,TOOL]", help="Tools to run (see `pastaprof tools`).")
@@ -134,7 +134,7 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
     _run_guarded(work)
 
 
-@main.command("import")
+@cli.command("import")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("-o", "--out", required=True, type=click.Path(path_type=Path), help="Run directory to create.")
 @click.option("--ranks", metavar="LIST", help="Only these ranks, e.g. 0,2,4-7.")
@@ -151,7 +151,7 @@ def import_cmd(path: Path, out: Path, ranks: str | None, force: bool) -> None:
     _run_guarded(work)
 
 
-@main.command()
+@cli.command()
 def tools() -> None:
     """List the installed analysis tools."""
     from pastaprof.tools.registry import available
@@ -160,7 +160,7 @@ def tools() -> None:
         click.echo(f"{name:<14} {cls.description}  [consumes: {', '.join(cls.consumes)}]")
 
 
-@main.command()
+@cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--ranks", metavar="LIST", help="Only these ranks.")
 def info(path: Path, ranks: str | None) -> None:
@@ -194,19 +194,18 @@ def info(path: Path, ranks: str | None) -> None:
     _run_guarded(work)
 
 
-@main.command()
+@cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--perfetto", "perfetto_out", type=click.Path(path_type=Path), help="Write a Perfetto trace (.pftrace).")
-@click.option("-o", "--out", "out_alias", type=click.Path(path_type=Path), help="Output file (same as --perfetto).")
+@click.option("--perfetto", "fmt", flag_value="perfetto", default=True,
+              help="Perfetto protobuf trace (the default and only format so far).")
+@click.option("-o", "--out", "dest", required=True, type=click.Path(path_type=Path),
+              help="Output file, e.g. trace.pftrace (.gz to compress).")
 @click.option("--ranks", metavar="LIST", help="Only these ranks.")
-def export(path: Path, perfetto_out: Path | None, out_alias: Path | None, ranks: str | None) -> None:
-    """Export a run or trace: Perfetto protobuf trace (kernels per stream, ops, flows, memory)."""
+def export(path: Path, fmt: str, dest: Path, ranks: str | None) -> None:
+    """Export a run or trace: Perfetto trace with kernels per stream, ops per thread,
+    op -> kernel flows and a memory counter track.  Open it at ui.perfetto.dev."""
     from pastaprof.api import load
 
-    dest = perfetto_out or out_alias
-    if dest is None:
-        _fail("choose an output: --perfetto FILE (or -o FILE)")
-    assert dest is not None
     if not dest.parent.exists():
         _fail(f"{dest.parent}: directory does not exist")
 
@@ -219,6 +218,24 @@ def export(path: Path, perfetto_out: Path | None, out_alias: Path | None, ranks:
         click.echo(f"wrote {dest} ({', '.join(f'{k}={v}' for k, v in counts.items())})")
 
     _run_guarded(work)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: click's multi-line usage errors become one line and exit 2."""
+    try:
+        cli.main(args=argv, prog_name="pastaprof", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else "")
+    except click.UsageError as e:
+        hint = f" (see `pastaprof {e.ctx.info_name} --help`)" if e.ctx and e.ctx.parent else " (see `pastaprof --help`)"
+        _fail(e.format_message().replace("\n", " ") + hint)
+    except click.exceptions.Abort:
+        click.echo("pastaprof: interrupted", err=True)
+        sys.exit(130)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        _fail(e.format_message())
 
 
 if __name__ == "__main__":

@@ -23,23 +23,23 @@ activity.  The field numbers are those of Perfetto's protos; the subset used is
 written out in ``perfetto_trace_subset.proto`` beside this file.
 
 Nesting.  Perfetto needs the slices of one track to be laminar (a slice that
-starts inside another ends inside it).  Per track the intervals are sorted by
-(start, longest first, then recorded depth and id for ops), and a child that
-outlives the slice enclosing it is clamped to end with it (counted as
-``clamped``).  The begin/end sequence is then derived with vectorized ranks: the
-end of interval *i* goes just before the begin of the first interval that starts
-at or after its end, innermost first.  Ties at one timestamp thus come out as
-Perfetto must see them (ends before the next begin, inner before outer), and
-the trace processor keeps file order among equal timestamps.  Ops are written
-before GPU work so that a flow never ends before it begins.
+starts inside another ends inside it).  ``nesting.Nested`` sorts each track's
+intervals (ops by start, longest first, then recorded depth and id), clamps a
+child that outlives the slice enclosing it (counted as ``clamped``) and derives
+the begin/end sequence, ties at one timestamp ordered as Perfetto must see them.
+Ops are written before GPU work so that a flow never ends before it begins.
 
-Speed.  Packets are encoded in bulk with NumPy, with no Python object per event:
-each field of a chunk of events is a padded (events x bytes) matrix with a
-validity mask (varints, nested lengths and flow-id lists computed column-wise), and
-one boolean gather of the concatenated matrices yields the framed packets.  Only
-tracks that do not nest already (a vectorized check) go through the clamping
-pass, a plain loop.  Events are written rank by rank and chunk by chunk, to a
+Speed.  Packets are encoded in bulk with NumPy (``protowire``), with no Python
+object per event: each field of a chunk of events is a padded (events x bytes)
+matrix with a validity mask, and one boolean gather yields the framed packets.
+This module only lays out the Perfetto messages (``_track_event_packets``) and
+sizes the chunks.  Events are written rank by rank and chunk by chunk, to a
 ``.partial`` file renamed into place at the end.
+
+Modules.  ``protowire`` is the generic wire-format encoder (nothing Perfetto
+in it), ``nesting`` the laminar begin/end ordering of intervals; this module
+holds what is Perfetto's: field numbers, tracks, interned names, slices,
+flows, counters and ``write_perfetto``.
 """
 
 from __future__ import annotations
@@ -53,6 +53,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.events.schema import GPU_ACTIVITY_KINDS
+from pastaprof.report.nesting import Nested
+from pastaprof.report.protowire import (
+    assemble,
+    fbytes,
+    fint,
+    fstr,
+    lfield,
+    p_const,
+    p_field,
+    p_fixed64s,
+    p_lens,
+    p_varint,
+    rowcat,
+    tag,
+    vfield,
+)
 
 # --- Perfetto field numbers (see perfetto_trace_subset.proto) -------------------------------
 TRACE_PACKET = 1                     # Trace.packet
@@ -102,153 +118,11 @@ _PID_STRIDE = 1 << 22                # offset that disambiguates a pid seen on t
 _INT32_MAX = (1 << 31) - 1
 
 
-# --- scalar protobuf encoding (descriptor packets: a few per track) --------------------------
-
-def _pvarint(v: int) -> bytes:
-    v &= (1 << 64) - 1
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-def _key(field: int, wire: int) -> bytes:
-    return _pvarint(field << 3 | wire)
-
-
-def _fint(field: int, v: int) -> bytes:
-    return _key(field, 0) + _pvarint(v)
-
-
-def _fbytes(field: int, b: bytes) -> bytes:
-    return _key(field, 2) + _pvarint(len(b)) + b
-
-
-def _fstr(field: int, s: str) -> bytes:
-    return _fbytes(field, s.encode())
-
+# --- packets --------------------------------------------------------------------------------
 
 def _packet(body: bytes) -> bytes:
     """A TracePacket framed as one ``Trace.packet`` entry."""
-    return _fbytes(TRACE_PACKET, _fint(PKT_SEQUENCE_ID, SEQUENCE_ID) + body)
-
-
-# --- vectorized protobuf encoding -----------------------------------------------------------
-# A *segment* is (flat uint8 bytes, lens int64): row r owns lens[r] consecutive bytes of flat.
-# A *part* of a row layout is a segment or a constant ``bytes`` present in every row.
-
-Segment = tuple[np.ndarray, np.ndarray]
-
-
-def _varint_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Varints of ``values`` (two's complement for negatives, as int64/uint64 fields
-    encode them): a left-aligned (n, width) byte matrix and each row's length."""
-    v = np.asarray(values)
-    u = v if v.dtype == np.uint64 else v.astype(np.int64, copy=False).view(np.uint64)
-    n = u.size
-    nbytes = np.ones(n, np.int64)
-    for k in range(1, 10):
-        big = u >= np.uint64(1 << (7 * k))
-        if not big.any():
-            break
-        nbytes += big
-    width = int(nbytes.max()) if n else 1
-    mat = np.empty((n, width), np.uint8)
-    for k in range(width):
-        mat[:, k] = ((u >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8) | ((nbytes > k + 1).astype(np.uint8) << 7)
-    return mat, nbytes
-
-
-def _varint(values: np.ndarray) -> Segment:
-    mat, nbytes = _varint_rows(values)
-    if mat.shape[1] == 1:
-        return mat.reshape(-1), nbytes
-    return mat[np.arange(mat.shape[1]) < nbytes[:, None]], nbytes
-
-
-def _rowcat(parts: list[bytes | Segment], n: int) -> Segment:
-    """Concatenate the parts row by row: row r = part0[r] + part1[r] + ..."""
-    lens = np.zeros(n, np.int64)
-    for p in parts:
-        lens += len(p) if isinstance(p, bytes) else p[1]
-    out = np.empty(int(lens.sum()), np.uint8)
-    cur = np.cumsum(lens) - lens
-    for p in parts:
-        if isinstance(p, bytes):
-            if p and n:
-                out[cur[:, None] + np.arange(len(p))] = np.frombuffer(p, np.uint8)
-                cur += len(p)
-            continue
-        flat, plens = p
-        if flat.size:
-            dest = np.repeat(cur - (np.cumsum(plens) - plens), plens)
-            dest += np.arange(flat.size)
-            out[dest] = flat
-        cur += plens
-    return out, lens
-
-
-def _vfield(field: int, values: np.ndarray) -> Segment:
-    return _rowcat([_key(field, 0), _varint(values)], len(values))
-
-
-def _lfield(field: int, seg: Segment) -> list[bytes | Segment]:
-    return [_key(field, 2), _varint(seg[1]), seg]
-
-
-# Bulk packets use a padded layout instead: a *part* is (bytes (n, w), valid (n, w) or None
-# for all valid, lens (n,)); a row is the valid bytes of its parts in order, so the encoded
-# rows of a list of parts are ``hstack(bytes)[hstack(valid)]`` -- one boolean gather.
-
-Part = tuple[np.ndarray, "np.ndarray | None", np.ndarray]
-
-
-def _p_const(b: bytes, n: int, present: np.ndarray | None = None) -> Part:
-    mat = np.broadcast_to(np.frombuffer(b, np.uint8), (n, len(b)))
-    if present is None:
-        return mat, None, np.full(n, len(b), np.int64)
-    return mat, np.broadcast_to(present[:, None], mat.shape), present * len(b)
-
-
-def _p_varint(values: np.ndarray, present: np.ndarray | None = None) -> Part:
-    mat, nbytes = _varint_rows(values)
-    valid = np.arange(mat.shape[1]) < nbytes[:, None]
-    if present is None:
-        return mat, (None if mat.shape[1] == 1 else valid), nbytes
-    return mat, valid & present[:, None], np.where(present, nbytes, 0)
-
-
-def _p_field(field: int, values: np.ndarray, present: np.ndarray | None = None) -> list[Part]:
-    return [_p_const(_key(field, 0), len(values), present), _p_varint(values, present)]
-
-
-def _p_fixed64s(field: int, counts: np.ndarray, first: np.ndarray) -> list[Part]:
-    """Per row, ``counts[r]`` entries of a repeated fixed64 field: first[r], first[r] + 1, ..."""
-    n, width = len(counts), int(counts.max()) if len(counts) else 0
-    if width == 0:
-        return []
-    key = np.frombuffer(_key(field, 1), np.uint8)
-    k = len(key) + 8
-    mat = np.empty((n, width, k), np.uint8)
-    mat[:, :, :len(key)] = key
-    ids = (first[:, None] + np.arange(width)).astype("<u8")
-    mat[:, :, len(key):] = ids.view(np.uint8).reshape(n, width, 8)
-    valid = np.repeat(np.arange(width) < counts[:, None], k, axis=1)
-    return [(mat.reshape(n, width * k), valid, counts.astype(np.int64) * k)]
-
-
-def _p_lens(parts: list[Part]) -> np.ndarray:
-    return sum((p[2] for p in parts[1:]), parts[0][2].copy())
-
-
-def _assemble(parts: list[Part]) -> np.ndarray:
-    mat = np.concatenate([p[0] for p in parts], axis=1)
-    if all(p[1] is None for p in parts):
-        return mat.reshape(-1)
-    valid = np.concatenate([np.ones(p[0].shape, bool) if p[1] is None else p[1] for p in parts], axis=1)
-    return mat[valid]
+    return fbytes(TRACE_PACKET, fint(PKT_SEQUENCE_ID, SEQUENCE_ID) + body)
 
 
 def _track_event_packets(ts: np.ndarray, etype: np.ndarray, uuid: np.ndarray, *,
@@ -259,20 +133,20 @@ def _track_event_packets(ts: np.ndarray, etype: np.ndarray, uuid: np.ndarray, *,
     """Framed TracePackets, one per row.  ``begin``: the rows that carry ``name_iid``
     (and so need the interned state); ``flows`` / ``terminating``: (counts, first id)."""
     n = len(ts)
-    te = _p_field(TE_TYPE, etype) + _p_field(TE_TRACK_UUID, uuid)
+    te = p_field(TE_TYPE, etype) + p_field(TE_TRACK_UUID, uuid)
     if name_iid is not None:
-        te += _p_field(TE_NAME_IID, name_iid, begin)
+        te += p_field(TE_NAME_IID, name_iid, begin)
     if counter is not None:
-        te += _p_field(TE_COUNTER_VALUE, counter)
+        te += p_field(TE_COUNTER_VALUE, counter)
     if flows is not None:
-        te += _p_fixed64s(TE_FLOW_IDS, *flows)
+        te += p_fixed64s(TE_FLOW_IDS, *flows)
     if terminating is not None:
-        te += _p_fixed64s(TE_TERMINATING_FLOW_IDS, *terminating)
-    pkt = [*_p_field(PKT_TIMESTAMP, ts), _p_const(_fint(PKT_SEQUENCE_ID, SEQUENCE_ID), n)]
+        te += p_fixed64s(TE_TERMINATING_FLOW_IDS, *terminating)
+    pkt = [*p_field(PKT_TIMESTAMP, ts), p_const(fint(PKT_SEQUENCE_ID, SEQUENCE_ID), n)]
     if begin is not None:
-        pkt.append(_p_const(_fint(PKT_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE), n, begin))
-    pkt += [_p_const(_key(PKT_TRACK_EVENT, 2), n), _p_varint(_p_lens(te)), *te]
-    return _assemble([_p_const(_key(TRACE_PACKET, 2), n), _p_varint(_p_lens(pkt)), *pkt])
+        pkt.append(p_const(fint(PKT_SEQUENCE_FLAGS, SEQ_NEEDS_INCREMENTAL_STATE), n, begin))
+    pkt += [p_const(tag(PKT_TRACK_EVENT, 2), n), p_varint(p_lens(te)), *te]
+    return assemble([p_const(tag(TRACE_PACKET, 2), n), p_varint(p_lens(pkt)), *pkt])
 
 
 def _chunks(counts: np.ndarray):
@@ -332,12 +206,12 @@ class _Names:
         """InternedData packets; the first one (always written) clears the incremental state."""
         n = len(self.table)
         if n == 0:
-            return [_packet(_fint(PKT_SEQUENCE_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED))]
+            return [_packet(fint(PKT_SEQUENCE_FLAGS, SEQ_INCREMENTAL_STATE_CLEARED))]
         arr = self.table.cast(pa.large_string())
         offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset:arr.offset + n + 1]
         text = (np.frombuffer(arr.buffers()[2], np.uint8)[offsets[0]:offsets[-1]], np.diff(offsets))
-        names = _rowcat([_vfield(EN_IID, np.arange(1, n + 1)), *_lfield(EN_NAME, text)], n)
-        entries, lens = _rowcat(_lfield(ID_EVENT_NAMES, names), n)
+        names = rowcat([vfield(EN_IID, np.arange(1, n + 1)), *lfield(EN_NAME, text)], n)
+        entries, lens = rowcat(lfield(ID_EVENT_NAMES, names), n)
         ends = np.cumsum(lens)
         out: list[bytes] = []
         first = start = 0
@@ -345,148 +219,10 @@ class _Names:
             stop = max(int(np.searchsorted(ends, start + _INTERNED_PACKET_BYTES, "right")), first + 1)
             end = int(ends[stop - 1])
             flags = SEQ_NEEDS_INCREMENTAL_STATE if out else SEQ_INCREMENTAL_STATE_CLEARED
-            out.append(_packet(_fint(PKT_SEQUENCE_FLAGS, flags)
-                               + _fbytes(PKT_INTERNED_DATA, entries[start:end].tobytes())))
+            out.append(_packet(fint(PKT_SEQUENCE_FLAGS, flags)
+                               + fbytes(PKT_INTERNED_DATA, entries[start:end].tobytes())))
             first, start = stop, end
         return out
-
-
-# --- nesting --------------------------------------------------------------------------------
-
-def _clamp(starts: list[int], ends: list[int]) -> int:
-    """Clamp, in place, each interval's end to the end of the interval enclosing it
-    (intervals sorted by start, longest first); returns how many were clamped."""
-    stack: list[int] = []
-    pop, push = stack.pop, stack.append
-    clamped = 0
-    for k, s in enumerate(starts):
-        while stack and stack[-1] <= s:
-            pop()
-        e = ends[k]
-        if stack and e > stack[-1]:
-            e = ends[k] = stack[-1]
-            clamped += 1
-        push(e)
-    return clamped
-
-
-def _codes(keys: list[np.ndarray], n: int) -> tuple[np.ndarray, int]:
-    """Dense codes 0..g-1 of the distinct key tuples (hash-based, in order of first appearance)."""
-    code, m = np.zeros(n, np.int64), 1
-    for k in keys:
-        enc = pc.dictionary_encode(pa.array(k))
-        code = code * len(enc.dictionary) + enc.indices.to_numpy().astype(np.int64)
-        enc = pc.dictionary_encode(pa.array(code))
-        code, m = enc.indices.to_numpy().astype(np.int64), len(enc.dictionary)
-    return code, m
-
-
-def _sort_rows(keys: list[np.ndarray], start: np.ndarray, end: np.ndarray, tie: list[np.ndarray]) -> np.ndarray:
-    """Row order by (keys, start, end descending, *tie).  One stable sort on a packed
-    (group, start) key, then a lexsort of only the rows that tie on it."""
-    n = len(start)
-    code, groups = _codes(keys, n)
-    lo = int(start.min()) if n else 0
-    span_bits = (int(start.max()) - lo).bit_length() if n else 0
-    if span_bits + max(groups - 1, 1).bit_length() > 62:
-        return np.lexsort((*tie[::-1], -end, start, code))
-    packed = (code << span_bits) | (start - lo)
-    order = np.argsort(packed, kind="stable")
-    k = packed[order]
-    eq = k[1:] == k[:-1]
-    if eq.any():
-        first = np.ones(n, bool)
-        first[1:] = ~eq
-        in_run = np.zeros(n, bool)
-        in_run[1:] |= eq
-        in_run[:-1] |= eq
-        at = np.flatnonzero(in_run)
-        run = np.cumsum(first)[at]
-        rows = order[at]
-        order[at] = rows[np.lexsort((*(t[rows] for t in tie[::-1]), -end[rows], run))]
-    return order
-
-
-def _next_outside(s: np.ndarray, e: np.ndarray, bounds: np.ndarray, groups, nxt: np.ndarray | None = None) -> np.ndarray:
-    """Per position (of ``groups``), the first position of its group that starts at or after its end."""
-    nxt = np.empty(len(s), np.int64) if nxt is None else nxt
-    for g in groups:
-        a, b = int(bounds[g]), int(bounds[g + 1])
-        nxt[a:b] = np.maximum(a + np.searchsorted(s[a:b], e[a:b], "left"), np.arange(a + 1, b + 1))
-    return nxt
-
-
-def _depths(nxt: np.ndarray) -> np.ndarray:
-    """Per position j, how many earlier intervals contain it (i < j < nxt[i])."""
-    n = len(nxt)
-    diff = np.zeros(n + 1, np.int64)
-    diff[1:] = 1
-    diff -= np.bincount(nxt, minlength=n + 1)
-    return np.cumsum(diff)[:n]
-
-
-def _not_laminar(e: np.ndarray, depth: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """The groups where some interval outlives its parent.  The parent of j (depth d > 0)
-    is the last interval before it at depth d - 1; while the intervals before j nest,
-    that is exactly the innermost one open when j starts, so the first interval the
-    clamping pass would shorten is always caught."""
-    n = len(e)
-    j = np.flatnonzero(depth > 0)
-    if len(j) == 0:
-        return np.zeros(0, np.int64)
-    key = np.sort(depth * (n + 1) + np.arange(n))
-    want = (depth[j] - 1) * (n + 1) + j
-    cand = key[np.maximum(np.searchsorted(key, want) - 1, 0)]
-    parent = cand % (n + 1)
-    ok = (cand // (n + 1) == depth[j] - 1) & (group[parent] == group[j]) & (e[j] <= e[parent])
-    return np.unique(group[j[~ok]])
-
-
-class _Nested:
-    """Intervals grouped by ``keys`` (one track per group), made laminar per track,
-    and the begin/end event sequence that draws them.  Arrays indexed by *position*
-    (rank in the sorted order): ``start``, ``end`` (clamped), ``group``; ``order``
-    maps positions to input rows; ``ev_pos`` / ``ev_end`` is the event sequence."""
-
-    def __init__(self, keys: list[np.ndarray], start: np.ndarray, end: np.ndarray, tie: list[np.ndarray]) -> None:
-        n = len(start)
-        end = np.maximum(end, start)
-        self.order = order = _sort_rows(keys, start, end, tie)
-        self.start = s = start[order]
-        self.end = e = end[order]
-        change = np.zeros(n, bool)
-        if n:
-            change[0] = True
-            for k in keys:
-                ks = k[order]
-                change[1:] |= ks[1:] != ks[:-1]
-        self.bounds = bounds = np.append(np.flatnonzero(change), n)
-        self.group = group = np.cumsum(change) - 1
-        self.group_rows = order[bounds[:-1]]          # an input row of each group (to read its keys)
-        nxt = _next_outside(s, e, bounds, range(len(bounds) - 1))
-        depth = _depths(nxt)
-        self.clamped = 0
-        bad = _not_laminar(e, depth, group).tolist()
-        for g in bad:
-            a, b = int(bounds[g]), int(bounds[g + 1])
-            ends = e[a:b].tolist()
-            self.clamped += _clamp(s[a:b].tolist(), ends)
-            e[a:b] = ends
-        if bad:
-            _next_outside(s, e, bounds, bad, nxt)
-            depth = _depths(nxt)
-        # Begin of i at slot i; end of i at slot nxt[i], before that slot's begin, innermost first.
-        top = int(depth.max()) + 1 if n else 1
-        key = np.concatenate([np.arange(n) * (top + 1) + top, nxt * (top + 1) + (top - 1 - depth)])
-        ev = np.argsort(key, kind="stable")
-        self.ev_end = ev >= n
-        self.ev_pos = np.where(self.ev_end, ev - n, ev)
-
-    def positions(self) -> np.ndarray:
-        """Position of each input row."""
-        inv = np.empty(len(self.order), np.int64)
-        inv[self.order] = np.arange(len(self.order))
-        return inv
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -541,7 +277,7 @@ class _Tracks:
         return self._next
 
     def _emit(self, uuid: int, body: bytes) -> int:
-        self.packets.append(_packet(_fbytes(PKT_TRACK_DESCRIPTOR, _fint(TD_UUID, uuid) + body)))
+        self.packets.append(_packet(fbytes(PKT_TRACK_DESCRIPTOR, fint(TD_UUID, uuid) + body)))
         return uuid
 
     def _rank(self, rank: int) -> str:
@@ -551,46 +287,46 @@ class _Tracks:
         uuid = self._uuid()
         if 0 <= pid + offset <= _INT32_MAX:
             name = f"rank {rank}" + (f" (pid {pid})" if offset else "")
-            return self._emit(uuid, _fbytes(TD_PROCESS, _fint(PD_PID, pid + offset) + _fstr(PD_PROCESS_NAME, name)))
-        return self._emit(uuid, _fstr(TD_NAME, f"rank {rank} pid {pid}"))
+            return self._emit(uuid, fbytes(TD_PROCESS, fint(PD_PID, pid + offset) + fstr(PD_PROCESS_NAME, name)))
+        return self._emit(uuid, fstr(TD_NAME, f"rank {rank} pid {pid}"))
 
     def _thread(self, rank: int, pid: int, tid: int, offset: int) -> int:
         uuid = self._uuid()
         self.counts["thread_tracks"] += 1
-        parent = _fint(TD_PARENT_UUID, self.process[(rank, pid)])
+        parent = fint(TD_PARENT_UUID, self.process[(rank, pid)])
         if 0 <= pid + offset <= _INT32_MAX and 0 <= tid + offset <= _INT32_MAX:
-            thread = _fint(THD_PID, pid + offset) + _fint(THD_TID, tid + offset)
+            thread = fint(THD_PID, pid + offset) + fint(THD_TID, tid + offset)
             if offset:
-                thread += _fstr(THD_THREAD_NAME, f"tid {tid}")
-            return self._emit(uuid, parent + _fbytes(TD_THREAD, thread))
-        return self._emit(uuid, parent + _fstr(TD_NAME, f"thread {tid}" if tid >= 0 else "ops"))
+                thread += fstr(THD_THREAD_NAME, f"tid {tid}")
+            return self._emit(uuid, parent + fbytes(TD_THREAD, thread))
+        return self._emit(uuid, parent + fstr(TD_NAME, f"thread {tid}" if tid >= 0 else "ops"))
 
     def _gpu(self, rank: int, device: int) -> int:
         if (rank, device) not in self.gpu:
             name = f"{self._rank(rank)}GPU {device}"
             if not self.multi and device in self.devices:
                 name += f" ({self.devices[device]})"
-            body = _fstr(TD_NAME, name) + _fint(TD_CHILD_ORDERING, CHILD_ORDERING_EXPLICIT)
+            body = fstr(TD_NAME, name) + fint(TD_CHILD_ORDERING, CHILD_ORDERING_EXPLICIT)
             self.gpu[(rank, device)] = self._emit(self._uuid(), body)
         return self.gpu[(rank, device)]
 
     def _stream(self, rank: int, device: int, stream: int) -> int:
         parent = self._gpu(rank, device)
         self.counts["gpu_tracks"] += 1
-        body = (_fint(TD_PARENT_UUID, parent) + _fstr(TD_NAME, f"Stream {stream}")
-                + _fint(TD_SIBLING_ORDER_RANK, max(min(stream, _INT32_MAX), -_INT32_MAX)))
+        body = (fint(TD_PARENT_UUID, parent) + fstr(TD_NAME, f"Stream {stream}")
+                + fint(TD_SIBLING_ORDER_RANK, max(min(stream, _INT32_MAX), -_INT32_MAX)))
         return self._emit(self._uuid(), body)
 
     def _memory(self, rank: int, device: int) -> int:
         self.counts["counter_tracks"] += 1
         if device >= 0:
-            parent = _fint(TD_PARENT_UUID, self._gpu(rank, device)) + _fint(TD_SIBLING_ORDER_RANK, -_INT32_MAX)
+            parent = fint(TD_PARENT_UUID, self._gpu(rank, device)) + fint(TD_SIBLING_ORDER_RANK, -_INT32_MAX)
             name = f"{self._rank(rank)}GPU {device} memory allocated"
         else:
             procs = [uuid for (r, _), uuid in self.process.items() if r == rank]
-            parent = _fint(TD_PARENT_UUID, procs[0]) if len(procs) == 1 else b""
+            parent = fint(TD_PARENT_UUID, procs[0]) if len(procs) == 1 else b""
             name = f"{self._rank(rank)}CPU memory allocated"
-        body = parent + _fstr(TD_NAME, name) + _fbytes(TD_COUNTER, _fint(CD_UNIT, UNIT_SIZE_BYTES))
+        body = parent + fstr(TD_NAME, name) + fbytes(TD_COUNTER, fint(CD_UNIT, UNIT_SIZE_BYTES))
         return self._emit(self._uuid(), body)
 
 
@@ -656,7 +392,7 @@ def _write_rank(f: BinaryIO, rank: int, ops: pa.Table, gpu: pa.Table, names: _Na
                 next_flow: int, counts: dict[str, Any]) -> int:
     # ops, nested per thread
     pid, tid = _np(ops["pid"]), _np(ops["tid"])
-    nest = _Nested([pid, tid], _np(ops["start_ns"], 0), _np(ops["end_ns"], 0), [_np(ops["depth"], 0), _np(ops["id"])])
+    nest = Nested([pid, tid], _np(ops["start_ns"], 0), _np(ops["end_ns"], 0), [_np(ops["depth"], 0), _np(ops["id"])])
     op_uuid = _lookup(tracks.thread, [pid, tid], nest.group_rows, rank)[nest.group]
     op_iid = names.iids(ops["name"])[nest.order]
 
@@ -694,7 +430,7 @@ def _write_rank(f: BinaryIO, rank: int, ops: pa.Table, gpu: pa.Table, names: _Na
 
     # GPU activities, per stream
     device, stream = _np(gpu["device"]), _np(gpu["stream"])
-    gnest = _Nested([device, stream], g_start, _np(gpu["end_ns"], 0), [np.arange(n_gpu)])
+    gnest = Nested([device, stream], g_start, _np(gpu["end_ns"], 0), [np.arange(n_gpu)])
     g_uuid = _lookup(tracks.stream, [device, stream], gnest.group_rows, rank)[gnest.group]
     g_iid = names.iids(gpu["name"])[gnest.order]
     g_fid = fid[gnest.order]

@@ -1,0 +1,68 @@
+"""The command line end to end, as a user runs it (subprocesses, real files)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import DATA, dur_ns, raw_events
+
+import pastaprof
+
+PY = [sys.executable, "-m", "pastaprof.cli"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*PY, *args], capture_output=True, text=True)
+
+
+def test_version_and_tools():
+    assert run("--version").stdout.strip() == f"pastaprof, version {pastaprof.__version__}"
+    out = run("tools").stdout
+    for name in ("kernels", "ops", "timeline", "memory"):
+        assert any(line.startswith(name + " ") for line in out.splitlines()), name
+
+
+def test_analyze_example_json_findings_carry_true_numbers(tmp_path):
+    out = tmp_path / "f.json"
+    r = run("analyze", "--example", "--json", str(out), "--rows", "3")
+    assert r.returncode == 0, r.stderr
+    assert "kernels" in r.stdout and "timeline" in r.stdout
+    doc = json.loads(out.read_text())
+    assert set(doc["tools"]) == {"kernels", "ops", "timeline", "memory"}
+    for f in doc["findings"]:
+        assert f["severity"] in ("info", "warning", "critical") and f["title"] and isinstance(f["evidence"], dict)
+    raw = [e for e in raw_events(pastaprof.example_path()) if e.get("cat") == "kernel"]
+    k = doc["tools"]["kernels"]
+    assert k["summary"]["kernels"] == len(raw)
+    assert k["summary"]["kernel_ns"] == sum(dur_ns(e) for e in raw)
+    assert sum(row["launches"] for row in k["tables"]["kernels"]) == len(raw)
+    mem = doc["tools"]["memory"]["summary"]
+    allocs = [e["args"]["Total Allocated"] for e in raw_events(pastaprof.example_path())
+              if e.get("name") == "[memory]" and e["args"].get("Device Type") == 1]
+    assert mem["peak_bytes"] == max(allocs)
+
+
+def test_analyze_ranks_filter_and_store(tmp_path):
+    out = tmp_path / "f.json"
+    runs = tmp_path / "run"
+    r = run("analyze", str(DATA / "ddp_mlp_2ranks"), "-t", "timeline", "--ranks", "1", "-q", "--json", str(out),
+            "-o", str(runs))
+    assert r.returncode == 0, r.stderr
+    per_rank = json.loads(out.read_text())["tools"]["timeline"]["summary"]["per_rank"]
+    assert [p["rank"] for p in per_rank] == [1]
+    assert json.loads((runs / "run.json").read_text())["ranks"] == [1]
+    info = run("info", str(runs))
+    assert info.returncode == 0 and "kernel" in info.stdout and "ranks=[1]" in info.stdout
+
+
+def test_import_then_export_perfetto(tmp_path):
+    runs = tmp_path / "run"
+    assert run("import", str(DATA / "mlp_train_3steps.pt.trace.json.gz"), "-o", str(runs)).returncode == 0
+    pf = tmp_path / "x.pftrace"
+    r = run("export", "--perfetto", str(runs), "-o", str(pf))
+    assert r.returncode == 0, r.stderr
+    assert pf.stat().st_size > 1000
+    nk = sum(1 for e in raw_events(DATA / "mlp_train_3steps.pt.trace.json.gz") if e.get("cat") == "kernel")
+    assert f"kernel_slices={nk}" in r.stdout or str(nk) in r.stdout
