@@ -178,9 +178,15 @@ def _pkg_versions(python: str, names: list[str]) -> dict:
 
 
 def _git_state() -> dict:
+    """HEAD, uncommitted files under src/ and a hash of their diff: the code a run measured
+    (pastaprof is installed editable, so src/ edits made during a benchmark count)."""
+    import hashlib
+
     def git(*a: str) -> str:
         return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True).stdout.strip()
-    return {"head": git("rev-parse", "HEAD"), "uncommitted_src": git("status", "--short", "src").splitlines()}
+    diff = git("diff", "HEAD", "--", "src")
+    return {"head": git("rev-parse", "--short", "HEAD"), "uncommitted_src": git("status", "--short", "src").splitlines(),
+            "src_diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:10] if diff else None}
 
 
 def machine_info() -> dict:
@@ -268,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     (hta_dir / trace.name).symlink_to(trace.resolve())
     hta_env = dict(os.environ, HTA_DISABLE_NS_ROUNDING="1")  # as bench/hta_reference.py's hta_ns_precision
 
+    src_at_start = _git_state()
     runs: list[dict] = []
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
@@ -277,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             jout = work / f"analyze_r{rnd}.json"
             cmd = [args.pastaprof, "analyze", str(trace), "-t", ",".join(tools), "-q", "--json", str(jout)]
             print(f"[round {rnd + 1}/{args.repeat}] analyze -t {','.join(tools)} ...", flush=True)
-            m = measure(cmd, log=logs / f"analyze_r{rnd}.log") | {"what": "analyze", "round": rnd}
+            m = measure(cmd, log=logs / f"analyze_r{rnd}.log") | {"what": "analyze", "round": rnd, "src": _git_state()}
             if m["rc"] == 0 and jout.exists():
                 with open(jout) as fh:
                     m["summaries"] = {k: v.get("summary") for k, v in json.load(fh)["tools"].items()}
@@ -289,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(rundir, ignore_errors=True)
                 cmd = [args.pastaprof, "import", str(trace), "-o", str(rundir)]
                 print(f"[round {rnd + 1}/{args.repeat}] import ...", flush=True)
-                m = measure(cmd, log=logs / f"import_r{rnd}.log") | {"what": "import", "round": rnd}
+                m = measure(cmd, log=logs / f"import_r{rnd}.log") | {"what": "import", "round": rnd,
+                                                                      "src": _git_state()}
                 if m["rc"] == 0:
                     m["store"] = du_bytes(rundir)
                     m["store"]["ratio_to_json"] = m["store"]["apparent_bytes"] / json_bytes
@@ -317,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             "pastaprof_env": _pkg_versions(sys.executable, ["pastaprof", "duckdb", "pyarrow", "numpy", "orjson", "click"]),
             "hta_env": _pkg_versions(str(args.hta_python), ["HolisticTraceAnalysis", "pandas", "numpy", "torch"]) if hta else None,
         },
-        "source_tree": _git_state(),
+        "source_tree": {"at_start": src_at_start, "at_end": _git_state()},
         "trace": {"path": str(trace), "bytes": json_bytes, "generator": gen},
         "tools": tools,
         "repeat": args.repeat,
@@ -329,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     res_path.write_text(json.dumps(results, indent=2) + "\n")
     print()
     print(table(results))
+    if src_at_start != results["source_tree"]["at_end"]:
+        print(f"WARNING: src/ changed during the benchmark: {src_at_start} -> {results['source_tree']['at_end']}")
     print(f"\nresults: {res_path}; child stderr logs: {logs}")
     return 0 if all(r["rc"] == 0 for r in runs) else 1
 

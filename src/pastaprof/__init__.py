@@ -7,19 +7,44 @@ columnar event model, and tools turn them into reports::
     run = pastaprof.load("trace.json.gz")          # or a run directory
     run.sql("select name, sum(end_ns - start_ns) from kernel group by 1")
     reports = pastaprof.analyze(run, tools=["kernels", "timeline"])
+
+    with pastaprof.profile(out="runs/a") as prof:   # live capture
+        train()
+
+Attributes are imported on first use, so ``import pastaprof`` stays cheap (it
+runs at start-up of every profiled process).
 """
 
 from __future__ import annotations
 
-from pastaprof.api import analyze, example_path, import_trace, load
-from pastaprof.errors import InputError, PastaprofError, UsageError
-from pastaprof.events.schema import KINDS, SCHEMA_VERSION, SCHEMAS
-from pastaprof.store.run import Run
-from pastaprof.tools.base import Finding, Report, Tool
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "KINDS", "SCHEMAS", "SCHEMA_VERSION", "Finding", "InputError", "PastaprofError", "Report", "Run", "Tool",
-    "UsageError", "__version__", "analyze", "example_path", "import_trace", "load",
-]
+_LAZY = {
+    "analyze": "pastaprof.api", "load": "pastaprof.api", "import_trace": "pastaprof.api",
+    "example_path": "pastaprof.api",
+    "profile": "pastaprof.live", "start": "pastaprof.live", "stop": "pastaprof.live", "range": "pastaprof.live",
+    "step": "pastaprof.live",
+    "Run": "pastaprof.store.run",
+    "Tool": "pastaprof.tools.base", "Report": "pastaprof.tools.base", "Finding": "pastaprof.tools.base",
+    "KINDS": "pastaprof.events.schema", "SCHEMAS": "pastaprof.events.schema",
+    "SCHEMA_VERSION": "pastaprof.events.schema",
+    "PastaprofError": "pastaprof.errors", "InputError": "pastaprof.errors", "UsageError": "pastaprof.errors",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pastaprof' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -220,6 +220,32 @@ def export(path: Path, fmt: str, dest: Path, ranks: str | None) -> None:
     _run_guarded(work)
 
 
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-t", "--tools", metavar="TOOL[,TOOL]", help="Tools whose reports print when the program exits.")
+@click.option("-o", "--out", type=click.Path(path_type=Path), help="Run directory to create.")
+@click.option("--ranges", metavar="A,B*", help="Record only inside these ranges (PASTAPROF_RANGES).")
+@click.option("--kernels", metavar="REGEX", help="Record only kernels whose name matches (PASTAPROF_KERNELS).")
+@click.option("--sample", metavar="N", help="Record every Nth kernel launch (PASTAPROF_SAMPLE).")
+@click.option("--steps", metavar="A:B", help="Record only steps A..B-1 (PASTAPROF_STEPS).")
+@click.option("--ranks", "ranks_", metavar="LIST", help="Record only these ranks (PASTAPROF_RANKS).")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | None, sample: str | None,
+        steps: str | None, ranks_: str | None, force: bool, command: tuple[str, ...]) -> None:
+    """Profile a program without changing it:  pastaprof run [OPTIONS] -- python train.py ARGS
+
+    Works with `python -m pkg` and `torchrun ...` too; every Python process of the
+    program (ranks, DataLoader workers) records its own shard of one run.  The
+    program's output, and its exit code, are its own.
+    """
+    from pastaprof.handlers.launch import launch
+
+    flags = {"TOOLS": tools, "RANGES": ranges, "KERNELS": kernels, "SAMPLE": sample, "STEPS": steps,
+             "RANKS": ranks_}
+    code = _run_guarded(lambda: launch(list(command), out, flags, force))
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: click's multi-line usage errors become one line and exit 2."""
     try:

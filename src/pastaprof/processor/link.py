@@ -39,7 +39,7 @@ def _ids_to_arrow(idx: np.ndarray) -> pa.Array:
     return pa.array(idx, pa.int64(), mask=idx < 0)
 
 
-def _map_keys(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+def map_keys(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     """values[j] where table_keys[j] == keys[i] (first match), else -1; keys < 0 never match."""
     out = np.full(len(keys), -1, dtype=np.int64)
     valid_t = table_keys >= 0
@@ -80,7 +80,7 @@ def link_ops(op: pa.Table) -> pa.Table:
 
 
 def link_api(api: pa.Table, op: pa.Table) -> pa.Table:
-    ext_op = _map_keys(_np(api["external_id"]), _np(op["external_id"]), _np(op["id"])) if "external_id" in api.column_names else np.full(api.num_rows, -1)
+    ext_op = map_keys(_np(api["external_id"]), _np(op["external_id"]), _np(op["id"])) if "external_id" in api.column_names else np.full(api.num_rows, -1)
     g_api, g_op = _thread_groups(api, op)
     by_time = innermost_enclosing(g_op, _np(op["start_ns"]), _np(op["end_ns"]), g_api, _np(api["start_ns"]))
     op_ids = _np(op["id"])
@@ -90,9 +90,9 @@ def link_api(api: pa.Table, op: pa.Table) -> pa.Table:
 
 def link_activity(act: pa.Table, api: pa.Table, op: pa.Table) -> pa.Table:
     """op_id of GPU work: through its launching API call, else its external id."""
-    via_api = _map_keys(_np(act["correlation"]), _np(api["correlation"]), _np(api["op_id"]))
+    via_api = map_keys(_np(act["correlation"]), _np(api["correlation"]), _np(api["op_id"]))
     if "external_id" in act.column_names:
-        via_ext = _map_keys(_np(act["external_id"]), _np(op["external_id"]), _np(op["id"]))
+        via_ext = map_keys(_np(act["external_id"]), _np(op["external_id"]), _np(op["id"]))
     else:
         via_ext = np.full(act.num_rows, -1)
     return _set(act, "op_id", _ids_to_arrow(np.where(via_api >= 0, via_api, via_ext)))
@@ -161,7 +161,7 @@ def place_ops(op: pa.Table, frame: pa.Table) -> pa.Table:
         ev_of = np.where(inside >= 0, ev_idx[np.clip(inside, 0, None)], -1)
         ev_of[is_eval] = np.nonzero(is_eval)[0]
         need = np.nonzero(is_bwd & (ev_of >= 0))[0]
-        src = _map_keys(seq[ev_of[need]], seq[fwd_idx], fwd_idx)
+        src = map_keys(seq[ev_of[need]], seq[fwd_idx], fwd_idx)
         got = src >= 0
         module_hit[need[got]] = module_hit[src[got]]
     op = _set(op, "module", _take_or_null(mod_paths, module_hit))
@@ -185,6 +185,6 @@ def link_rank(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
     if "collective" in t and t["collective"].num_rows and "external_id" in t["collective"].column_names:
         coll = t["collective"]
         t["collective"] = _set(coll, "op_id", _ids_to_arrow(
-            _map_keys(_np(coll["external_id"]), _np(op["external_id"]), _np(op["id"]))))
+            map_keys(_np(coll["external_id"]), _np(op["external_id"]), _np(op["id"]))))
     t["op"], t["api"] = op, api
     return t

@@ -47,7 +47,7 @@ class Run:
             return []
         files = sorted((self.path / kind).glob("rank-*.parquet"))
         if self._ranks is not None:
-            files = [f for f in files if int(f.stem.split("-", 1)[1]) in self._ranks]
+            files = [f for f in files if _rank_of(f) in self._ranks]
         return files
 
     def table(self, kind: str) -> pa.Table:
@@ -95,6 +95,11 @@ class Run:
     def iter_tables(self):
         for kind in KINDS:
             yield kind, self.table(kind)
+
+
+def _rank_of(path: Path) -> int:
+    """rank-3.parquet (and live parts rank-3-pid-..) -> 3."""
+    return int(path.stem.split("-")[1])
 
 
 def open_run_dir(path: Path, ranks: list[int] | None = None) -> Run:

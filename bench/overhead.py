@@ -1,0 +1,96 @@
+"""Live-capture overhead and fidelity on the GPU (issue B), in one invocation.
+
+    python bench/overhead.py [--repeat 3] [--workloads tiny,resnet50,gpt2] [--out DIR]
+
+For each workload, interleaved `--repeat` times: bare; `pastaprof run --ranges
+measure` (GPU activity via CUPTI, store written); torch.profiler with shapes,
+memory and stacks (export included).  Each run is its own process; the timed
+region is the workload's steps (bench/workloads.py).  pastaprof's time adds
+what it spends after the region: the final flush in the program and the
+compaction of the store by the launcher (both from run.json).
+
+Fidelity, from the same runs: kernels pastaprof stored for the measured steps
+vs torch.profiler's kernel count for the same steps (target: within 0.5%), and
+CUPTI's delivered kernel records == stored + filtered out (nothing lost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+STEPS = {"tiny": 1, "resnet50": 1, "gpt2": 1}
+
+
+def _workload(name: str, mode: str, out: Path, wrap: list[str] | None = None) -> dict:
+    js = out / f"{name}-{mode}-{time.time_ns()}.json"
+    cmd = [sys.executable, str(HERE / "workloads.py"), name, mode, "--steps", str(STEPS[name]), "--json", str(js)]
+    r = subprocess.run((wrap or []) + cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{name} {mode} failed ({r.returncode}): {r.stderr[-2000:]}")
+    return json.loads(js.read_text())
+
+
+def one_round(name: str, out: Path) -> dict:
+    res = {"bare": _workload(name, "bare", out)}
+    run_dir = out / f"run-{name}-{time.time_ns()}"
+    pp = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(run_dir), "--ranges", "measure", "--"]
+    res["pastaprof"] = _workload(name, "bare", out, wrap=pp)
+    m = json.loads((run_dir / "run.json").read_text())
+    ov = m["capture_overhead"]
+    res["pastaprof"]["after_region_seconds"] = ov.get("stop_seconds", 0) + ov.get("compact_seconds", 0)
+    res["pastaprof"]["manifest"] = {k: m[k] for k in ("rows", "dropped_events", "status", "capture_overhead")}
+    proc = m["processes"][0]
+    res["pastaprof"]["kernels_stored"] = m["rows"].get("kernel", 0)
+    res["pastaprof"]["kernels_seen"] = sum(p["handlers"].get("cupti", {}).get("kernels_seen", 0)
+                                           for p in m["processes"])
+    res["pastaprof"]["kernels_filtered"] = sum((p.get("filtered_by_kind") or {}).get("kernel", 0)
+                                               for p in m["processes"])
+    res["pastaprof"]["events"] = proc["events"]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    res["torchprof"] = _workload(name, "torchprof", out)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--workloads", default="tiny,resnet50,gpt2")
+    ap.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp())
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {}
+    for name in a.workloads.split(","):
+        rounds = [one_round(name, out) for _ in range(a.repeat)]
+        bare = statistics.median(r["bare"]["seconds"] for r in rounds)
+        pp = statistics.median(r["pastaprof"]["seconds"] + r["pastaprof"]["after_region_seconds"] for r in rounds)
+        tp = statistics.median(r["torchprof"]["seconds"] for r in rounds)
+        last = rounds[-1]
+        stored, tk = last["pastaprof"]["kernels_stored"], last["torchprof"]["kernels"]
+        summary[name] = {
+            "bare_s": round(bare, 4), "pastaprof_s": round(pp, 4), "torchprof_s": round(tp, 4),
+            "pastaprof_x": round(pp / bare, 3), "torchprof_x": round(tp / bare, 3),
+            "kernels_pastaprof": stored, "kernels_torchprof": tk,
+            "kernel_count_diff_pct": round(100 * abs(stored - tk) / tk, 3) if tk else None,
+            "kernels_seen": last["pastaprof"]["kernels_seen"], "kernels_filtered": last["pastaprof"]["kernels_filtered"],
+            "nothing_lost": last["pastaprof"]["kernels_seen"] == stored + last["pastaprof"]["kernels_filtered"]
+            and last["pastaprof"]["manifest"]["dropped_events"] == 0,
+            "events": last["pastaprof"]["events"], "capture_overhead": last["pastaprof"]["manifest"]["capture_overhead"],
+            "rounds": [{m: r[m]["seconds"] for m in ("bare", "pastaprof", "torchprof")} for r in rounds],
+        }
+        print(json.dumps({name: summary[name]}), flush=True)
+    (out / "overhead.json").write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

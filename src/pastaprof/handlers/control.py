@@ -1,0 +1,157 @@
+"""One vocabulary to narrow capture: ranges, kernel regex, sampling, step window, ranks.
+
+The same settings come from environment variables (how ``pastaprof run`` hands
+them to the target and its children) or from keyword arguments of
+``pastaprof.profile(...)``; CLI flags of ``pastaprof run`` mirror them:
+
+==================  =======================  ==========================================
+env var             flag                     meaning
+==================  =======================  ==========================================
+PASTAPROF_RANGES    --ranges a,b*            record only inside these ranges (globs)
+PASTAPROF_KERNELS   --kernels REGEX          record only kernels whose name matches
+PASTAPROF_SAMPLE    --sample N               record every Nth kernel launch
+PASTAPROF_STEPS     --steps 10:20            record only steps 10..19 (``pastaprof.step()``
+                                             or optimizer steps); ``5`` = step 5 only
+PASTAPROF_RANKS     --ranks 0,2-3            record only these ranks
+PASTAPROF_TOOLS     -t kernels,ops           tools whose reports print at exit
+PASTAPROF_OUT       -o DIR                   the run directory
+==================  =======================  ==========================================
+
+Bad values are a ``UsageError`` raised before the target starts (exit code 2).
+Allocations are always tracked; the settings gate only what is *recorded*, so a
+free inside a range of memory allocated before it is still understood.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pastaprof.errors import UsageError
+
+ENV_PREFIX = "PASTAPROF_"
+
+
+def parse_rank_list(value: str, what: str = "PASTAPROF_RANKS") -> tuple[int, ...]:
+    """'0,2,4-7' -> (0, 2, 4, 5, 6, 7)."""
+    ranks: list[int] = []
+    try:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if hi < lo:
+                    raise ValueError
+                ranks.extend(range(lo, hi + 1))
+            else:
+                ranks.append(int(part))
+    except ValueError:
+        raise UsageError(f"{what}={value!r}: expected a rank list like 0,2,4-7") from None
+    if not ranks or any(r < 0 for r in ranks):
+        raise UsageError(f"{what}={value!r}: expected non-negative ranks like 0,2,4-7")
+    return tuple(sorted(set(ranks)))
+
+
+def parse_steps(value: str, what: str = "PASTAPROF_STEPS") -> tuple[int, int | None]:
+    """'10:20' -> (10, 20) (end exclusive); '10:' -> (10, None); ':5' -> (0, 5); '7' -> (7, 8)."""
+    try:
+        if ":" in value:
+            a, b = value.split(":", 1)
+            start = int(a) if a.strip() else 0
+            end = int(b) if b.strip() else None
+        else:
+            start = int(value)
+            end = start + 1
+    except ValueError:
+        raise UsageError(f"{what}={value!r}: expected a step window like 10:20, 10: or 7") from None
+    if start < 0 or (end is not None and end <= start):
+        raise UsageError(f"{what}={value!r}: the window is empty or negative")
+    return start, end
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """What to record.  Empty/None fields mean "everything"."""
+
+    out: str | None = None
+    tools: tuple[str, ...] = ()
+    ranges: tuple[str, ...] = ()
+    kernels: str | None = None
+    sample: int = 1
+    steps: tuple[int, int | None] | None = None
+    ranks: tuple[int, ...] | None = None
+    flush_ms: int = 1000
+    _kernel_re: re.Pattern | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.sample < 1:
+            raise UsageError(f"PASTAPROF_SAMPLE={self.sample}: must be a positive integer")
+        if self.flush_ms < 10:
+            raise UsageError(f"PASTAPROF_FLUSH_MS={self.flush_ms}: must be at least 10")
+        if self.kernels is not None:
+            try:
+                object.__setattr__(self, "_kernel_re", re.compile(self.kernels))
+            except re.error as e:
+                raise UsageError(f"PASTAPROF_KERNELS={self.kernels!r}: not a regular expression ({e})") from None
+
+    # -- parsing -----------------------------------------------------------
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> CaptureConfig:
+        env = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            v = env.get(ENV_PREFIX + name)
+            return v if v not in (None, "") else None
+
+        def integer(name: str, default: int) -> int:
+            v = get(name)
+            if v is None:
+                return default
+            try:
+                return int(v)
+            except ValueError:
+                raise UsageError(f"{ENV_PREFIX}{name}={v!r}: expected an integer") from None
+
+        tools = tuple(t.strip() for t in (get("TOOLS") or "").split(",") if t.strip())
+        ranges = tuple(r.strip() for r in (get("RANGES") or "").split(",") if r.strip())
+        return cls(
+            out=get("OUT"), tools=tools, ranges=ranges, kernels=get("KERNELS"),
+            sample=integer("SAMPLE", 1),
+            steps=parse_steps(get("STEPS")) if get("STEPS") else None,  # type: ignore[arg-type]
+            ranks=parse_rank_list(get("RANKS")) if get("RANKS") else None,  # type: ignore[arg-type]
+            flush_ms=integer("FLUSH_MS", 1000),
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that reproduces this config in a child process."""
+        env = {"TOOLS": ",".join(self.tools), "RANGES": ",".join(self.ranges), "KERNELS": self.kernels or "",
+               "SAMPLE": str(self.sample), "FLUSH_MS": str(self.flush_ms), "OUT": self.out or ""}
+        if self.steps is not None:
+            env["STEPS"] = f"{self.steps[0]}:{'' if self.steps[1] is None else self.steps[1]}"
+        if self.ranks is not None:
+            env["RANKS"] = ",".join(map(str, self.ranks))
+        return {ENV_PREFIX + k: v for k, v in env.items() if v}
+
+    # -- decisions -----------------------------------------------------------
+    def rank_selected(self, rank: int) -> bool:
+        return self.ranks is None or rank in self.ranks
+
+    def step_selected(self, step: int) -> bool:
+        if self.steps is None:
+            return True
+        lo, hi = self.steps
+        return step >= lo and (hi is None or step < hi)
+
+    def range_selected(self, open_ranges: list[str]) -> bool:
+        """With PASTAPROF_RANGES set, record only while one of them is open."""
+        if not self.ranges:
+            return True
+        return any(fnmatch.fnmatchcase(name, pat) for name in open_ranges for pat in self.ranges)
+
+    def kernel_selected(self, name: str) -> bool:
+        return self._kernel_re is None or self._kernel_re.search(name) is not None

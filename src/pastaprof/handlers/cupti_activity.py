@@ -1,0 +1,214 @@
+"""CUPTI Activity handler: GPU kernels, copies, memsets, syncs and launch calls.
+
+Uses NVIDIA's ``cupti-python`` and the libcupti that PyTorch already loaded
+(``cuda.pathfinder`` reuses a loaded ``libcupti.so``; we never load a second
+one).  CUPTI hands completed buffers to its own worker thread; there we copy
+each record's fields into per-kind column lists, and ``drain()`` turns them
+into Arrow tables on the flush thread.  The application's thread does no
+per-record work.  Timestamps are CUPTI ns, which share ``time.time_ns()``'s
+clock (verified on the H200 to ~2 us).
+
+Runtime-API records are kept only for launch, copy, memset and synchronize
+calls (what correlation and the timeline need); CUPTI still traces the others,
+which is the main cost -- see docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pastaprof.handlers.control import CaptureConfig
+
+BUFFER_BYTES = 8 << 20
+
+_MEMCPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH",
+                10: "PtoP"}
+_SYNC_KIND = {1: "event", 2: "stream_wait_event", 3: "stream", 4: "context"}
+_API_KEEP = ("Launch", "Memcpy", "Memset", "Synchronize", "Graph")
+
+
+def _lookup(codes: np.ndarray, names: dict[int, str | None]) -> pa.Array:
+    """Integer codes -> dictionary-encoded names (vectorized)."""
+    codes = np.asarray(codes, dtype=np.int64)
+    uniq, inv = np.unique(codes, return_inverse=True)
+    labels = pa.array([names.get(int(u)) or "unknown" for u in uniq], pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(inv.astype(np.int32)), labels)
+
+
+def cupti_status() -> str | None:
+    """None if cupti-python can be used here, else a one-line reason."""
+    try:
+        from cupti import cupti  # noqa: F401
+    except Exception as e:  # ImportError, or its library loader failing
+        return f"cupti-python unavailable ({type(e).__name__}: {e})"
+    return None
+
+
+# Per kind: our column names and the CUPTI record attributes they come from.  One C-level
+# attrgetter per record copies the fields as a tuple; drain() transposes the tuples.
+FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "kernel": (("start_ns", "start"), ("end_ns", "end"), ("device", "device_id"), ("stream", "stream_id"),
+               ("correlation", "correlation_id"), ("name", "name"), ("grid_x", "grid_x"), ("grid_y", "grid_y"),
+               ("grid_z", "grid_z"), ("block_x", "block_x"), ("block_y", "block_y"), ("block_z", "block_z"),
+               ("registers", "registers_per_thread"), ("static_shared", "static_shared_memory"),
+               ("dynamic_shared", "dynamic_shared_memory")),
+    "memcpy": (("start_ns", "start"), ("end_ns", "end"), ("device", "device_id"), ("stream", "stream_id"),
+               ("correlation", "correlation_id"), ("bytes", "bytes"), ("copy_kind", "copy_kind")),
+    "memset": (("start_ns", "start"), ("end_ns", "end"), ("device", "device_id"), ("stream", "stream_id"),
+               ("correlation", "correlation_id"), ("bytes", "bytes")),
+    "sync": (("start_ns", "start"), ("end_ns", "end"), ("stream", "stream_id"), ("correlation", "correlation_id"),
+             ("sync_type", "type")),
+    "api": (("start_ns", "start"), ("end_ns", "end"), ("pid", "process_id"), ("tid", "thread_id"),
+            ("correlation", "correlation_id"), ("cbid", "cbid")),
+    "external": (("correlation", "correlation_id"), ("external_id", "external_id")),
+}
+GETTERS = {kind: attrgetter(*(attr for _, attr in fields)) for kind, fields in FIELDS.items()}
+
+
+class CuptiActivityHandler:
+    """Collects GPU activity through the CUPTI Activity API."""
+
+    name = "cupti"
+
+    def __init__(self, config: CaptureConfig, rank: int = 0) -> None:
+        self.config = config
+        self.rank = rank
+        self.status: str | None = cupti_status()
+        self.dropped = 0
+        self.records = 0
+        self.sampled_out = 0
+        self.kernels_seen = 0  # kernel records CUPTI delivered, before any filtering
+        self._lock = threading.Lock()
+        self._launch_seq = 0
+        self._rows: dict[str, list[tuple]] = {kind: [] for kind in FIELDS}
+        self._api_names: dict[int, str | None] = {}
+        self._cupti: Any = None
+        self._enabled: list = []
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self) -> None:
+        if self.status is not None:
+            return
+        from cupti import cupti
+
+        self._cupti = cupti
+        K = cupti.ActivityKind
+        try:
+            cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+            for kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION, K.RUNTIME,
+                         K.EXTERNAL_CORRELATION):
+                cupti.activity_enable(kind)
+                self._enabled.append(kind)
+            cupti.activity_flush_period(self.config.flush_ms)
+        except Exception as e:  # e.g. another CUPTI client (torch.profiler, nsys) holds it
+            self.status = f"CUPTI activity tracing could not start ({e})"
+            self._disable()
+
+    def flush(self) -> None:
+        """Ask CUPTI to hand over every buffer, even incomplete ones."""
+        if self._cupti is not None and self.status is None:
+            try:
+                self._cupti.activity_flush_all(1)
+            except Exception:
+                pass
+
+    def stop(self) -> None:
+        self.flush()
+        if self._cupti is not None:
+            try:
+                import numpy as np
+
+                out = np.zeros(1, dtype=np.uint64)
+                self._cupti.activity_get_num_dropped_records(0, 0, out.ctypes.data)
+                self.dropped += int(out[0])
+            except Exception:
+                pass
+        self._disable()
+
+    def _disable(self) -> None:
+        for kind in self._enabled:
+            try:
+                self._cupti.activity_disable(kind)
+            except Exception:
+                pass
+        self._enabled.clear()
+
+    # -- CUPTI's worker thread ---------------------------------------------
+    def _buffer_requested(self):
+        return BUFFER_BYTES, 0
+
+    def _buffer_completed(self, records) -> None:
+        try:
+            self._decode(records)
+        except Exception as e:  # never let a decoding bug reach CUPTI or the app
+            self.status = self.status or f"CUPTI decode failed ({type(e).__name__}: {e})"
+
+    def _decode(self, records) -> None:
+        K = self._cupti.ActivityKind
+        by_kind = {K.CONCURRENT_KERNEL: "kernel", K.KERNEL: "kernel", K.MEMCPY: "memcpy", K.MEMSET: "memset",
+                   K.SYNCHRONIZATION: "sync", K.RUNTIME: "api", K.EXTERNAL_CORRELATION: "external"}
+        cfg = self.config
+        filtering = cfg.sample > 1 or cfg.kernels is not None
+        with self._lock:
+            self.records += len(records)
+            rows = self._rows
+            for r in records:
+                kind = by_kind.get(r.kind)
+                if kind is None:
+                    continue
+                if kind == "kernel":
+                    self.kernels_seen += 1
+                if kind == "kernel" and filtering:
+                    self._launch_seq += 1
+                    if (self._launch_seq % cfg.sample) or not cfg.kernel_selected(r.name):
+                        self.sampled_out += 1
+                        continue
+                rows[kind].append(GETTERS[kind](r))
+
+    def _api_name(self, cbid: int) -> str | None:
+        """The call's name if it is one we keep (launches, copies, syncs), else None."""
+        if cbid not in self._api_names:
+            try:
+                name = self._cupti.get_callback_name(self._cupti.CallbackDomain.RUNTIME_API, cbid)
+            except Exception:
+                name = f"cbid_{cbid}"
+            self._api_names[cbid] = name if any(key in name for key in _API_KEEP) else None
+        return self._api_names[cbid]
+
+    # -- flush thread --------------------------------------------------------
+    def drain(self) -> dict[str, pa.Table]:
+        """Everything decoded since the last drain, as raw per-kind tables."""
+        with self._lock:
+            taken, self._rows = self._rows, {kind: [] for kind in FIELDS}
+        out = {}
+        for kind, rows in taken.items():
+            if not rows:
+                continue
+            cols = {c: np.asarray(col) if c != "name" else list(col)
+                    for (c, _), col in zip(FIELDS[kind], zip(*rows))}
+            if kind == "kernel":
+                cols["shared_bytes"] = cols.pop("static_shared").astype(np.int64) + cols.pop("dynamic_shared")
+            elif kind == "memcpy":
+                cols["direction"] = _lookup(cols.pop("copy_kind"), _MEMCPY_KIND)
+            elif kind == "sync":
+                cols["sync_kind"] = _lookup(cols.pop("sync_type"), _SYNC_KIND)
+            elif kind == "api":
+                cbid = cols.pop("cbid").astype(np.int64)
+                kept = {c: self._api_name(c) for c in np.unique(cbid).tolist()}
+                keep = np.isin(cbid, [c for c, name in kept.items() if name is not None])
+                cols = {k: v[keep] for k, v in cols.items()}
+                cols["name"] = _lookup(cbid[keep], kept)
+                cols["api_kind"] = np.full(int(keep.sum()), "runtime", dtype=object)
+            n = len(next(iter(cols.values())))
+            if not n:
+                continue
+            t = pa.table(cols)
+            if kind != "external":
+                t = t.append_column("rank", pa.array([self.rank] * n, pa.int32()))
+            out[kind] = t
+        return out

@@ -1,0 +1,103 @@
+"""``pastaprof run``: start a program under capture and turn its shards into a run.
+
+The program is started as a child process with the bootstrap directory first
+on PYTHONPATH (its sitecustomize starts a session in every Python process)
+and the capture settings in PASTAPROF_* variables.  Its stdin/stdout/stderr
+are its own; SIGTERM/SIGHUP sent to pastaprof are passed on; its exit status
+becomes ours (a death by signal is repeated on ourselves).  Settings are
+validated before the program starts: a bad one is exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pastaprof.errors import UsageError
+from pastaprof.handlers.control import ENV_PREFIX, CaptureConfig
+
+BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
+
+
+def launch(command: list[str], out: Path | None, flags: dict[str, str | None], force: bool = False) -> int:
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("nothing to run: pastaprof run [OPTIONS] -- python script.py")
+    env = dict(os.environ)
+    for key, value in flags.items():
+        if value is not None:
+            env[ENV_PREFIX + key] = value
+    config = CaptureConfig.from_env(env)  # validates every setting before anything starts
+    if config.tools:
+        from pastaprof.tools.registry import resolve
+
+        resolve(list(config.tools))
+    dest = Path(out or config.out or f"pastaprof-run-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if dest.exists() and not force and not (dest.is_dir() and not any(dest.iterdir())):
+        raise UsageError(f"{dest}: already exists (use --force to replace it)")
+    if not dest.parent.is_dir():
+        raise UsageError(f"{dest.parent}: directory does not exist")
+    partial = dest.parent / f".{dest.name}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    env[ENV_PREFIX + "OUT"] = str(partial)
+    env["PASTAPROF_RUN_PARENT"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP), env.get("PYTHONPATH", "")) if p)
+
+    t0 = time.perf_counter()
+    try:
+        child = subprocess.Popen(command, env=env)
+    except OSError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise UsageError(f"cannot start {command[0]!r}: {e.strerror}") from None
+    forwarded = {sig: signal.signal(sig, lambda s, f: child.send_signal(s)) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal sends Ctrl-C to the program too
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in forwarded.items():
+            signal.signal(sig, handler)
+        signal.signal(signal.SIGINT, old_int)
+    wall = time.perf_counter() - t0
+    _finish(partial, dest, command, code, wall, list(config.tools))
+    if code < 0:  # killed by a signal: die the same way
+        sys.stdout.flush()
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code
+    return code
+
+
+def _finish(partial: Path, dest: Path, command: list[str], code: int, wall: float, tools: list[str]) -> None:
+    from pastaprof.store.compact import compact
+
+    try:
+        manifest = compact(partial, command=command, exit_code=code, wall_seconds=round(wall, 6))
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(partial, dest)
+    except Exception as e:
+        sys.stderr.write(f"pastaprof: warning: could not store the run: {type(e).__name__}: {e}\n")
+        return
+    rows = manifest.get("rows", {})
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(rows.items())) or "no events"
+    sys.stderr.write(f"pastaprof: run stored in {dest} ({summary})\n")
+    for line in sorted(set(manifest.get("status", {}).values())):
+        if line != "ok":
+            sys.stderr.write(f"pastaprof: {line}\n")
+    if tools:
+        try:
+            from rich.console import Console
+
+            from pastaprof.api import analyze
+            from pastaprof.report.terminal import print_reports
+
+            print_reports(analyze(dest, tools=tools), console=Console(stderr=True))
+        except Exception as e:
+            sys.stderr.write(f"pastaprof: warning: tools failed: {type(e).__name__}: {e}\n")

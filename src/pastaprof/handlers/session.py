@@ -1,0 +1,326 @@
+"""A capture session in one process: handlers -> processor -> shards of a run.
+
+Each process of a profiled program (the main script, DataLoader workers,
+torchrun ranks) runs one Session.  Every ``flush_ms`` a background thread
+drains the handlers, gates what was captured by the control vocabulary
+(ranges, steps, ranks), feeds live tools, and writes the events as Parquet
+*parts* of its own shard (``<kind>/rank-R-pid-P-part-N.parquet``), each written
+to a temporary name and renamed, so a crash loses at most one flush period.
+``pastaprof run`` (or the Python API's ``stop()``) then compacts the parts into
+a regular run directory (store/compact.py).
+
+The profiled program must never be harmed: every failure inside the session
+becomes one warning on stderr and capture stops; signals and exit codes are
+left to the program (a SIGTERM handler is installed only where the program
+had none, and it re-raises the signal after the final flush).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pastaprof.events.schema import SCHEMA_VERSION, conform
+from pastaprof.handlers.control import CaptureConfig
+from pastaprof.handlers.cupti_activity import CuptiActivityHandler
+from pastaprof.processor.link import map_keys
+from pastaprof.processor.pipeline import Processor
+from pastaprof.tools.base import Report, RunInfo, Tool
+
+SHARDS = "shards"
+
+
+def _warn(msg: str) -> None:
+    try:
+        sys.stderr.write(f"pastaprof: warning: {msg}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def current_rank() -> int:
+    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        v = os.environ.get(var)
+        if v and v.isdigit():
+            return int(v)
+    return 0
+
+
+class Session:
+    """Capture in this process.  Use through ``pastaprof.profile()`` / ``start()``."""
+
+    def __init__(self, config: CaptureConfig, tools: list[Tool] | None = None, gpu: bool = True) -> None:
+        self.config = config
+        self.gpu = gpu  # False in forked children: CUDA (and CUPTI) cannot be used after fork
+        self.rank = current_rank()
+        self.pid = os.getpid()
+        self.out = Path(config.out or f"pastaprof-run-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+        self.processor = Processor(tools or [], info=RunInfo({"ranks": [self.rank]}))
+        self.handlers: list[Any] = []
+        self.status: dict[str, str] = {}
+        self.events = dict.fromkeys(("kernel", "memcpy", "memset", "sync", "api", "range"), 0)
+        self.filtered_out = 0
+        self.flush_seconds = 0.0
+        self.stop_seconds = 0.0
+        self.filtered_by_kind: dict[str, int] = {}
+        self.started_ns = 0
+        self.step = 0
+        self._open_ranges: list[str] = []
+        self._ranges = {"start_ns": [], "end_ns": [], "tid": [], "name": []}
+        # Recording windows: time intervals in which the gate (ranges/steps) was open.
+        self._gate_open_since: int | None = None
+        self._windows: list[tuple[int, int]] = []
+        self._part = 0
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self.reports: list[Report] = []
+
+    # -- lifecycle -----------------------------------------------------------
+    def start(self) -> Session:
+        self.started_ns = time.time_ns()
+        # Load now what the last flush needs: at interpreter exit, lazy imports that
+        # register atexit hooks (thread pools) are refused.
+        import concurrent.futures.thread  # noqa: F401
+
+        pq.write_table(pa.table({"x": [0]}), pa.BufferOutputStream())
+        (self.out / SHARDS).mkdir(parents=True, exist_ok=True)
+        if not self.config.rank_selected(self.rank):
+            self.status["session"] = f"rank {self.rank} not selected (PASTAPROF_RANKS): nothing recorded"
+            self._write_meta()
+            return self
+        cupti = CuptiActivityHandler(self.config, self.rank)
+        if self.gpu:
+            self.handlers.append(cupti)
+            cupti.start()
+            self.status["cupti"] = cupti.status or "ok"
+        else:
+            cupti.status = None
+        if not self._gpu_present():
+            self.status["gpu"] = "no GPU found: only host-side events are recorded"
+        if not os.environ.get("PASTAPROF_RUN_PARENT"):  # under `pastaprof run` the launcher reports once
+            for line in (cupti.status, self.status.get("gpu")):
+                if line:
+                    _warn(line)
+        self._update_gate()
+        self._thread = threading.Thread(target=self._flush_loop, name="pastaprof-flush", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+        self._install_sigterm()
+        self._write_meta()
+        return self
+
+    def stop(self) -> list[Report]:
+        """Final flush; returns live tools' reports.  Safe to call twice."""
+        with self._lock:
+            if self._stopped:
+                return self.reports
+            self._stopped = True
+        t0 = time.perf_counter()
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        try:
+            for h in self.handlers:
+                h.stop()
+            self._close_gate()
+            self.flush()
+            self.reports = self.processor.finish() if self.processor.tools else []
+        except Exception as e:
+            _warn(f"capture stopped early: {type(e).__name__}: {e}")
+        self.stop_seconds = time.perf_counter() - t0
+        self._write_meta()
+        return self.reports
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.config.flush_ms / 1000):
+            try:
+                for h in self.handlers:
+                    h.flush()
+                self.flush()
+            except Exception as e:
+                _warn(f"capture stopped: {type(e).__name__}: {e}")
+                return
+
+    def _install_sigterm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return  # the program handles SIGTERM itself; atexit will flush if it exits normally
+
+        def on_term(signum, frame):  # flush, then die of the same signal as without us
+            try:
+                self.stop()
+            finally:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, on_term)
+
+    @staticmethod
+    def _gpu_present() -> bool:
+        if os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd"):
+            return True
+        return False
+
+    # -- control vocabulary ----------------------------------------------------
+    def _gate(self) -> bool:
+        return self.config.step_selected(self.step) and self.config.range_selected(self._open_ranges)
+
+    def _update_gate(self) -> None:
+        now = time.time_ns()
+        with self._lock:
+            if self._gate() and self._gate_open_since is None:
+                self._gate_open_since = now
+            elif not self._gate() and self._gate_open_since is not None:
+                self._windows.append((self._gate_open_since, now))
+                self._gate_open_since = None
+
+    def _close_gate(self) -> None:
+        with self._lock:
+            if self._gate_open_since is not None:
+                self._windows.append((self._gate_open_since, time.time_ns()))
+                self._gate_open_since = None
+
+    def range_begin(self, name: str) -> int:
+        self._open_ranges.append(name)
+        self._update_gate()
+        return time.time_ns()
+
+    def range_end(self, name: str, start_ns: int) -> None:
+        end = time.time_ns()
+        if name in self._open_ranges:
+            self._open_ranges.remove(name)
+        with self._lock:
+            r = self._ranges
+            r["start_ns"].append(start_ns)
+            r["end_ns"].append(end)
+            r["tid"].append(threading.get_native_id())
+            r["name"].append(name)
+        self._update_gate()
+
+    def next_step(self) -> int:
+        self.step += 1
+        self._update_gate()
+        return self.step
+
+    def _in_windows(self, t: np.ndarray) -> np.ndarray:
+        """Which times fall in a recording window (closed or still open)."""
+        with self._lock:
+            wins = list(self._windows)
+            if self._gate_open_since is not None:
+                wins.append((self._gate_open_since, np.iinfo(np.int64).max))
+        if not wins:
+            return np.zeros(len(t), dtype=bool)
+        ws = np.array([w[0] for w in wins], dtype=np.int64)
+        we = np.array([w[1] for w in wins], dtype=np.int64)
+        i = np.searchsorted(ws, t, side="right") - 1
+        return (i >= 0) & (t < we[np.clip(i, 0, None)])
+
+    # -- flushing ------------------------------------------------------------
+    def flush(self) -> None:
+        t0 = time.perf_counter()
+        with self._lock:
+            tables: dict[str, pa.Table] = {}
+            for h in self.handlers:
+                for kind, t in h.drain().items():
+                    tables[kind] = pa.concat_tables([tables[kind], t]) if kind in tables else t
+            r = self._ranges
+            if r["name"]:
+                n = len(r["name"])
+                tables["range"] = pa.table({**r, "rank": pa.array([self.rank] * n, pa.int32()),
+                                            "pid": pa.array([self.pid] * n, pa.int64()),
+                                            "domain": pa.array(["user"] * n)})
+                self._ranges = {k: [] for k in r}
+            tables.pop("external", None)  # op linking arrives with the PyTorch handler
+            tables = self._gated(tables)
+            part = self._part
+            self._part += 1
+        for kind, t in tables.items():
+            if t.num_rows == 0:
+                continue
+            t = conform(kind, t.append_column("pid", pa.array([self.pid] * t.num_rows, pa.int64()))
+                        if "pid" not in t.column_names else t)
+            self._write_part(kind, t, part)
+            self.events[kind] = self.events.get(kind, 0) + t.num_rows
+            self.processor.submit(kind, t, self.rank)
+        self.flush_seconds += time.perf_counter() - t0
+        self._write_meta()
+
+    def _gated(self, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        """Keep GPU work whose launch (or start) lies in a recording window."""
+        if not self.config.ranges and self.config.steps is None:
+            return tables
+        api = tables.get("api")
+        out = {}
+        for kind, t in tables.items():
+            if kind == "range" or t.num_rows == 0:
+                out[kind] = t
+                continue
+            when = _np_i64(t["start_ns"])
+            if kind != "api" and api is not None and api.num_rows and "correlation" in t.column_names:
+                launch = map_keys(_np_i64(t["correlation"]), _np_i64(api["correlation"]), _np_i64(api["start_ns"]))
+                when = np.where(launch >= 0, launch, when)
+            keep = self._in_windows(when)
+            self.filtered_out += int((~keep).sum())
+            self.filtered_by_kind[kind] = self.filtered_by_kind.get(kind, 0) + int((~keep).sum())
+            out[kind] = t.filter(pa.array(keep))
+        return out
+
+    def _write_part(self, kind: str, table: pa.Table, part: int) -> None:
+        d = self.out / kind
+        d.mkdir(exist_ok=True)
+        final = d / f"rank-{self.rank}-pid-{self.pid}-part-{part:05d}.parquet"
+        tmp = d / f".{final.name}.tmp"
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, final)
+
+    def _write_meta(self) -> None:
+        """This process's part of the manifest (merged by compaction)."""
+        handlers = {h.name: {"records": h.records, "dropped": h.dropped, "sampled_out": h.sampled_out,
+                             "kernels_seen": h.kernels_seen} for h in self.handlers}
+        meta = {
+            "schema_version": SCHEMA_VERSION, "rank": self.rank, "pid": self.pid, "host": socket.gethostname(),
+            "argv": sys.argv, "started_ns": self.started_ns, "updated_ns": time.time_ns(),
+            "status": self.status, "events": self.events, "filtered_out": self.filtered_out,
+            "filtered_by_kind": self.filtered_by_kind,
+            "handlers": handlers, "dropped_events": sum(h["dropped"] for h in handlers.values()),
+            "capture_overhead": {"flush_seconds": round(self.flush_seconds, 6),
+                                 "stop_seconds": round(self.stop_seconds, 6)},
+            "config": self.config.to_env(), "steps_seen": self.step, "versions": _versions(),
+        }
+        path = self.out / SHARDS / f"rank-{self.rank}-pid-{self.pid}.json"
+        tmp = path.with_name("." + path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(meta, default=str))
+            os.replace(tmp, path)
+        except OSError as e:
+            _warn(f"cannot write {path}: {e}")
+
+
+def _np_i64(col) -> np.ndarray:
+    return np.asarray(col.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out["torch"] = getattr(torch, "__version__", "?")
+        cuda = getattr(getattr(torch, "version", None), "cuda", None)
+        if cuda:
+            out["cuda"] = cuda
+    return out

@@ -1,0 +1,182 @@
+"""Live capture from Python: a few verbs, in the spirit of Triton Proton.
+
+    with pastaprof.profile(tools=["kernels"], out="runs/a") as prof:
+        train()
+    prof.reports, prof.run          # tool reports, the stored Run
+
+    pastaprof.start(out="runs/b"); ...; pastaprof.stop()
+
+    with pastaprof.range("forward"): ...      # also a decorator
+    pastaprof.step()                          # advance the step counter (PASTAPROF_STEPS)
+
+Under ``pastaprof run`` a session already exists (started by the bootstrap);
+these verbs then use it instead of starting another.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pastaprof.errors import UsageError
+from pastaprof.handlers.control import CaptureConfig
+from pastaprof.handlers.session import Session
+from pastaprof.tools.base import Report, Tool
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_session: Session | None = None
+OWNED_BY_PARENT = "PASTAPROF_RUN_PARENT"  # set by `pastaprof run`: the CLI compacts the run
+
+
+def current() -> Session | None:
+    """The session of this process, if capture is on."""
+    return _session
+
+
+def start(tools: Sequence[str | Tool] | None = None, out: str | Path | None = None, **controls: Any) -> Session:
+    """Start capture in this process (no-op returning the session if already on).
+
+    ``controls``: ranges, kernels, sample, steps ('10:20'), ranks ('0,1'), flush_ms --
+    the same vocabulary as the PASTAPROF_* variables, which fill what is not given.
+    """
+    global _session
+    if _session is not None:
+        return _session
+    env = {k: v for k, v in os.environ.items() if k.startswith("PASTAPROF_")}
+    if out is not None:
+        env["PASTAPROF_OUT"] = str(out)
+    for key, value in controls.items():
+        if key not in ("ranges", "kernels", "sample", "steps", "ranks", "flush_ms"):
+            raise UsageError(f"unknown capture setting {key!r}")
+        env[f"PASTAPROF_{key.upper()}"] = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    config = CaptureConfig.from_env(env)
+    from pastaprof.api import _instances
+
+    instances = _instances(tools) if tools else []
+    _session = Session(config, instances).start()
+    _register_exit_hooks()
+    return _session
+
+
+class _Anchor:
+    """A weak-referenceable object multiprocessing's after-fork registry can hold."""
+
+
+_ANCHOR = _Anchor()
+_hooks_registered = False
+
+
+def _stop_current() -> None:
+    if _session is not None:
+        _session.stop()
+
+
+def _register_exit_hooks() -> None:
+    """Flush at the exit of every process of the program.  multiprocessing children
+    (DataLoader workers, Pool workers) leave through os._exit -- no atexit -- but run
+    multiprocessing's finalizers, which it clears right after fork: re-register then."""
+    global _hooks_registered
+    if _hooks_registered:
+        return
+    _hooks_registered = True
+    from multiprocessing import util as mp_util
+
+    def finalize(_: object = None) -> None:
+        mp_util.Finalize(None, _stop_current, exitpriority=100)
+
+    finalize()
+    mp_util.register_after_fork(_ANCHOR, finalize)
+    os.register_at_fork(after_in_child=_restart_in_child)
+
+
+def _restart_in_child() -> None:
+    """A forked child (DataLoader worker) records into its own shard of the same run."""
+    global _session
+    parent = _session
+    if parent is None:
+        return
+    _session = None
+    parent._stopped = True  # the copy of the parent's session must not write in its name
+    try:
+        _session = Session(parent.config, [], gpu=False).start()
+    except Exception:
+        _session = None
+
+
+def stop() -> list[Report]:
+    """Stop capture, write the run (unless ``pastaprof run`` will), return live reports."""
+    global _session
+    s = _session
+    if s is None:
+        return []
+    reports = s.stop()
+    if not os.environ.get(OWNED_BY_PARENT):
+        from pastaprof.store.compact import compact
+
+        compact(s.out)
+    _session = None
+    return reports
+
+
+class profile:
+    """Context manager: capture inside the block; ``.reports`` and ``.run`` after it."""
+
+    def __init__(self, tools: Sequence[str | Tool] | None = None, out: str | Path | None = None,
+                 **controls: Any) -> None:
+        self._args = (tools, out, controls)
+        self.session: Session | None = None
+        self.reports: list[Report] = []
+        self._own = False
+
+    def __enter__(self) -> profile:
+        tools, out, controls = self._args
+        self._own = _session is None
+        self.session = start(tools, out, **controls)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._own:
+            self.reports = stop()
+
+    @property
+    def run(self):
+        """The stored run (after the block)."""
+        from pastaprof.api import load
+
+        assert self.session is not None
+        return load(self.session.out)
+
+
+class range:  # noqa: A001 - the vocabulary's word; shadows the builtin only inside pastaprof
+    """A named range: recorded as a ``range`` event, and what PASTAPROF_RANGES selects.
+    Use ``with pastaprof.range("fwd"):`` or ``@pastaprof.range("fwd")``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._start = 0
+
+    def __enter__(self) -> range:
+        if _session is not None:
+            self._start = _session.range_begin(self.name)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if _session is not None:
+            _session.range_end(self.name, self._start)
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with range(self.name):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def step() -> int:
+    """Advance the step counter that PASTAPROF_STEPS windows refer to."""
+    return _session.next_step() if _session is not None else 0

@@ -1,0 +1,123 @@
+"""Turning a live capture's shards into a regular run directory.
+
+While a program runs, every process writes Parquet *parts*
+(``<kind>/rank-R-pid-P-part-N.parquet``) and a small JSON of its own
+(``shards/rank-R-pid-P.json``).  Compaction merges the parts of each kind and
+rank into ``<kind>/rank-R.parquet`` (sorted by time) and the per-process JSONs
+into ``run.json``.  Parts of a process killed mid-write are never half-read:
+they are renamed into place only when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pastaprof.events.schema import KINDS, SCHEMA_VERSION, conform
+from pastaprof.store.writer import MANIFEST
+
+_PART_RE = re.compile(r"^rank-(\d+)-pid-(\d+)-part-(\d+)\.parquet$")
+
+
+def _gpus() -> list[dict[str, Any]]:
+    """GPU names and memory through NVML, when available (never required)."""
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            out.append({"id": i, "name": name.decode() if isinstance(name, bytes) else name,
+                        "totalGlobalMem": int(pynvml.nvmlDeviceGetMemoryInfo(h).total)})
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        pynvml.nvmlShutdown()
+        for d in out:
+            d["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+        return out
+    except Exception:
+        return []
+
+
+def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | None = None,
+            wall_seconds: float | None = None) -> dict[str, Any]:
+    """Merge shards in ``run_dir`` in place; returns the manifest written."""
+    t0 = time.perf_counter()
+    metas = []
+    for p in sorted((run_dir / "shards").glob("rank-*-pid-*.json")):
+        try:
+            metas.append(json.loads(p.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue  # a process killed while rewriting its JSON: its parts still count
+    ranks: set[int] = {m["rank"] for m in metas if isinstance(m.get("rank"), int)}
+    rows: dict[str, int] = {}
+    for kind in KINDS:
+        d = run_dir / kind
+        if not d.is_dir():
+            continue
+        by_rank: dict[int, list[Path]] = {}
+        for p in d.iterdir():
+            m = _PART_RE.match(p.name)
+            if m:
+                by_rank.setdefault(int(m.group(1)), []).append(p)
+            elif p.name.startswith("."):
+                p.unlink(missing_ok=True)  # a part whose writer died before the rename
+        for rank, parts in sorted(by_rank.items()):
+            ranks.add(rank)
+            tables = []
+            for p in sorted(parts):
+                try:
+                    tables.append(conform(kind, pq.read_table(p)))
+                except (OSError, pa.ArrowInvalid):
+                    continue
+            if tables:
+                t = pa.concat_tables(tables).sort_by([("start_ns", "ascending")])
+                tmp = d / f".rank-{rank}.parquet.tmp"
+                pq.write_table(t, tmp, compression="zstd")
+                os.replace(tmp, d / f"rank-{rank}.parquet")
+                rows[kind] = rows.get(kind, 0) + t.num_rows
+            for p in parts:
+                p.unlink(missing_ok=True)
+    status: dict[str, str] = {}
+    for m in metas:
+        for k, v in (m.get("status") or {}).items():
+            status[f"rank {m.get('rank')} pid {m.get('pid')}: {k}"] = v
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "format": "pastaprof-live",
+        "source": "pastaprof run",
+        "command": command if command is not None else (metas[0].get("argv") if metas else None),
+        "exit_code": exit_code,
+        "host": socket.gethostname(),
+        "devices": _gpus(),
+        "versions": metas[0].get("versions", {}) if metas else {},
+        "ranks": sorted(ranks) or [0],
+        "processes": [{k: m.get(k) for k in ("rank", "pid", "argv", "events", "handlers", "status", "steps_seen",
+                                              "filtered_out", "filtered_by_kind", "capture_overhead")} for m in metas],
+        "clock": {"domain": "unix_epoch_ns", "anchors": {f"{m.get('rank')}/{m.get('pid')}": m.get("started_ns")
+                                                         for m in metas}},
+        "capture_overhead": {"flush_seconds": round(sum((m.get("capture_overhead") or {}).get("flush_seconds", 0)
+                                                        for m in metas), 6),
+                             "stop_seconds": round(sum((m.get("capture_overhead") or {}).get("stop_seconds", 0)
+                                                       for m in metas), 6),
+                             "wall_seconds": wall_seconds},
+        "dropped_events": sum(int(m.get("dropped_events") or 0) for m in metas),
+        "status": status,
+        "rows": rows,
+        "finished_ns": time.time_ns(),
+    }
+    manifest["capture_overhead"]["compact_seconds"] = round(time.perf_counter() - t0, 6)
+    with open(run_dir / MANIFEST, "w") as f:
+        json.dump(manifest, f, indent=1, default=str)
+    shutil.rmtree(run_dir / "shards", ignore_errors=True)
+    return manifest

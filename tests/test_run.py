@@ -1,0 +1,223 @@
+"""`pastaprof run` and the live Python API, on this GPU-less machine: the program is
+never harmed (output, exit code, signals), settings are validated before it starts,
+every process writes its shard of one run.  GPU capture itself is checked by
+scripts/gpu-check on the lent H200."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import pastaprof
+from pastaprof.handlers.control import CaptureConfig, parse_rank_list, parse_steps
+from pastaprof.handlers.session import Session
+
+PP = [sys.executable, "-m", "pastaprof.cli", "run"]
+
+APP = textwrap.dedent("""
+    import os, sys, time
+    import pastaprof
+    for i in range(3):
+        with pastaprof.range(f"step{i}"):
+            print("working", i, flush=True)
+        pastaprof.step()
+    mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
+    if mode == "exit3":
+        sys.exit(3)
+    if mode == "raise":
+        raise RuntimeError("boom")
+    if mode == "os_exit":
+        time.sleep(1.5)  # > one flush period: the ranges above are on disk
+        os._exit(5)
+    if mode == "term":
+        time.sleep(1.5)
+        os.kill(os.getpid(), 15)
+        time.sleep(5)
+    print("done")
+""")
+
+
+@pytest.fixture()
+def app(tmp_path) -> Path:
+    p = tmp_path / "app.py"
+    p.write_text(APP)
+    return p
+
+
+def _bare(app: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(app), *args], capture_output=True, text=True)
+
+
+def _run(out: Path, *cmd: str, env: dict | None = None, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    e = dict(os.environ, PASTAPROF_FLUSH_MS="200", **(env or {}))
+    return subprocess.run([*PP, "-o", str(out), *flags, "--", *cmd], capture_output=True, text=True, env=e)
+
+
+def _ranges(out: Path) -> list[str]:
+    return sorted(pastaprof.load(out).table("range")["name"].to_pylist())
+
+
+@pytest.mark.parametrize("mode, code", [("ok", 0), ("exit3", 3), ("raise", 1), ("os_exit", 5), ("term", -15)])
+def test_exit_code_output_and_flushed_events(tmp_path, app, mode, code):
+    bare = _bare(app, mode)
+    r = _run(tmp_path / "run", sys.executable, str(app), mode)
+    assert bare.returncode == code
+    assert r.returncode == code, r.stderr
+    assert r.stdout == bare.stdout  # the program's output is its own
+    if mode == "raise":
+        assert "RuntimeError: boom" in r.stderr
+    m = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert m["exit_code"] == code and m["command"][-1] == mode
+    assert _ranges(tmp_path / "run") == ["step0", "step1", "step2"]
+    assert not list(tmp_path.glob(".run.partial*"))
+
+
+def test_no_gpu_is_reported_once_and_capture_continues(tmp_path, app):
+    r = _run(tmp_path / "run", sys.executable, str(app))
+    assert r.returncode == 0
+    assert r.stderr.count("no GPU found") == 1
+    status = json.loads((tmp_path / "run" / "run.json").read_text())["status"]
+    assert any("no GPU found" in v for v in status.values())
+
+
+@pytest.mark.parametrize("env, flags, needle", [
+    ({"PASTAPROF_SAMPLE": "zero"}, (), "PASTAPROF_SAMPLE='zero'"),
+    ({}, ("--steps", "9:3"), "PASTAPROF_STEPS='9:3'"),
+    ({}, ("--kernels", "gemm("), "PASTAPROF_KERNELS='gemm('"),
+    ({"PASTAPROF_RANKS": "0,x"}, (), "PASTAPROF_RANKS='0,x'"),
+    ({}, ("-t", "kernels,nosuch"), "unknown tool 'nosuch'"),
+])
+def test_bad_settings_stop_before_the_program_starts(tmp_path, env, flags, needle):
+    marker = tmp_path / "started"
+    r = _run(tmp_path / "run", sys.executable, "-c", f"open({str(marker)!r}, 'w')", env=env, flags=flags)
+    assert r.returncode == 2
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not marker.exists() and not (tmp_path / "run").exists()
+
+
+def test_missing_program_and_existing_output(tmp_path, app):
+    r = _run(tmp_path / "run", "/no/such/program")
+    assert r.returncode == 2 and "cannot start '/no/such/program'" in r.stderr
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("keep")
+    r = _run(tmp_path / "taken", sys.executable, str(app))
+    assert r.returncode == 2 and "already exists" in r.stderr
+    assert (tmp_path / "taken" / "x").read_text() == "keep"
+
+
+def test_child_processes_write_shards_of_one_run(tmp_path):
+    p = tmp_path / "mp.py"
+    p.write_text(textwrap.dedent("""
+        import multiprocessing as mp, os
+        import pastaprof
+        def work(i):
+            with pastaprof.range(f"child{i}"):
+                pass
+            return os.getpid()
+        if __name__ == "__main__":
+            with pastaprof.range("parent"):
+                ctx = mp.get_context("spawn")
+                pool = ctx.Pool(2)
+                pids = pool.map(work, [0, 1])
+                pool.close()
+                pool.join()
+            with pastaprof.range("forked"):
+                p = mp.get_context("fork").Process(target=work, args=(2,))
+                p.start()
+                p.join()
+            print(len(set(pids)) >= 1)
+    """))
+    r = _run(tmp_path / "run", sys.executable, str(p))
+    assert r.returncode == 0, r.stderr
+    t = pastaprof.load(tmp_path / "run").table("range")
+    assert sorted(t["name"].to_pylist()) == ["child0", "child1", "child2", "forked", "parent"]
+    m = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert len({pr["pid"] for pr in m["processes"]}) >= 2  # the pool workers have shards of their own
+    assert len(set(t["pid"].to_pylist())) >= 2
+
+
+def test_python_dash_m_and_the_programs_own_sitecustomize(tmp_path):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text("import pastaprof, sys\nwith pastaprof.range('m'):\n    print(sys.argv[1:])\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(f"open({str(tmp_path / 'theirs')!r}, 'w').write('ran')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(tmp_path)])}
+    r = _run(tmp_path / "run", sys.executable, "-m", "mypkg", "a", "b", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['a', 'b']"
+    assert (tmp_path / "theirs").read_text() == "ran"
+    assert _ranges(tmp_path / "run") == ["m"]
+
+
+def test_python_api_profile_writes_a_run(tmp_path):
+    code = textwrap.dedent(f"""
+        import pastaprof
+        with pastaprof.profile(out={str(tmp_path / 'api')!r}, steps="1:2") as prof:
+            for i in range(3):
+                with pastaprof.range(f"s{{i}}"):
+                    pass
+                pastaprof.step()
+        print(prof.run.table("range").num_rows)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "3"
+    assert json.loads((tmp_path / "api" / "run.json").read_text())["processes"][0]["steps_seen"] == 3
+
+
+def test_vocabulary_parsing():
+    assert parse_rank_list("0,2,4-6") == (0, 2, 4, 5, 6)
+    assert parse_steps("10:20") == (10, 20) and parse_steps("7") == (7, 8) and parse_steps("3:") == (3, None)
+    cfg = CaptureConfig.from_env({"PASTAPROF_RANGES": "fwd*,loss", "PASTAPROF_KERNELS": "gemm|conv",
+                                  "PASTAPROF_SAMPLE": "4", "PASTAPROF_STEPS": "2:4", "PASTAPROF_RANKS": "1"})
+    assert cfg.range_selected(["outer", "fwd_block"]) and not cfg.range_selected(["bwd"])
+    assert cfg.kernel_selected("sm90_gemm_bf16") and not cfg.kernel_selected("elementwise")
+    assert [s for s in range(6) if cfg.step_selected(s)] == [2, 3]
+    assert cfg.rank_selected(1) and not cfg.rank_selected(0)
+    assert CaptureConfig.from_env(cfg.to_env()) == cfg
+
+
+def test_step_window_gates_gpu_work_by_launch_time(tmp_path):
+    """Activity launched inside the step window is kept, the rest dropped; a kernel
+    is judged by its launch call's time, not by when the GPU ran it."""
+    s = Session(CaptureConfig(out=str(tmp_path / "g"), steps=(1, 2)))
+    s._update_gate()                         # step 0: closed
+    t0 = time.time_ns()
+    s.next_step()                            # step 1: open
+    t1 = time.time_ns()
+    s.next_step()                            # step 2: closed
+    t2 = time.time_ns()
+    api = pa.table({"start_ns": [t0, t1, t2], "correlation": [1, 2, 3]})
+    kern = pa.table({"start_ns": [t2 + 10, t2 + 20, t2 + 30], "correlation": [1, 2, 3]})
+    out = s._gated({"api": api, "kernel": kern})
+    assert out["kernel"]["correlation"].to_pylist() == [2]
+    assert out["api"]["correlation"].to_pylist() == [2]
+    assert s.filtered_out == 4
+    assert np.array_equal(s._in_windows(np.array([t0, t1, t2])), [False, True, False])
+
+
+def test_sigterm_is_passed_to_the_program(tmp_path):
+    p = tmp_path / "sleepy.py"
+    p.write_text("import time, pastaprof\nwith pastaprof.range('r'):\n    pass\nprint('up', flush=True)\ntime.sleep(30)\n")
+    e = dict(os.environ, PASTAPROF_FLUSH_MS="200")
+    proc = subprocess.Popen([*PP, "-o", str(tmp_path / "run"), "--", sys.executable, str(p)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    assert proc.stdout.readline().strip() == "up"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=20)
+    assert proc.returncode == -15
+    assert _ranges(tmp_path / "run") == ["r"]
