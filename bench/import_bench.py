@@ -183,9 +183,9 @@ def _git_state() -> dict:
     import hashlib
 
     def git(*a: str) -> str:
-        return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True).stdout.strip()
+        return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True).stdout.rstrip()
     diff = git("diff", "HEAD", "--", "src")
-    return {"head": git("rev-parse", "--short", "HEAD"), "uncommitted_src": git("status", "--short", "src").splitlines(),
+    return {"head": git("rev-parse", "--short", "HEAD").strip(), "uncommitted_src": git("status", "--short", "src").splitlines(),
             "src_diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:10] if diff else None}
 
 

@@ -100,17 +100,32 @@ class CuptiActivityHandler:
         K = cupti.ActivityKind
         try:
             cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-            for kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION, K.RUNTIME,
-                         K.EXTERNAL_CORRELATION):
+            for kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION, K.RUNTIME):
                 cupti.activity_enable(kind)
                 self._enabled.append(kind)
+            self._filter_runtime_api()
             cupti.activity_flush_period(self.config.flush_ms)
         except Exception as e:  # e.g. another CUPTI client (torch.profiler, nsys) holds it
             self.status = f"CUPTI activity tracing could not start ({e})"
             self._disable()
 
+    def _filter_runtime_api(self) -> None:
+        """Record only launch/copy/memset/sync calls: PyTorch makes ~5 runtime calls per
+        kernel (cudaGetDevice, cudaStreamIsCapturing, ...) that nothing here needs, and
+        each record costs CUPTI and us time."""
+        cupti = self._cupti
+        for name, cbid in cupti.RuntimeApiTraceCbid.__members__.items():
+            keep = any(key in name for key in _API_KEEP)
+            self._api_names[int(cbid)] = name if keep else None
+            if not keep and name not in ("INVALID", "SIZE", "FORCE_INT"):
+                try:
+                    cupti.activity_enable_runtime_api(int(cbid), 0)
+                except Exception:
+                    pass
+
     def flush(self) -> None:
-        """Ask CUPTI to hand over every buffer, even incomplete ones."""
+        """Ask CUPTI to hand over every buffer, even incomplete ones (at stop; while
+        running, CUPTI's own flush period delivers buffers)."""
         if self._cupti is not None and self.status is None:
             try:
                 self._cupti.activity_flush_all(1)
@@ -160,6 +175,8 @@ class CuptiActivityHandler:
             for r in records:
                 kind = by_kind.get(r.kind)
                 if kind is None:
+                    continue
+                if kind == "api" and self._api_names.get(r.cbid, "") is None:
                     continue
                 if kind == "kernel":
                     self.kernels_seen += 1

@@ -148,8 +148,6 @@ class Session:
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.config.flush_ms / 1000):
             try:
-                for h in self.handlers:
-                    h.flush()
                 self.flush()
             except Exception as e:
                 _warn(f"capture stopped: {type(e).__name__}: {e}")
@@ -253,12 +251,13 @@ class Session:
             if t.num_rows == 0:
                 continue
             t = conform(kind, t.append_column("pid", pa.array([self.pid] * t.num_rows, pa.int64()))
-                        if "pid" not in t.column_names else t)
+                        if "pid" not in t.column_names else t).sort_by("start_ns")
             self._write_part(kind, t, part)
             self.events[kind] = self.events.get(kind, 0) + t.num_rows
             self.processor.submit(kind, t, self.rank)
         self.flush_seconds += time.perf_counter() - t0
-        self._write_meta()
+        if tables or self._part % 10 == 1:
+            self._write_meta()
 
     def _gated(self, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
         """Keep GPU work whose launch (or start) lies in a recording window."""

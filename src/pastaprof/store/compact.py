@@ -74,6 +74,11 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
                 p.unlink(missing_ok=True)  # a part whose writer died before the rename
         for rank, parts in sorted(by_rank.items()):
             ranks.add(rank)
+            if len(parts) == 1:  # one part (a short run): it is already the final file
+                n = pq.read_metadata(parts[0]).num_rows
+                os.replace(parts[0], d / f"rank-{rank}.parquet")
+                rows[kind] = rows.get(kind, 0) + n
+                continue
             tables = []
             for p in sorted(parts):
                 try:
