@@ -54,9 +54,11 @@ def start(tools: Sequence[str | Tool] | None = None, out: str | Path | None = No
             raise UsageError(f"unknown capture setting {key!r}")
         env[f"PASTAPROF_{key.upper()}"] = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
     config = CaptureConfig.from_env(env)
-    from pastaprof.api import _instances
+    instances: list[Tool] = []
+    if tools:  # the tool registry (and DuckDB) only when live tools are asked for
+        from pastaprof.api import _instances
 
-    instances = _instances(tools) if tools else []
+        instances = _instances(tools)
     _session = Session(config, instances).start()
     _register_exit_hooks()
     return _session
