@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from pastaprof.errors import InputError
 from pastaprof.events.schema import conform
-from pastaprof.importers.staging import stage_events
+from pastaprof.importers.staging import split_staged, stage_events
 
 # Kineto category (lower-cased) -> pastaprof kind.
 CATEGORY_KIND = {
@@ -202,8 +202,13 @@ class _Sql:
         return "CASE " + " ".join(whens) + " END" if whens else "NULL"
 
 
+THREADS = 2           # DuckDB threads; the staged array is cut into this many files
+MAX_EVENT_BYTES = 16 << 20  # one JSON event may be this large (DuckDB buffers it per thread)
+
+
 def _connect(threads: int | None = None) -> duckdb.DuckDBPyConnection:
-    return duckdb.connect(config={"threads": threads or 2, "memory_limit": "1GB", "preserve_insertion_order": False})
+    return duckdb.connect(config={"threads": threads or THREADS, "memory_limit": "1GB",
+                                  "preserve_insertion_order": False})
 
 
 def import_file(
@@ -221,6 +226,7 @@ def import_file(
     with tempfile.TemporaryDirectory(prefix="pastaprof-import-", dir=tmpdir) as tmp:
         staged = Path(tmp) / "events.json"
         meta = stage_events(path, staged, progress)
+        files = split_staged(staged, THREADS)
         dist = meta.get("distributedInfo") or {}
         if rank is None:
             r = dist.get("rank") if isinstance(dist, dict) else None
@@ -229,7 +235,7 @@ def import_file(
         base = int(base) if isinstance(base, (int, float)) and abs(base) < 2**62 else 0
         con = _connect()
         try:
-            tables, counts = _project(con, staged, rank, base, path, wanted)
+            tables, counts = _project(con, files, rank, base, path, wanted)
         finally:
             con.close()
     meta = {k: v for k, v in meta.items() if k != "_bytes"} | {"bytes": meta.get("_bytes", 0)}
@@ -239,7 +245,7 @@ def import_file(
     return tables, meta
 
 
-def _project(con, staged: Path, rank: int, base: int, path: Path,
+def _project(con, files: list[Path], rank: int, base: int, path: Path,
              kinds: set[str]) -> tuple[dict[str, pa.Table], dict[str, int]]:
     sql = _Sql(kinds)
     kind = sql.kind_case(kinds)
@@ -251,7 +257,7 @@ def _project(con, staged: Path, rank: int, base: int, path: Path,
             CREATE TEMP TABLE ev AS
             WITH src AS (
                 SELECT *, lower(cat) AS lcat FROM read_json(?, format='array', columns={COLUMNS},
-                                                           maximum_object_size=268435456)),
+                                                           maximum_object_size={MAX_EVENT_BYTES})),
             k AS (SELECT *, {kind} AS kind FROM src)
             SELECT lcat, kind, ph IS NOT NULL AS has_ph,
                    CASE WHEN {when} THEN ph END AS ph, CASE WHEN {when} THEN name END AS name,
@@ -263,7 +269,7 @@ def _project(con, staged: Path, rank: int, base: int, path: Path,
                    CASE WHEN {when} AND kind <> 'flow' THEN {sql.extract()} END AS a,
                    CAST(NULL AS BIGINT) AS flow_id
             FROM k
-        """, [str(staged)])
+        """, [[str(f) for f in files]])
         counts = dict(con.execute("SELECT coalesce(lcat, ''), count(*) FROM ev GROUP BY 1").fetchall())
         total, with_ph = con.execute("SELECT count(*), count(*) FILTER (has_ph) FROM ev").fetchall()[0]
         if total and not with_ph:

@@ -217,3 +217,54 @@ def stage_events(
     meta.update(trailer)
     meta["_bytes"] = copied
     return meta
+
+
+# Kineto writes one event per block: "  {\n ... \n  }," -- a raw newline never occurs
+# inside a JSON string, so this byte pattern only appears between top-level events.
+_KINETO_BOUNDARY = b"\n  },\n  {"
+SPLIT_MIN_BYTES = 64 << 20
+
+
+def split_staged(path: Path, parts: int) -> list[Path]:
+    """Cut a staged event array into ``parts`` arrays at event boundaries so DuckDB
+    parses them in parallel (it reads one JSON file on one thread).  The first
+    part is ``path`` itself, truncated; the others are copied out with
+    copy_file_range.  Returns [path] when the file is small or not in Kineto's layout."""
+    size = os.path.getsize(path)
+    if parts < 2 or size < SPLIT_MIN_BYTES or not hasattr(os, "copy_file_range"):
+        return [path]
+    cuts = []
+    with open(path, "rb") as f:
+        for k in range(1, parts):
+            f.seek(size * k // parts)
+            window = f.read(4 << 20)
+            i = window.find(_KINETO_BOUNDARY)
+            if i < 0:
+                return [path]
+            cuts.append(size * k // parts + i)
+    out = [path]
+    pieces = []
+    try:
+        with open(path, "r+b") as f:
+            for n, cut in enumerate(reversed(cuts)):  # from the end, so each cut is still valid
+                piece = path.with_name(f"{path.stem}.part{len(cuts) - n}.json")
+                first = cut + len(_KINETO_BOUNDARY) - 1  # the '{' of the next event
+                end = os.path.getsize(path)
+                with open(piece, "wb") as g:
+                    g.write(b"[")
+                    g.flush()  # before copy_file_range writes at the descriptor's offset
+                    offset = first
+                    while offset < end:
+                        m = os.copy_file_range(f.fileno(), g.fileno(), min(end - offset, 1 << 26), offset)
+                        if m == 0:
+                            break
+                        offset += m
+                f.truncate(cut + 4)  # keep "\n  }"
+                f.seek(0, os.SEEK_END)
+                f.write(b"]")
+                pieces.append(piece)
+    except OSError:
+        for p in pieces:
+            p.unlink(missing_ok=True)
+        raise
+    return out + list(reversed(pieces))
