@@ -52,7 +52,7 @@ import shutil
 import sys
 import tempfile
 import traceback
-from typing import Any, Dict, List
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -80,14 +80,14 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def _records(df: pd.DataFrame) -> List[Dict[str, Any]]:
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [_plain(r) for r in df.to_dict("records")]
 
 
 class _Capture(logging.Handler):
     def __init__(self) -> None:
         super().__init__(level=logging.WARNING)
-        self.messages: List[str] = []
+        self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = record.getMessage()
@@ -98,13 +98,13 @@ class _Capture(logging.Handler):
             self.messages.append(msg)
 
 
-def _load_raw(path: str) -> Dict[str, Any]:
+def _load_raw(path: str) -> dict[str, Any]:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rb") as fh:
         return json.loads(fh.read())
 
 
-def _trace_facts(path: str) -> Dict[str, Any]:
+def _trace_facts(path: str) -> dict[str, Any]:
     raw = _load_raw(path)
     events = raw.get("traceEvents", [])
     steps = sorted(
@@ -136,7 +136,7 @@ def _hta_kernel_type(name: str) -> str:
     return "OTHER" if _NONCOMP_RE.match(name) else "COMPUTATION"
 
 
-def _union_len(iv: List[Any]) -> Any:
+def _union_len(iv: list[Any]) -> Any:
     tot, cur_s, cur_e = 0, None, None
     for s, e in sorted(iv):
         if cur_e is None or s > cur_e:
@@ -150,7 +150,7 @@ def _union_len(iv: List[Any]) -> Any:
     return tot
 
 
-def exact_temporal(path: str) -> Dict[str, Any]:
+def exact_temporal(path: str) -> dict[str, Any]:
     """HTA's get_temporal_breakdown definition (no ns rounding) recomputed with exact
     decimal arithmetic on the raw JSON, in integer ns. DERIVED, not an HTA output.
     Only valid when HTA does no ProfilerStep filtering (fewer than 2 ProfilerStep names)."""
@@ -195,17 +195,17 @@ def exact_temporal(path: str) -> Dict[str, Any]:
 # ---------------------------------------------------------------- analysis
 
 
-def _diagnostics(t: Any) -> Dict[str, Any]:
+def _diagnostics(t: Any) -> dict[str, Any]:
     """Recompute the pieces of get_temporal_breakdown with HTA's helpers (derived)."""
     from hta.utils.utils import get_kernel_type, merge_kernel_intervals
 
     sym = t.symbol_table.get_sym_table()
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for rank, df in t.traces.items():
         g = df[df["stream"].ne(-1)].copy()  # the rows get_temporal_breakdown uses
         g["kernel_type"] = g["name"].map(lambda i: get_kernel_type(sym[i]))
         g["cat_s"] = g["cat"].map(lambda i: sym[i])
-        per_type: Dict[str, Any] = {}
+        per_type: dict[str, Any] = {}
         for kt, sub in g.groupby("kernel_type"):
             m = merge_kernel_intervals(sub.copy())
             per_type[kt] = {
@@ -228,7 +228,7 @@ def _diagnostics(t: Any) -> Dict[str, Any]:
     return out
 
 
-def analyse_one(path: str, mode_env: str, consecutive_kernel_delay: int) -> Dict[str, Any]:
+def analyse_one(path: str, mode_env: str, consecutive_kernel_delay: int) -> dict[str, Any]:
     from hta.trace_analysis import TraceAnalysis
 
     os.environ[NS_ROUNDING_ENV] = mode_env
@@ -238,7 +238,7 @@ def analyse_one(path: str, mode_env: str, consecutive_kernel_delay: int) -> Dict
     tmp = tempfile.mkdtemp(prefix="hta_ref_")
     try:
         shutil.copy(path, os.path.join(tmp, os.path.basename(path)))
-        res: Dict[str, Any] = {}
+        res: dict[str, Any] = {}
 
         def attempt(key: str, fn: Any) -> None:
             # each HTA call separately: one failing (e.g. an assert) keeps the others
@@ -252,7 +252,7 @@ def analyse_one(path: str, mode_env: str, consecutive_kernel_delay: int) -> Dict
                     "traceback_tail": traceback.format_exc().strip().splitlines()[-4:],
                 }
 
-        state: Dict[str, Any] = {}
+        state: dict[str, Any] = {}
 
         def load() -> None:
             state["ta"] = TraceAnalysis(trace_dir=tmp)
@@ -298,7 +298,7 @@ def analyse_one(path: str, mode_env: str, consecutive_kernel_delay: int) -> Dict
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def main(argv: List[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", nargs="+", help="Kineto trace files (.json or .json.gz)")
     ap.add_argument("-o", "--output", help="write JSON here (default: stdout)")
@@ -321,7 +321,7 @@ def main(argv: List[str] | None = None) -> int:
 
     modes = MODES if args.mode == "both" else {args.mode: MODES[args.mode]}
     saved_env = os.environ.get(NS_ROUNDING_ENV)
-    out: Dict[str, Any] = {
+    out: dict[str, Any] = {
         "meta": {
             "hta_version": ".".join(map(str, __version_tuple__)),
             "hta_path": os.path.dirname(hta.__file__),

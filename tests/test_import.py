@@ -172,3 +172,38 @@ def test_bare_array_chrome_trace(tmp_path):
                               "ts": 1, "dur": 1, "args": {"correlation": 4}}]))
     k = pastaprof.load(p).table("kernel").to_pylist()
     assert len(k) == 1 and k[0]["stream"] == 3 and k[0]["correlation"] == 4
+
+
+def test_parallel_parse_of_a_cut_event_array_gives_identical_events(monkeypatch):
+    """Big traces are cut at event boundaries and parsed by two DuckDB threads: the
+    events must be exactly those of the uncut parse."""
+    from pastaprof.importers import kineto, staging
+
+    whole = pastaprof.load(pastaprof.example_path())
+    seen = []
+    real = staging.split_staged
+
+    def spy(path, parts):
+        files = real(path, parts)
+        seen.append(len(files))
+        return files
+
+    monkeypatch.setattr(staging, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(kineto, "split_staged", spy)
+    monkeypatch.setattr(kineto, "THREADS", 3)
+    cut = pastaprof.load(pastaprof.example_path())
+    assert seen == [3]
+    for kind in ("kernel", "op", "api", "frame", "tensor", "memset", "range"):
+        assert cut.table(kind).equals(whole.table(kind)), kind
+
+
+def test_cut_falls_back_to_one_file_without_kineto_layout(tmp_path, monkeypatch):
+    import json
+
+    from pastaprof.importers import staging
+
+    monkeypatch.setattr(staging, "SPLIT_MIN_BYTES", 0)
+    p = tmp_path / "compact.json"
+    p.write_text(json.dumps([{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 1, "ts": i, "dur": 1}
+                             for i in range(1000)]))
+    assert staging.split_staged(p, 2) == [p]
