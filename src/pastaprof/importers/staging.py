@@ -262,6 +262,7 @@ def split_staged(path: Path, parts: int) -> list[Path]:
                 f.truncate(cut + 4)  # keep "\n  }"
                 f.seek(0, os.SEEK_END)
                 f.write(b"]")
+                f.flush()  # the next (earlier) cut measures the file's size
                 pieces.append(piece)
     except OSError:
         for p in pieces:
