@@ -221,3 +221,38 @@ def test_sigterm_is_passed_to_the_program(tmp_path):
     proc.wait(timeout=20)
     assert proc.returncode == -15
     assert _ranges(tmp_path / "run") == ["r"]
+
+
+TORCH_APP = textwrap.dedent("""
+    import torch, pastaprof
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    for i in range(3):
+        loss = net(torch.randn(8, 64)).sum()
+        loss.backward()
+        pastaprof.step()
+    print("ok")
+""")
+
+
+def test_pytorch_ops_with_shapes_modules_and_call_sites(tmp_path):
+    pytest.importorskip("torch")
+    app = tmp_path / "tapp.py"
+    app.write_text(TORCH_APP)
+    r = _run(tmp_path / "run", sys.executable, str(app), flags=("-t", "ops"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "ok\n"
+    op = pastaprof.load(tmp_path / "run").table("op").to_pylist()
+    addmm = [o for o in op if o["name"] == "aten.addmm.default"]
+    # 2 Linear layers x 3 steps, each with its module path and the line that ran the model
+    assert len(addmm) == 6
+    assert sorted(o["module"] for o in addmm) == ["Sequential_0/Linear_0"] * 3 + ["Sequential_0/Linear_1"] * 3
+    assert {o["call_site"] for o in addmm} == {f"{app}(6): <module>"}
+    assert {o["input_shapes"] for o in addmm if o["module"].endswith("Linear_0")} == {"[[64],[8,64],[64,64]]"}
+    assert all(not o["is_backward"] for o in addmm)
+    bwd = [o for o in op if o["is_backward"]]
+    assert bwd and all(o["call_site"] is None for o in bwd)
+    assert any(o["name"] == "aten.mm.default" for o in bwd)  # weight gradients
+    assert len({o["id"] for o in op}) == len(op)
+    assert all(o["start_ns"] <= o["end_ns"] for o in op)
+    assert "ops" in r.stderr and "aten.addmm" in r.stderr  # the live tool's report, on stderr

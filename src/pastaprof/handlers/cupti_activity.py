@@ -109,6 +109,21 @@ class CuptiActivityHandler:
             self.status = f"CUPTI activity tracing could not start ({e})"
             self._disable()
 
+    def external_correlation(self):
+        """(push, pop) callables tagging the calling thread's launches with an id
+        (CUPTI external correlation, kind CUSTOM2), or (None, None)."""
+        if self.status is not None or self._cupti is None:
+            return None, None
+        cupti = self._cupti
+        try:
+            cupti.activity_enable(cupti.ActivityKind.EXTERNAL_CORRELATION)
+            self._enabled.append(cupti.ActivityKind.EXTERNAL_CORRELATION)
+        except Exception:
+            return None, None
+        kind = int(cupti.ExternalCorrelationKind.CUSTOM2)
+        push, pop = cupti.activity_push_external_correlation_id, cupti.activity_pop_external_correlation_id
+        return (lambda i: push(kind, i)), (lambda: pop(kind))
+
     def _filter_runtime_api(self) -> None:
         """Record only launch/copy/memset/sync calls: PyTorch makes ~5 runtime calls per
         kernel (cudaGetDevice, cudaStreamIsCapturing, ...) that nothing here needs, and

@@ -93,11 +93,9 @@ def _finish(partial: Path, dest: Path, command: list[str], code: int, wall: floa
             sys.stderr.write(f"pastaprof: {line}\n")
     if tools:
         try:
-            from rich.console import Console
-
             from pastaprof.api import analyze
             from pastaprof.report.terminal import print_reports
 
-            print_reports(analyze(dest, tools=tools), console=Console(stderr=True))
+            print_reports(analyze(dest, tools=tools), stderr=True)  # stdout is the program's
         except Exception as e:
             sys.stderr.write(f"pastaprof: warning: tools failed: {type(e).__name__}: {e}\n")

@@ -35,11 +35,14 @@ import pyarrow.parquet as pq
 from pastaprof.events.schema import SCHEMA_VERSION, conform
 from pastaprof.handlers.control import CaptureConfig
 from pastaprof.handlers.cupti_activity import CuptiActivityHandler
+from pastaprof.handlers.imports import after_import
+from pastaprof.handlers.torch_ops import TorchHandler
 from pastaprof.processor.link import map_keys
 from pastaprof.processor.pipeline import Processor
 from pastaprof.tools.base import Report, RunInfo, Tool
 
 SHARDS = "shards"
+EXT_KEEP = 1 << 20  # external-correlation records kept for kernels that arrive late
 
 
 def _warn(msg: str) -> None:
@@ -83,6 +86,7 @@ class Session:
         self._gate_open_since: int | None = None
         self._windows: list[tuple[int, int]] = []
         self._part = 0
+        self._ext: pa.Table | None = None
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -109,6 +113,7 @@ class Session:
             self.status["cupti"] = cupti.status or "ok"
         else:
             cupti.status = None
+        self._start_torch(cupti if self.gpu else None)
         if not self._gpu_present():
             self.status["gpu"] = "no GPU found: only host-side events are recorded"
         if not os.environ.get("PASTAPROF_RUN_PARENT"):  # under `pastaprof run` the launcher reports once
@@ -122,6 +127,27 @@ class Session:
         self._install_sigterm()
         self._write_meta()
         return self
+
+    def _start_torch(self, cupti: CuptiActivityHandler | None) -> None:
+        """The PyTorch handler starts when torch is imported (now, or later via an
+        import hook), so programs that never import torch pay nothing."""
+        import importlib.util
+
+        if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
+            return
+
+        def begin(_module: Any = None) -> None:
+            push, pop = cupti.external_correlation() if cupti is not None else (None, None)
+            handler = TorchHandler(self.rank, push, pop)
+            handler.start()
+            self.status["torch"] = handler.status or "ok"
+            with self._lock:
+                self.handlers.append(handler)
+
+        if "torch" in sys.modules:
+            begin()
+        else:
+            after_import("torch", begin)
 
     def stop(self) -> list[Report]:
         """Final flush; returns live tools' reports.  Safe to call twice."""
@@ -243,7 +269,7 @@ class Session:
                                             "pid": pa.array([self.pid] * n, pa.int64()),
                                             "domain": pa.array(["user"] * n)})
                 self._ranges = {k: [] for k in r}
-            tables.pop("external", None)  # op linking arrives with the PyTorch handler
+            self._link_ops(tables)
             tables = self._gated(tables)
             part = self._part
             self._part += 1
@@ -258,6 +284,24 @@ class Session:
         self.flush_seconds += time.perf_counter() - t0
         if tables or self._part % 10 == 1:
             self._write_meta()
+
+    def _link_ops(self, tables: dict[str, pa.Table]) -> None:
+        """op_id of GPU work and launch calls: the op id pushed as CUPTI external
+        correlation around the launch.  A kernel's record may arrive a flush after
+        its correlation record, so recent correlations are kept (bounded)."""
+        ext = tables.pop("external", None)
+        if ext is not None and ext.num_rows:
+            self._ext = pa.concat_tables([self._ext, ext]) if self._ext is not None else ext
+            if self._ext.num_rows > EXT_KEEP:
+                self._ext = self._ext.slice(self._ext.num_rows - EXT_KEEP)
+        if self._ext is None:
+            return
+        keys, vals = _np_i64(self._ext["correlation"]), _np_i64(self._ext["external_id"])
+        for kind in ("kernel", "memcpy", "memset", "api"):
+            t = tables.get(kind)
+            if t is not None and t.num_rows:
+                op = map_keys(_np_i64(t["correlation"]), keys, vals)
+                tables[kind] = t.append_column("op_id", pa.array(op, pa.int64(), mask=op < 0))
 
     def _gated(self, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
         """Keep GPU work whose launch (or start) lies in a recording window."""
@@ -290,7 +334,7 @@ class Session:
     def _write_meta(self) -> None:
         """This process's part of the manifest (merged by compaction)."""
         handlers = {h.name: {"records": h.records, "dropped": h.dropped, "sampled_out": h.sampled_out,
-                             "kernels_seen": h.kernels_seen} for h in self.handlers}
+                             "kernels_seen": h.kernels_seen} for h in list(self.handlers)}
         meta = {
             "schema_version": SCHEMA_VERSION, "rank": self.rank, "pid": self.pid, "host": socket.gethostname(),
             "argv": sys.argv, "started_ns": self.started_ns, "updated_ns": time.time_ns(),

@@ -82,11 +82,12 @@ def render_table(title: str, table: pa.Table, max_rows: int = MAX_ROWS) -> Table
     return out
 
 
-def print_reports(reports: list[Report], console: Console | None = None, max_rows: int = MAX_ROWS) -> None:
+def print_reports(reports: list[Report], console: Console | None = None, max_rows: int = MAX_ROWS,
+                  stderr: bool = False) -> None:
     if console is None:
-        console = Console()
+        console = Console(stderr=stderr)
         if not console.is_terminal:
-            console = Console(width=max(console.width, MIN_WIDTH))
+            console = Console(stderr=stderr, width=max(console.width, MIN_WIDTH))
     for rep in reports:
         console.rule(f"[bold]{escape(rep.tool)}")
         if rep.summary:

@@ -1,0 +1,64 @@
+"""Live-capture fidelity on a GPU (issue B): run a real training workload under
+`pastaprof run` and assert what must hold.  Used by scripts/gpu-check.
+
+    python scripts/gpu_live_check.py OUTDIR
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    run = out / "live-gpt2"
+    cmd = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(run), "--force", "-t", "ops,kernels,memory", "--",
+           sys.executable, "bench/workloads.py", "gpt2", "bare", "--steps", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    (out / "live-gpt2.stderr.txt").write_text(r.stderr)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import pastaprof
+
+    pr = pastaprof.load(run)
+    k, api, op = pr.table("kernel"), pr.table("api"), pr.table("op")
+    kop = np.asarray(k["op_id"].fill_null(-1).to_numpy(zero_copy_only=False))
+    linked = float((kop >= 0).mean())
+    # every attributed kernel was launched (API call start) inside its op's interval
+    a_corr = np.asarray(api["correlation"].to_numpy(zero_copy_only=False))
+    a_start = np.asarray(api["start_ns"].to_numpy(zero_copy_only=False))
+    by_corr = dict(zip(a_corr.tolist(), a_start.tolist()))
+    o_ids = op["id"].to_pylist()
+    o_iv = dict(zip(o_ids, zip(op["start_ns"].to_pylist(), op["end_ns"].to_pylist())))
+    inside = bad = 0
+    for c, oid in zip(k["correlation"].to_pylist(), kop.tolist()):
+        if oid < 0 or c not in by_corr:
+            continue
+        s, e = o_iv[oid]
+        if s <= by_corr[c] <= e:
+            inside += 1
+        else:
+            bad += 1
+    rep = {r.tool: r for r in pastaprof.analyze(pr, tools=["ops", "memory"])}
+    attributed = int(np.asarray(k["end_ns"].to_numpy())[kop >= 0].sum() - np.asarray(k["start_ns"].to_numpy())[kop >= 0].sum())
+    res = {
+        "kernels": k.num_rows, "ops": op.num_rows, "api": api.num_rows, "tensor_events": pr.table("tensor").num_rows,
+        "kernels_linked_share": round(linked, 5), "launch_inside_op": inside, "launch_outside_op": bad,
+        "ops_attributed_gpu_ns": rep["ops"].summary["attributed_gpu_ns"], "kernel_memcpy_memset_attributed_ns": None,
+        "kernel_attributed_ns": attributed, "memory_peak_bytes": rep["memory"].summary.get("peak_bytes"),
+        "manifest_status": json.loads((run / "run.json").read_text())["status"],
+    }
+    print(json.dumps(res, indent=1))
+    (out / "live-gpt2.json").write_text(json.dumps(res, indent=1))
+    assert linked >= 0.99, res
+    assert bad == 0, res
+    assert res["tensor_events"] > 0, res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""PyTorch handler: framework ops (name, shapes, dtypes, module, call site) and
+caching-allocator block events, linked to GPU kernels through CUPTI external
+correlation (kind CUSTOM2; Kineto owns CUSTOM0/1).
+
+Mechanisms (capture.md section 3), chosen because they need no C++ build:
+* ops: a ``TorchDispatchMode`` on the thread that starts capture (autograd's
+  backward runs inside it too) sees every ATen op after autograd.  Each op gets
+  an id, pushed as CUPTI's external correlation id around the call, so the
+  kernels it launches carry it.  Cost: a Python call per op (~4-8 us); the
+  RecordFunction observer in C++ that replaces it is the next step.
+* modules: global forward pre/post hooks keep a per-thread stack of
+  ``Class_k`` names (Kineto's naming), joined into the op's module path.
+* call site: the innermost Python frame outside torch and pastaprof.
+* tensors: ``torch.cuda.memory._record_memory_history(context=None)`` (about
+  1 us per alloc+free), drained at each flush from the allocator's ring buffer.
+
+Per-op data goes into preallocated-growth Python lists of ints and interned
+string ids (no object per event beyond the list slots); ``drain`` turns them
+into Arrow columns.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+_LIB_PARTS = ("/torch/", "/pastaprof/", "<frozen", "/contextlib.py", "/functools.py")
+
+
+class _Interner:
+    def __init__(self) -> None:
+        self.ids: dict[Any, int] = {}
+        self.values: list[Any] = []
+
+    def __call__(self, value: Any) -> int:
+        i = self.ids.get(value)
+        if i is None:
+            i = self.ids[value] = len(self.values)
+            self.values.append(value)
+        return i
+
+    def decode(self, codes: list[int]) -> pa.Array:
+        return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(self.values, pa.string()))
+
+
+def _shape_and_dtype(args: tuple, kwargs: dict) -> tuple[str, str]:
+    shapes, dtypes = [], []
+    for a in itertools.chain(args, kwargs.values()):
+        if hasattr(a, "shape") and hasattr(a, "dtype"):
+            shapes.append(list(a.shape))
+            dtypes.append(str(a.dtype).replace("torch.", ""))
+        elif isinstance(a, (list, tuple)) and a and hasattr(a[0], "shape"):
+            shapes.append([list(t.shape) for t in a if hasattr(t, "shape")])
+            dtypes.append("TensorList")
+        else:
+            shapes.append([])
+            dtypes.append("Scalar" if isinstance(a, (int, float, bool)) else "")
+    return str(shapes).replace(" ", ""), str(dtypes).replace("'", '"')
+
+
+class TorchHandler:
+    """Records ops and allocator events of the process once torch is imported."""
+
+    name = "torch"
+
+    def __init__(self, rank: int = 0, push_external: Any = None, pop_external: Any = None) -> None:
+        self.rank = rank
+        self.status: str | None = None
+        self.records = 0
+        self.dropped = 0
+        self.sampled_out = 0
+        self.kernels_seen = 0
+        self._push, self._pop = push_external, pop_external
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._names, self._strings = _Interner(), _Interner()
+        self._cols: dict[str, list] = self._empty()
+        self._site_cache: dict[Any, bool] = {}
+        self._local = threading.local()
+        self._module_names: dict[int, str] = {}
+        self._class_counts: dict[str, int] = {}
+        self._mode: Any = None
+        self._hooks: list[Any] = []
+        self._mem_last_us = -1.0
+        self._mem_on = False
+        self.ops_seen = 0
+
+    @staticmethod
+    def _empty() -> dict[str, list]:
+        return {k: [] for k in ("start_ns", "end_ns", "tid", "id", "name", "shapes", "dtypes", "module", "site",
+                                "backward")}
+
+    # -- lifecycle -----------------------------------------------------------
+    def start(self) -> None:
+        try:
+            self._install()
+        except Exception as e:
+            self.status = f"PyTorch ops not recorded ({type(e).__name__}: {e})"
+
+    def _install(self) -> None:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode, _push_mode
+
+        handler = self
+        graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                op_id = next(handler._ids)
+                if handler._push is not None:
+                    handler._push(op_id)
+                t0 = time.time_ns()
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    t1 = time.time_ns()
+                    if handler._pop is not None:
+                        handler._pop()
+                    handler._record(op_id, func, args, kwargs, t0, t1, graph_task() != -1)
+
+        self._mode = _Mode()
+        _push_mode(self._mode)
+        mm = torch.nn.modules.module
+        self._hooks = [mm.register_module_forward_pre_hook(self._enter_module),
+                       mm.register_module_forward_hook(self._exit_module)]
+        if torch.cuda.is_available():
+            try:
+                torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                                         max_entries=1_000_000)
+                self._mem_on = True
+            except Exception as e:
+                self.status = f"tensor events not recorded ({e})"
+
+    def stop(self) -> None:
+        try:
+            from torch.utils._python_dispatch import _pop_mode
+
+            if self._mode is not None:
+                _pop_mode()
+        except Exception:
+            pass
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def flush(self) -> None:
+        pass
+
+    # -- hot path --------------------------------------------------------------
+    def _enter_module(self, module, args) -> None:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        key = id(module)
+        name = self._module_names.get(key)
+        if name is None:
+            cls = type(module).__name__
+            n = self._class_counts.get(cls, 0)
+            self._class_counts[cls] = n + 1
+            name = self._module_names[key] = f"{cls}_{n}"
+        stack.append(name)
+
+    def _exit_module(self, module, args, output) -> None:
+        stack = getattr(self._local, "stack", None)
+        if stack:
+            stack.pop()
+
+    def _call_site(self) -> str | None:
+        f = sys._getframe(3)
+        cache = self._site_cache
+        while f is not None:
+            code = f.f_code
+            lib = cache.get(code)
+            if lib is None:
+                fn = code.co_filename
+                lib = cache[code] = any(p in fn for p in _LIB_PARTS)
+            if not lib:
+                return f"{code.co_filename}({f.f_lineno}): {code.co_name}"
+            f = f.f_back
+        return None
+
+    def _record(self, op_id, func, args, kwargs, t0, t1, backward) -> None:
+        shapes, dtypes = _shape_and_dtype(args, kwargs)
+        stack = getattr(self._local, "stack", None)
+        module = "/".join(stack) if stack else None
+        site = None if backward else self._call_site()
+        s = self._strings
+        with self._lock:
+            c = self._cols
+            c["start_ns"].append(t0)
+            c["end_ns"].append(t1)
+            c["tid"].append(threading.get_native_id())
+            c["id"].append(op_id)
+            c["name"].append(self._names(str(func)))
+            c["shapes"].append(s(shapes))
+            c["dtypes"].append(s(dtypes))
+            c["module"].append(s(module) if module else -1)
+            c["site"].append(s(site) if site else -1)
+            c["backward"].append(backward)
+            self.ops_seen += 1
+
+    # -- flush thread ----------------------------------------------------------
+    def drain(self) -> dict[str, pa.Table]:
+        with self._lock:
+            c, self._cols = self._cols, self._empty()
+            strings = list(self._strings.values)
+        out: dict[str, pa.Table] = {}
+        n = len(c["id"])
+        if n:
+            vals = pa.array(strings, pa.string())
+
+            def decode(codes: list[int]) -> pa.Array:
+                idx = np.asarray(codes, dtype=np.int64)
+                return vals.take(pa.array(idx, pa.int64(), mask=idx < 0))
+
+            ids = pa.array(c["id"], pa.int64())
+            out["op"] = pa.table({
+                "start_ns": pa.array(c["start_ns"], pa.int64()), "end_ns": pa.array(c["end_ns"], pa.int64()),
+                "rank": pa.array(np.full(n, self.rank, np.int32)), "tid": pa.array(c["tid"], pa.int64()),
+                "id": ids, "external_id": ids, "name": self._names.decode(c["name"]),
+                "input_shapes": decode(c["shapes"]), "input_dtypes": decode(c["dtypes"]),
+                "module": decode(c["module"]), "call_site": decode(c["site"]),
+                "is_backward": pa.array(c["backward"], pa.bool_()), "depth": pa.array(np.zeros(n, np.int32)),
+            })
+            self.records += n
+        if self._mem_on:
+            t = self._drain_memory()
+            if t is not None:
+                out["tensor"] = t
+        return out
+
+    def _drain_memory(self) -> pa.Table | None:
+        import torch
+
+        if not torch.cuda.is_initialized():
+            return None
+        snap = torch.cuda.memory._snapshot()
+        rows = {"start_ns": [], "device": [], "stream": [], "address": [], "bytes": []}
+        last = self._mem_last_us
+        newest = last
+        for dev, trace in enumerate(snap.get("device_traces", [])):
+            for e in trace:
+                t = e.get("time_us", 0)
+                if t <= last or e.get("action") not in ("alloc", "free_completed"):
+                    continue
+                newest = max(newest, t)
+                rows["start_ns"].append(int(t * 1000))
+                rows["device"].append(dev)
+                rows["stream"].append(e.get("stream", 0))
+                rows["address"].append(e["addr"])
+                rows["bytes"].append(e["size"] if e["action"] == "alloc" else -e["size"])
+        self._mem_last_us = newest
+        if not rows["start_ns"]:
+            return None
+        n = len(rows["start_ns"])
+        t = pa.table({**rows, "end_ns": rows["start_ns"], "rank": pa.array(np.full(n, self.rank, np.int32)),
+                      "name": pa.array(["[memory]"] * n), "device_type": pa.array(["cuda"] * n)})
+        return t.set_column(t.schema.get_field_index("address"), "address", pa.array(rows["address"], pa.uint64()))
