@@ -45,17 +45,25 @@ def main() -> None:
         else:
             bad += 1
     rep = {r.tool: r for r in pastaprof.analyze(pr, tools=["ops", "memory"])}
-    attributed = int(np.asarray(k["end_ns"].to_numpy())[kop >= 0].sum() - np.asarray(k["start_ns"].to_numpy())[kop >= 0].sum())
+    attributed = 0
+    for kind in ("kernel", "memcpy", "memset"):
+        t = pr.table(kind)
+        if t.num_rows:
+            oid = np.asarray(t["op_id"].fill_null(-1).to_numpy(zero_copy_only=False))
+            d = np.asarray(t["end_ns"].to_numpy()) - np.asarray(t["start_ns"].to_numpy())
+            attributed += int(d[oid >= 0].sum())
     res = {
         "kernels": k.num_rows, "ops": op.num_rows, "api": api.num_rows, "tensor_events": pr.table("tensor").num_rows,
         "kernels_linked_share": round(linked, 5), "launch_inside_op": inside, "launch_outside_op": bad,
-        "ops_attributed_gpu_ns": rep["ops"].summary["attributed_gpu_ns"], "kernel_memcpy_memset_attributed_ns": None,
-        "kernel_attributed_ns": attributed, "memory_peak_bytes": rep["memory"].summary.get("peak_bytes"),
+        "ops_attributed_gpu_ns": rep["ops"].summary["attributed_gpu_ns"],
+        "gpu_ns_with_op_id": attributed, "ops_gpu_ns_total": rep["ops"].summary["gpu_ns"],
+        "memset_rows": pr.table("memset").num_rows, "memcpy_rows": pr.table("memcpy").num_rows, "memory_peak_bytes": rep["memory"].summary.get("peak_bytes"),
         "manifest_status": json.loads((run / "run.json").read_text())["status"],
     }
     print(json.dumps(res, indent=1))
     (out / "live-gpt2.json").write_text(json.dumps(res, indent=1))
     assert linked >= 0.99, res
+    assert res["ops_attributed_gpu_ns"] == attributed, res  # op GPU times sum to the attributed GPU time
     assert bad == 0, res
     assert res["tensor_events"] > 0, res
 

@@ -42,6 +42,7 @@ from pastaprof.processor.pipeline import Processor
 from pastaprof.tools.base import Report, RunInfo, Tool
 
 SHARDS = "shards"
+EXTERNAL = "_external"  # CUPTI external-correlation records: launch correlation -> op id
 EXT_KEEP = 1 << 20  # external-correlation records kept for kernels that arrive late
 
 
@@ -291,6 +292,10 @@ class Session:
         its correlation record, so recent correlations are kept (bounded)."""
         ext = tables.pop("external", None)
         if ext is not None and ext.num_rows:
+            # Stored too: compaction re-links with all of them (a kernel's record can come
+            # in a later buffer than its launch's correlation record).
+            self._write_part(EXTERNAL, ext.append_column("pid", pa.array([self.pid] * ext.num_rows, pa.int64())),
+                             self._part)
             self._ext = pa.concat_tables([self._ext, ext]) if self._ext is not None else ext
             if self._ext.num_rows > EXT_KEEP:
                 self._ext = self._ext.slice(self._ext.num_rows - EXT_KEEP)

@@ -49,6 +49,45 @@ def _gpus() -> list[dict[str, Any]]:
         return []
 
 
+EXTERNAL = "_external"
+LINKED = ("kernel", "memcpy", "memset", "api")
+
+
+def _external(run_dir: Path) -> dict[int, pa.Table]:
+    """Per rank: all (pid, correlation, external_id) records of the live capture."""
+    out: dict[int, list[pa.Table]] = {}
+    d = run_dir / EXTERNAL
+    if d.is_dir():
+        for p in d.iterdir():
+            m = _PART_RE.match(p.name)
+            if m:
+                try:
+                    out.setdefault(int(m.group(1)), []).append(pq.read_table(p))
+                except (OSError, pa.ArrowInvalid):
+                    continue
+    return {r: pa.concat_tables(ts) for r, ts in out.items()}
+
+
+def _link(t: pa.Table, ext: pa.Table | None) -> pa.Table:
+    """Fill op_id from the external-correlation records (per process: CUPTI's
+    correlation ids are per process)."""
+    if ext is None or "op_id" not in t.column_names or t.num_rows == 0:
+        return t
+    import numpy as np
+
+    from pastaprof.processor.link import map_keys
+
+    def key(pid, corr):
+        return (np.asarray(pid.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64) << 32) + \
+            np.asarray(corr.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+    found = map_keys(key(t["pid"], t["correlation"]), key(ext["pid"], ext["correlation"]),
+                     np.asarray(ext["external_id"].to_numpy(zero_copy_only=False), dtype=np.int64))
+    have = np.asarray(t["op_id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    op = np.where(have >= 0, have, found)
+    return t.set_column(t.schema.get_field_index("op_id"), "op_id", pa.array(op, pa.int64(), mask=op < 0))
+
+
 def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | None = None,
             wall_seconds: float | None = None) -> dict[str, Any]:
     """Merge shards in ``run_dir`` in place; returns the manifest written."""
@@ -61,6 +100,7 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
             continue  # a process killed while rewriting its JSON: its parts still count
     ranks: set[int] = {m["rank"] for m in metas if isinstance(m.get("rank"), int)}
     rows: dict[str, int] = {}
+    external = _external(run_dir)
     for kind in KINDS:
         d = run_dir / kind
         if not d.is_dir():
@@ -74,7 +114,7 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
                 p.unlink(missing_ok=True)  # a part whose writer died before the rename
         for rank, parts in sorted(by_rank.items()):
             ranks.add(rank)
-            if len(parts) == 1:  # one part (a short run): it is already the final file
+            if len(parts) == 1 and not (kind in LINKED and rank in external):  # already the final file
                 n = pq.read_metadata(parts[0]).num_rows
                 os.replace(parts[0], d / f"rank-{rank}.parquet")
                 rows[kind] = rows.get(kind, 0) + n
@@ -87,6 +127,7 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
                     continue
             if tables:
                 t = pa.concat_tables(tables).sort_by([("start_ns", "ascending")])
+                t = _link(t, external.get(rank))
                 tmp = d / f".rank-{rank}.parquet.tmp"
                 pq.write_table(t, tmp, compression="zstd")
                 os.replace(tmp, d / f"rank-{rank}.parquet")
@@ -125,4 +166,5 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
     with open(run_dir / MANIFEST, "w") as f:
         json.dump(manifest, f, indent=1, default=str)
     shutil.rmtree(run_dir / "shards", ignore_errors=True)
+    shutil.rmtree(run_dir / EXTERNAL, ignore_errors=True)
     return manifest
