@@ -65,6 +65,8 @@ FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
              ("sync_type", "type")),
     "api": (("start_ns", "start"), ("end_ns", "end"), ("pid", "process_id"), ("tid", "thread_id"),
             ("correlation", "correlation_id"), ("cbid", "cbid")),
+    "driver": (("start_ns", "start"), ("end_ns", "end"), ("pid", "process_id"), ("tid", "thread_id"),
+               ("correlation", "correlation_id"), ("cbid", "cbid")),
     "external": (("correlation", "correlation_id"), ("external_id", "external_id")),
 }
 GETTERS = {kind: attrgetter(*(attr for _, attr in fields)) for kind, fields in FIELDS.items()}
@@ -87,6 +89,7 @@ class CuptiActivityHandler:
         self._launch_seq = 0
         self._rows: dict[str, list[tuple]] = {kind: [] for kind in FIELDS}
         self._api_names: dict[int, str | None] = {}
+        self._driver_names: dict[int, str | None] = {}
         self._cupti: Any = None
         self._enabled: list = []
 
@@ -100,10 +103,12 @@ class CuptiActivityHandler:
         K = cupti.ActivityKind
         try:
             cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-            for kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION, K.RUNTIME):
+            # DRIVER too: cuBLAS/cuDNN launch through the driver API, and CUPTI emits the
+            # external-correlation record (op -> kernel) only for traced API calls.
+            for kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION, K.RUNTIME, K.DRIVER):
                 cupti.activity_enable(kind)
                 self._enabled.append(kind)
-            self._filter_runtime_api()
+            self._filter_api()
             cupti.activity_flush_period(self.config.flush_ms)
         except Exception as e:  # e.g. another CUPTI client (torch.profiler, nsys) holds it
             self.status = f"CUPTI activity tracing could not start ({e})"
@@ -124,19 +129,21 @@ class CuptiActivityHandler:
         push, pop = cupti.activity_push_external_correlation_id, cupti.activity_pop_external_correlation_id
         return (lambda i: push(kind, i)), (lambda: pop(kind))
 
-    def _filter_runtime_api(self) -> None:
+    def _filter_api(self) -> None:
         """Record only launch/copy/memset/sync calls: PyTorch makes ~5 runtime calls per
         kernel (cudaGetDevice, cudaStreamIsCapturing, ...) that nothing here needs, and
         each record costs CUPTI and us time."""
         cupti = self._cupti
-        for name, cbid in cupti.RuntimeApiTraceCbid.__members__.items():
-            keep = any(key in name for key in _API_KEEP)
-            self._api_names[int(cbid)] = name if keep else None
-            if not keep and name not in ("INVALID", "SIZE", "FORCE_INT"):
-                try:
-                    cupti.activity_enable_runtime_api(int(cbid), 0)
-                except Exception:
-                    pass
+        for names, enable, enum in ((self._api_names, cupti.activity_enable_runtime_api, cupti.RuntimeApiTraceCbid),
+                                    (self._driver_names, cupti.activity_enable_driver_api, cupti.DriverApiTraceCbid)):
+            for name, cbid in enum.__members__.items():
+                keep = any(key in name for key in _API_KEEP)
+                names[int(cbid)] = name if keep else None
+                if not keep and name not in ("INVALID", "SIZE", "FORCE_INT"):
+                    try:
+                        enable(int(cbid), 0)
+                    except Exception:
+                        pass
 
     def flush(self) -> None:
         """Ask CUPTI to hand over every buffer, even incomplete ones (at stop; while
@@ -181,7 +188,8 @@ class CuptiActivityHandler:
     def _decode(self, records) -> None:
         K = self._cupti.ActivityKind
         by_kind = {K.CONCURRENT_KERNEL: "kernel", K.KERNEL: "kernel", K.MEMCPY: "memcpy", K.MEMSET: "memset",
-                   K.SYNCHRONIZATION: "sync", K.RUNTIME: "api", K.EXTERNAL_CORRELATION: "external"}
+                   K.SYNCHRONIZATION: "sync", K.RUNTIME: "api", K.DRIVER: "driver",
+                   K.EXTERNAL_CORRELATION: "external"}
         cfg = self.config
         filtering = cfg.sample > 1 or cfg.kernels is not None
         with self._lock:
@@ -193,6 +201,8 @@ class CuptiActivityHandler:
                     continue
                 if kind == "api" and self._api_names.get(r.cbid, "") is None:
                     continue
+                if kind == "driver" and self._driver_names.get(r.cbid, "") is None:
+                    continue
                 if kind == "kernel":
                     self.kernels_seen += 1
                 if kind == "kernel" and filtering:
@@ -201,16 +211,6 @@ class CuptiActivityHandler:
                         self.sampled_out += 1
                         continue
                 rows[kind].append(GETTERS[kind](r))
-
-    def _api_name(self, cbid: int) -> str | None:
-        """The call's name if it is one we keep (launches, copies, syncs), else None."""
-        if cbid not in self._api_names:
-            try:
-                name = self._cupti.get_callback_name(self._cupti.CallbackDomain.RUNTIME_API, cbid)
-            except Exception:
-                name = f"cbid_{cbid}"
-            self._api_names[cbid] = name if any(key in name for key in _API_KEEP) else None
-        return self._api_names[cbid]
 
     # -- flush thread --------------------------------------------------------
     def drain(self) -> dict[str, pa.Table]:
@@ -229,18 +229,23 @@ class CuptiActivityHandler:
                 cols["direction"] = _lookup(cols.pop("copy_kind"), _MEMCPY_KIND)
             elif kind == "sync":
                 cols["sync_kind"] = _lookup(cols.pop("sync_type"), _SYNC_KIND)
-            elif kind == "api":
+            elif kind in ("api", "driver"):
                 cbid = cols.pop("cbid").astype(np.int64)
-                kept = {c: self._api_name(c) for c in np.unique(cbid).tolist()}
+                names = self._api_names if kind == "api" else self._driver_names
+                kept = {c: names.get(c, f"cbid_{c}") for c in np.unique(cbid).tolist()}
                 keep = np.isin(cbid, [c for c, name in kept.items() if name is not None])
                 cols = {k: v[keep] for k, v in cols.items()}
                 cols["name"] = _lookup(cbid[keep], kept)
-                cols["api_kind"] = np.full(int(keep.sum()), "runtime", dtype=object)
+                cols["api_kind"] = np.full(int(keep.sum()), "runtime" if kind == "api" else "driver", dtype=object)
             n = len(next(iter(cols.values())))
             if not n:
                 continue
             t = pa.table(cols)
             if kind != "external":
                 t = t.append_column("rank", pa.array([self.rank] * n, pa.int32()))
+            if kind == "driver":
+                kind = "api"
+                if "api" in out:
+                    t = pa.concat_tables([out["api"], t.cast(out["api"].schema)])
             out[kind] = t
         return out
