@@ -143,21 +143,26 @@ class _Counting:
         return block
 
 
+def _copy_bytes(src_fd: int, dst_fd: int, start: int, end: int,
+                progress: Callable[[int], None] | None = None) -> None:
+    """Append ``src[start:end]`` to ``dst`` (at its file offset) inside the kernel:
+    copy_file_range moves no bytes through Python, ~5x faster than read/write."""
+    offset = start
+    while offset < end:
+        n = os.copy_file_range(src_fd, dst_fd, min(end - offset, 1 << 26), offset)
+        if n == 0:
+            break
+        offset += n
+        if progress:
+            progress(n)
+
+
 def _copy_range(src: BinaryIO, out: BinaryIO, start: int, progress: Callable[[int], None] | None) -> bool:
-    """Copy ``src[start:]`` to ``out`` inside the kernel (copy_file_range): no
-    Python-level buffers, ~5x faster than read/write.  False if unsupported."""
+    """Copy ``src[start:]`` to ``out`` with copy_file_range.  False if unsupported."""
     if not hasattr(os, "copy_file_range"):
         return False
     try:
-        size = os.fstat(src.fileno()).st_size
-        offset = start
-        while offset < size:
-            n = os.copy_file_range(src.fileno(), out.fileno(), min(size - offset, 1 << 26), offset)
-            if n == 0:
-                break
-            offset += n
-            if progress:
-                progress(n)
+        _copy_bytes(src.fileno(), out.fileno(), start, os.fstat(src.fileno()).st_size, progress)
         return True
     except OSError:
         out.seek(0)
@@ -253,12 +258,7 @@ def split_staged(path: Path, parts: int) -> list[Path]:
                 with open(piece, "wb") as g:
                     g.write(b"[")
                     g.flush()  # before copy_file_range writes at the descriptor's offset
-                    offset = first
-                    while offset < end:
-                        m = os.copy_file_range(f.fileno(), g.fileno(), min(end - offset, 1 << 26), offset)
-                        if m == 0:
-                            break
-                        offset += m
+                    _copy_bytes(f.fileno(), g.fileno(), first, end)
                 f.truncate(cut + 4)  # keep "\n  }"
                 f.seek(0, os.SEEK_END)
                 f.write(b"]")
