@@ -256,3 +256,28 @@ def test_pytorch_ops_with_shapes_modules_and_call_sites(tmp_path):
     assert len({o["id"] for o in op}) == len(op)
     assert all(o["start_ns"] <= o["end_ns"] for o in op)
     assert "ops" in r.stderr and "aten.addmm" in r.stderr  # the live tool's report, on stderr
+
+
+def test_optimizer_steps_drive_the_step_window_until_pastaprof_step_is_called(tmp_path):
+    pytest.importorskip("torch")
+    from pastaprof.handlers.session import Session
+
+    s = Session(CaptureConfig(out=str(tmp_path / "s")))
+    assert [s.next_step("optimizer") for _ in range(3)] == [1, 2, 3]
+    assert s.next_step("user") == 1            # the program counts steps itself from now on
+    assert s.next_step("optimizer") == 1       # ... so optimizer steps no longer do
+    assert s.next_step("user") == 2
+    app = tmp_path / "opt.py"
+    app.write_text(textwrap.dedent("""
+        import torch, pastaprof
+        net = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for i in range(4):
+            net(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        print(pastaprof.live.current().step)
+    """))
+    r = _run(tmp_path / "run", sys.executable, str(app))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "4"
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["processes"][0]["steps_seen"] == 4

@@ -81,6 +81,8 @@ class Session:
         self.filtered_by_kind: dict[str, int] = {}
         self.started_ns = 0
         self.step = 0
+        self._user_steps = 0
+        self._explicit_steps = False
         self._open_ranges: list[str] = []
         self._ranges = {"start_ns": [], "end_ns": [], "tid": [], "name": []}
         # Recording windows: time intervals in which the gate (ranges/steps) was open.
@@ -139,7 +141,7 @@ class Session:
 
         def begin(_module: Any = None) -> None:
             push, pop = cupti.external_correlation() if cupti is not None else (None, None)
-            handler = TorchHandler(self.rank, push, pop)
+            handler = TorchHandler(self.rank, push, pop, on_optimizer_step=lambda: self.next_step("optimizer"))
             handler.start()
             self.status["torch"] = handler.status or "ok"
             with self._lock:
@@ -237,7 +239,16 @@ class Session:
             r["name"].append(name)
         self._update_gate()
 
-    def next_step(self) -> int:
+    def next_step(self, source: str = "user") -> int:
+        """Advance the step counter.  Optimizer steps count until the program calls
+        ``pastaprof.step()`` itself; from then on only its calls count."""
+        if source == "user":
+            if not self._explicit_steps:
+                self._explicit_steps = True
+                self.step = self._user_steps
+            self._user_steps += 1
+        elif self._explicit_steps:
+            return self.step
         self.step += 1
         self._update_gate()
         return self.step

@@ -69,8 +69,10 @@ class TorchHandler:
 
     name = "torch"
 
-    def __init__(self, rank: int = 0, push_external: Any = None, pop_external: Any = None) -> None:
+    def __init__(self, rank: int = 0, push_external: Any = None, pop_external: Any = None,
+                 on_optimizer_step: Any = None) -> None:
         self.rank = rank
+        self._on_step = on_optimizer_step
         self.status: str | None = None
         self.records = 0
         self.dropped = 0
@@ -130,6 +132,11 @@ class TorchHandler:
         mm = torch.nn.modules.module
         self._hooks = [mm.register_module_forward_pre_hook(self._enter_module),
                        mm.register_module_forward_hook(self._exit_module)]
+        if self._on_step is not None:  # steps for PASTAPROF_STEPS: optimizer.step() calls
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            on_step = self._on_step
+            self._hooks.append(register_optimizer_step_post_hook(lambda optimizer, args, kwargs: on_step()))
         if torch.cuda.is_available():
             try:
                 torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
