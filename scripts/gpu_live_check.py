@@ -62,6 +62,15 @@ def main() -> None:
     }
     print(json.dumps(res, indent=1))
     (out / "live-gpt2.json").write_text(json.dumps(res, indent=1))
+    # The step window, counted by optimizer.step(): after the 2 warm-up steps the counter is 2,
+    # so --steps 2:3 records exactly the first measured step (torch.profiler: 1,153 kernels).
+    win = out / "live-gpt2-step"
+    w = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(win), "--force", "--steps", "2:3", "--",
+                        sys.executable, "bench/workloads.py", "gpt2", "bare", "--steps", "2"], capture_output=True, text=True)
+    assert w.returncode == 0, w.stderr[-3000:]
+    res["kernels_in_step_window_2_3"] = pastaprof.load(win).table("kernel").num_rows
+    print(json.dumps({"kernels_in_step_window_2_3": res["kernels_in_step_window_2_3"]}))
+    (out / "live-gpt2.json").write_text(json.dumps(res, indent=1))
     assert linked >= 0.99, res
     assert res["ops_attributed_gpu_ns"] == attributed, res  # op GPU times sum to the attributed GPU time
     assert bad == 0, res
