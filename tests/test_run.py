@@ -281,3 +281,35 @@ def test_optimizer_steps_drive_the_step_window_until_pastaprof_step_is_called(tm
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "4"
     assert json.loads((tmp_path / "run" / "run.json").read_text())["processes"][0]["steps_seen"] == 4
+
+
+def test_record_function_and_nvtx_ranges_are_ranges(tmp_path):
+    torch = pytest.importorskip("torch")
+    try:  # NVTX needs a CUDA build of torch; on a CPU build range_push raises (with or without us)
+        torch.cuda.nvtx.range_push("probe")
+        torch.cuda.nvtx.range_pop()
+        nvtx = True
+    except Exception:
+        nvtx = False
+    app = tmp_path / "rf.py"
+    app.write_text(textwrap.dedent(f"""
+        import torch, pastaprof
+        with torch.profiler.record_function("my_block"):
+            torch.ones(3) + 1
+        if {nvtx}:
+            torch.cuda.nvtx.range_push("outer_nvtx")
+        with pastaprof.range("mine"):
+            pass
+        if {nvtx}:
+            torch.cuda.nvtx.range_pop()
+    """))
+    r = _run(tmp_path / "run", sys.executable, str(app))
+    assert r.returncode == 0, r.stderr
+    t = pastaprof.load(tmp_path / "run").table("range").to_pylist()
+    got = {(x["name"], x["domain"]) for x in t}
+    assert {("my_block", "record_function"), ("mine", "user")} <= got
+    by = {x["name"]: x for x in t}
+    assert by["my_block"]["start_ns"] < by["my_block"]["end_ns"] <= by["mine"]["start_ns"]
+    if nvtx:
+        assert ("outer_nvtx", "nvtx") in got
+        assert by["outer_nvtx"]["start_ns"] <= by["mine"]["start_ns"] <= by["mine"]["end_ns"] <= by["outer_nvtx"]["end_ns"]

@@ -84,7 +84,7 @@ class Session:
         self._user_steps = 0
         self._explicit_steps = False
         self._open_ranges: list[str] = []
-        self._ranges = {"start_ns": [], "end_ns": [], "tid": [], "name": []}
+        self._ranges = {"start_ns": [], "end_ns": [], "tid": [], "name": [], "domain": []}
         # Recording windows: time intervals in which the gate (ranges/steps) was open.
         self._gate_open_since: int | None = None
         self._windows: list[tuple[int, int]] = []
@@ -141,7 +141,8 @@ class Session:
 
         def begin(_module: Any = None) -> None:
             push, pop = cupti.external_correlation() if cupti is not None else (None, None)
-            handler = TorchHandler(self.rank, push, pop, on_optimizer_step=lambda: self.next_step("optimizer"))
+            handler = TorchHandler(self.rank, push, pop, on_optimizer_step=lambda: self.next_step("optimizer"),
+                                   on_range=(self.range_begin, self.range_end))
             handler.start()
             self.status["torch"] = handler.status or "ok"
             with self._lock:
@@ -227,7 +228,7 @@ class Session:
         self._update_gate()
         return time.time_ns()
 
-    def range_end(self, name: str, start_ns: int) -> None:
+    def range_end(self, name: str, start_ns: int, domain: str = "user") -> None:
         end = time.time_ns()
         if name in self._open_ranges:
             self._open_ranges.remove(name)
@@ -237,6 +238,7 @@ class Session:
             r["end_ns"].append(end)
             r["tid"].append(threading.get_native_id())
             r["name"].append(name)
+            r["domain"].append(domain)
         self._update_gate()
 
     def next_step(self, source: str = "user") -> int:
@@ -278,8 +280,7 @@ class Session:
             if r["name"]:
                 n = len(r["name"])
                 tables["range"] = pa.table({**r, "rank": pa.array([self.rank] * n, pa.int32()),
-                                            "pid": pa.array([self.pid] * n, pa.int64()),
-                                            "domain": pa.array(["user"] * n)})
+                                            "pid": pa.array([self.pid] * n, pa.int64())})
                 self._ranges = {k: [] for k in r}
             self._link_ops(tables)
             tables = self._gated(tables)

@@ -70,8 +70,10 @@ class TorchHandler:
     name = "torch"
 
     def __init__(self, rank: int = 0, push_external: Any = None, pop_external: Any = None,
-                 on_optimizer_step: Any = None) -> None:
+                 on_optimizer_step: Any = None, on_range: Any = None) -> None:
         self.rank = rank
+        self._on_range = on_range  # (begin(name) -> token, end(name, token, domain)) or None
+        self._restore: list[tuple[Any, str, Any]] = []
         self._on_step = on_optimizer_step
         self.status: str | None = None
         self.records = 0
@@ -137,6 +139,8 @@ class TorchHandler:
 
             on_step = self._on_step
             self._hooks.append(register_optimizer_step_post_hook(lambda optimizer, args, kwargs: on_step()))
+        if self._on_range is not None:
+            self._hook_ranges(torch)
         if torch.cuda.is_available():
             try:
                 torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
@@ -145,7 +149,51 @@ class TorchHandler:
             except Exception as e:
                 self.status = f"tensor events not recorded ({e})"
 
+    def _hook_ranges(self, torch: Any) -> None:
+        """record_function and torch.cuda.nvtx ranges become pastaprof ranges (what
+        PASTAPROF_RANGES selects), besides doing what they always do."""
+        begin, end = self._on_range
+        rf = torch.autograd.profiler.record_function
+        rf_enter, rf_exit = rf.__enter__, rf.__exit__
+
+        def enter(self_rf):
+            self_rf._pastaprof = (self_rf.name, begin(self_rf.name))
+            return rf_enter(self_rf)
+
+        def exit_(self_rf, *exc):
+            try:
+                return rf_exit(self_rf, *exc)
+            finally:
+                name, token = getattr(self_rf, "_pastaprof", (None, None))
+                if name is not None:
+                    end(name, token, "record_function")
+
+        nvtx = torch.cuda.nvtx
+        push, pop = nvtx.range_push, nvtx.range_pop
+        local = self._local
+
+        def range_push(msg):
+            result = push(msg)  # first: if NVTX is unusable it fails exactly as without us
+            local.__dict__.setdefault("nvtx", []).append((msg, begin(msg)))
+            return result
+
+        def range_pop():
+            result = pop()
+            stack = local.__dict__.get("nvtx")
+            if stack:
+                name, token = stack.pop()
+                end(name, token, "nvtx")
+            return result
+
+        for owner, attr, new in ((rf, "__enter__", enter), (rf, "__exit__", exit_),
+                                 (nvtx, "range_push", range_push), (nvtx, "range_pop", range_pop)):
+            self._restore.append((owner, attr, getattr(owner, attr)))
+            setattr(owner, attr, new)
+
     def stop(self) -> None:
+        for owner, attr, old in reversed(self._restore):
+            setattr(owner, attr, old)
+        self._restore.clear()
         try:
             from torch.utils._python_dispatch import _pop_mode
 
