@@ -155,7 +155,7 @@ def test_python_dash_m_and_the_programs_own_sitecustomize(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(f"open({str(tmp_path / 'theirs')!r}, 'w').write('ran')\n")
-    env = {"PYTHONPATH": os.pathsep.join([str(site), str(tmp_path)])}
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(site), str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)}
     r = _run(tmp_path / "run", sys.executable, "-m", "mypkg", "a", "b", env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "['a', 'b']"
