@@ -314,3 +314,24 @@ def test_record_function_and_nvtx_ranges_are_ranges(tmp_path):
     if nvtx:
         assert ("outer_nvtx", "nvtx") in got
         assert by["outer_nvtx"]["start_ns"] <= by["mine"]["start_ns"] <= by["mine"]["end_ns"] <= by["outer_nvtx"]["end_ns"]
+
+
+def test_torch_profiler_in_the_program_is_one_warning_and_both_keep_working(tmp_path):
+    """On a GPU-less machine only the hand-over wiring is checked: the program's own
+    torch.profiler still works, pastaprof warns once, and its capture goes on."""
+    pytest.importorskip("torch")
+    app = tmp_path / "tp.py"
+    app.write_text(textwrap.dedent("""
+        import torch, pastaprof
+        for i in range(2):
+            with torch.profiler.profile() as prof:
+                torch.ones(4) @ torch.ones(4)
+            print(len(prof.key_averages()) > 0)
+        torch.ones(2) + 1
+    """))
+    r = _run(tmp_path / "run", sys.executable, str(app))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True"]
+    assert r.stderr.count("torch.profiler ran in the program") == 1
+    ops = pastaprof.load(tmp_path / "run").table("op")["name"].to_pylist()
+    assert "aten.add.Tensor" in ops  # recorded after the foreign sessions ended

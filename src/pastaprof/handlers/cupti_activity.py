@@ -85,6 +85,7 @@ class CuptiActivityHandler:
         self.records = 0
         self.sampled_out = 0
         self.kernels_seen = 0  # kernel records CUPTI delivered, before any filtering
+        self.reattached = 0
         self._lock = threading.Lock()
         self._launch_seq = 0
         self._rows: dict[str, list[tuple]] = {kind: [] for kind in FIELDS}
@@ -113,6 +114,25 @@ class CuptiActivityHandler:
         except Exception as e:  # e.g. another CUPTI client (torch.profiler, nsys) holds it
             self.status = f"CUPTI activity tracing could not start ({e})"
             self._disable()
+
+    def release(self) -> None:
+        """Before a foreign CUPTI client (torch.profiler) takes over: deliver what we have."""
+        self.flush()
+
+    def reattach(self) -> None:
+        """After a foreign client's session: CUPTI's buffer callbacks are process-global
+        (last registration wins) and it disabled its kinds, so register and enable again."""
+        if self._cupti is None or self.status is not None:
+            return
+        cupti = self._cupti
+        try:
+            cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+            for kind in self._enabled:
+                cupti.activity_enable(kind)
+            self._filter_api()
+            self.reattached += 1
+        except Exception as e:
+            self.status = f"CUPTI could not be taken back after torch.profiler ({e})"
 
     def external_correlation(self):
         """(push, pop) callables tagging the calling thread's launches with an id

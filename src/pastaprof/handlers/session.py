@@ -54,6 +54,13 @@ def _warn(msg: str) -> None:
         pass
 
 
+def _notice(msg: str) -> None:
+    """A status line for the user: printed here, unless `pastaprof run` prints the
+    run's status lines itself when the program ends (each once)."""
+    if not os.environ.get("PASTAPROF_RUN_PARENT"):
+        _warn(msg)
+
+
 def current_rank() -> int:
     for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
         v = os.environ.get(var)
@@ -119,10 +126,9 @@ class Session:
         self._start_torch(cupti if self.gpu else None)
         if not self._gpu_present():
             self.status["gpu"] = "no GPU found: only host-side events are recorded"
-        if not os.environ.get("PASTAPROF_RUN_PARENT"):  # under `pastaprof run` the launcher reports once
-            for line in (cupti.status, self.status.get("gpu")):
-                if line:
-                    _warn(line)
+        for line in (cupti.status, self.status.get("gpu")):
+            if line:
+                _notice(line)
         self._update_gate()
         self._thread = threading.Thread(target=self._flush_loop, name="pastaprof-flush", daemon=True)
         self._thread.start()
@@ -141,8 +147,9 @@ class Session:
 
         def begin(_module: Any = None) -> None:
             push, pop = cupti.external_correlation() if cupti is not None else (None, None)
+            foreign = (lambda: self._foreign_profiler(cupti, True), lambda: self._foreign_profiler(cupti, False))
             handler = TorchHandler(self.rank, push, pop, on_optimizer_step=lambda: self.next_step("optimizer"),
-                                   on_range=(self.range_begin, self.range_end))
+                                   on_range=(self.range_begin, self.range_end), on_foreign_profiler=foreign)
             handler.start()
             self.status["torch"] = handler.status or "ok"
             with self._lock:
@@ -152,6 +159,20 @@ class Session:
             begin()
         else:
             after_import("torch", begin)
+
+    def _foreign_profiler(self, cupti: CuptiActivityHandler | None, starting: bool) -> None:
+        """torch.profiler in the program: CUPTI serves one activity client at a time
+        (driver 580), so GPU activity during its session goes to torch.profiler."""
+        key = "torch.profiler"
+        if starting:
+            if key not in self.status:
+                self.status[key] = ("torch.profiler ran in the program: GPU activity during its sessions went to it, "
+                                    "not to pastaprof (one CUPTI client at a time); capture resumed after each")
+                _notice(self.status[key])
+            if cupti is not None:
+                cupti.release()
+        elif cupti is not None:
+            cupti.reattach()
 
     def stop(self) -> list[Report]:
         """Final flush; returns live tools' reports.  Safe to call twice."""
@@ -351,7 +372,8 @@ class Session:
     def _write_meta(self) -> None:
         """This process's part of the manifest (merged by compaction)."""
         handlers = {h.name: {"records": h.records, "dropped": h.dropped, "sampled_out": h.sampled_out,
-                             "kernels_seen": h.kernels_seen} for h in list(self.handlers)}
+                             "kernels_seen": h.kernels_seen, "reattached": getattr(h, "reattached", 0)}
+                    for h in list(self.handlers)}
         meta = {
             "schema_version": SCHEMA_VERSION, "rank": self.rank, "pid": self.pid, "host": socket.gethostname(),
             "argv": sys.argv, "started_ns": self.started_ns, "updated_ns": time.time_ns(),

@@ -70,8 +70,9 @@ class TorchHandler:
     name = "torch"
 
     def __init__(self, rank: int = 0, push_external: Any = None, pop_external: Any = None,
-                 on_optimizer_step: Any = None, on_range: Any = None) -> None:
+                 on_optimizer_step: Any = None, on_range: Any = None, on_foreign_profiler: Any = None) -> None:
         self.rank = rank
+        self._on_foreign = on_foreign_profiler  # (before_start(), after_stop()) or None
         self._on_range = on_range  # (begin(name) -> token, end(name, token, domain)) or None
         self._restore: list[tuple[Any, str, Any]] = []
         self._on_step = on_optimizer_step
@@ -141,6 +142,8 @@ class TorchHandler:
             self._hooks.append(register_optimizer_step_post_hook(lambda optimizer, args, kwargs: on_step()))
         if self._on_range is not None:
             self._hook_ranges(torch)
+        if self._on_foreign is not None:
+            self._hook_torch_profiler(torch)
         if torch.cuda.is_available():
             try:
                 torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
@@ -189,6 +192,27 @@ class TorchHandler:
                                  (nvtx, "range_push", range_push), (nvtx, "range_pop", range_pop)):
             self._restore.append((owner, attr, getattr(owner, attr)))
             setattr(owner, attr, new)
+
+    def _hook_torch_profiler(self, torch: Any) -> None:
+        """torch.profiler (Kineto) takes CUPTI's activity callbacks for its session; we
+        hand over before it starts and take them back after it stops."""
+        before, after = self._on_foreign
+        prof = torch.autograd.profiler.profile  # what torch.profiler.profile drives underneath
+        prepare, exit_ = prof._prepare_trace, prof.__exit__
+
+        def prepare_trace(self_p, *a, **k):
+            before()
+            return prepare(self_p, *a, **k)
+
+        def exit_trace(self_p, *exc):
+            try:
+                return exit_(self_p, *exc)
+            finally:
+                after()
+
+        for attr, new in (("_prepare_trace", prepare_trace), ("__exit__", exit_trace)):
+            self._restore.append((prof, attr, getattr(prof, attr)))
+            setattr(prof, attr, new)
 
     def stop(self) -> None:
         for owner, attr, old in reversed(self._restore):

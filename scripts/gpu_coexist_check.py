@@ -1,0 +1,58 @@
+"""torch.profiler inside a program under `pastaprof run` (issue B, coexistence):
+the program's profiler still sees CUDA kernels, pastaprof warns once and records
+kernels before and after the foreign session.  Used by scripts/gpu-check.
+
+    python scripts/gpu_coexist_check.py OUTDIR
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+APP = textwrap.dedent("""
+    import json, sys, time, torch
+    x = torch.randn(256, 256, device="cuda")
+    for _ in range(50): x = (x @ x).tanh()
+    torch.cuda.synchronize()
+    t_before = time.time_ns()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(50): x = (x @ x).tanh()
+        torch.cuda.synchronize()
+    t_after = time.time_ns()
+    theirs = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    for _ in range(50): x = (x @ x).tanh()
+    torch.cuda.synchronize()
+    json.dump({"before": t_before, "after": t_after, "theirs": theirs}, open(sys.argv[1], "w"))
+""")
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "coexist_app.py").write_text(APP)
+    marks = out / "coexist_marks.json"
+    run = out / "coexist"
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(run), "--force", "--",
+                        sys.executable, str(out / "coexist_app.py"), str(marks)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import pastaprof
+
+    m = json.loads(marks.read_text())
+    k = pastaprof.load(run).table("kernel")
+    starts = k["start_ns"].to_pylist()
+    res = {"torch_profiler_cuda_events": m["theirs"], "ours_before": sum(s < m["before"] for s in starts),
+           "ours_during": sum(m["before"] <= s <= m["after"] for s in starts), "ours_after": sum(s > m["after"] for s in starts),
+           "warnings": r.stderr.count("torch.profiler ran in the program")}
+    print(json.dumps(res))
+    (out / "coexist.json").write_text(json.dumps(res))
+    assert res["torch_profiler_cuda_events"] > 0, res
+    assert res["ours_before"] >= 100 and res["ours_after"] >= 100, res
+    assert res["warnings"] == 1, res
+
+
+if __name__ == "__main__":
+    main()
