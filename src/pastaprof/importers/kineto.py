@@ -20,7 +20,7 @@ import duckdb
 import pyarrow as pa
 
 from pastaprof.errors import InputError
-from pastaprof.events.schema import conform
+from pastaprof.events.schema import SCHEMAS, conform
 from pastaprof.importers.staging import split_staged, stage_events
 
 # Kineto category (lower-cased) -> pastaprof kind.
@@ -276,13 +276,29 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
             raise InputError(path, "no event has a 'ph' field: not a Chrome/Kineto trace")
         con.execute("DELETE FROM ev WHERE kind IS NULL OR start_ns IS NULL AND kind <> 'flow'")
         _borrow_flow_ids(con, sql)
-        tables = {k: con.sql(q + " ORDER BY start_ns").to_arrow_table()
-                  for k, q in sql.queries(rank).items() if k in kinds}
+        tables = {}
+        for k, q in sql.queries(rank).items():
+            if k in kinds:  # fetched one by one, names dictionary-encoded at once: a lower peak
+                tables[k] = _encode_names(k, con.sql(q + " ORDER BY start_ns").to_arrow_table())
+                con.execute(f"DELETE FROM ev WHERE kind = '{k}'")
     except (duckdb.Error, UnicodeDecodeError) as e:
         raise InputError(path, _describe_duckdb_error(e)) from None
     if "collective" in kinds:
         tables["collective"] = _collectives(tables["op"])
     return tables, counts
+
+
+def _encode_names(kind: str, t: pa.Table) -> pa.Table:
+    """Dictionary-encode the columns the schema keeps as dictionaries (names repeat:
+    a kernel name is stored once per batch, not once per launch)."""
+    schema = SCHEMAS.get(kind)
+    if schema is None:
+        return t
+    for field in schema:
+        i = t.schema.get_field_index(field.name)
+        if i >= 0 and pa.types.is_dictionary(field.type) and not pa.types.is_dictionary(t.schema.field(i).type):
+            t = t.set_column(i, field.name, t.column(i).cast(field.type))
+    return t
 
 
 def _borrow_flow_ids(con, sql: _Sql) -> None:
