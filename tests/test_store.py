@@ -78,3 +78,11 @@ def test_store_is_much_smaller_than_the_json(tmp_path):
 def test_existing_output_is_not_clobbered(stored):
     with pytest.raises(pastaprof.UsageError):
         pastaprof.import_trace(DATA / "ddp_mlp_2ranks", stored)
+
+
+def test_analyze_a_loaded_run_for_some_ranks(stored):
+    for run in (pastaprof.load(stored), pastaprof.load(DATA / "ddp_mlp_2ranks")):
+        both = pastaprof.analyze(run, tools=["kernels"])[0].summary["kernels"]
+        one = pastaprof.analyze(run, tools=["kernels"], ranks=[1])[0].summary["kernels"]
+        assert one == run.sql("select count(*) from kernel where rank = 1").fetchall()[0][0]
+        assert 0 < one < both

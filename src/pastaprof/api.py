@@ -75,7 +75,10 @@ def analyze(source: str | Path | Run, tools: Sequence[str | Tool] | None = None,
     instances = _instances(tools)
     rank_list = list(ranks) if ranks is not None else None
     if isinstance(source, Run) or is_run_dir(Path(source)):
-        run = source if isinstance(source, Run) else open_run_dir(Path(source), rank_list)
+        if isinstance(source, Run):
+            run = source if rank_list is None else source.select_ranks(rank_list)
+        else:
+            run = open_run_dir(Path(source), rank_list)
         proc = Processor(instances, info=RunInfo(run.manifest))
         for kind in KINDS:
             if proc.wants(kind):

@@ -70,6 +70,10 @@ class Run:
             t = t.filter(pc.is_in(t["rank"], pa.array(self._ranks, pa.int32())))
         return t
 
+    def select_ranks(self, ranks: list[int]) -> Run:
+        """The same run, restricted to ``ranks``."""
+        return Run(self.manifest, path=self.path, tables=self._tables if self.path is None else None, ranks=ranks)
+
     def to_pandas(self, kind: str) -> pandas.DataFrame:
         return self.table(kind).to_pandas()
 
