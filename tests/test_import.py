@@ -207,3 +207,16 @@ def test_cut_falls_back_to_one_file_without_kineto_layout(tmp_path, monkeypatch)
     p.write_text(json.dumps([{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 1, "ts": i, "dur": 1}
                              for i in range(1000)]))
     assert staging.split_staged(p, 2) == [p]
+
+
+def test_ops_module_types_roll_up_instances(example_run):
+    rep = pastaprof.analyze(example_run, tools=["ops"])[0]
+    types = {r["module_type"]: r for r in rep.tables["module types"].to_pylist()}
+    per_module = rep.tables["modules"].to_pylist()
+    # GPT-2 small has 12 blocks: their attention modules are one row with 12 instances
+    # and the summed GPU time of the ops directly inside them
+    attn = [m for m in per_module if m["module"].rsplit("/", 1)[-1].startswith("GPT2Attention_")]
+    assert types["GPT2Attention"]["instances"] == len(attn) == 12
+    assert types["GPT2Attention"]["gpu_ns"] == sum(m["gpu_ns"] for m in attn) > 0
+    assert types["Conv1D"]["instances"] == 48  # 4 per block
+    assert sum(t["gpu_ns"] for t in types.values()) == rep.summary["attributed_gpu_ns"]

@@ -111,6 +111,15 @@ class Ops(Tool):
                    sum(CASE WHEN is_backward THEN self_gpu_ns ELSE 0 END)::BIGINT AS backward_gpu_ns
             FROM ops GROUP BY 1 ORDER BY gpu_ns DESC
         """).to_arrow_table()
+        # The same module class across instances (all 12 GPT2Block_k as "GPT2Block"):
+        # which kind of layer costs the most, whatever its depth in the model.
+        by_module_type = con.sql("""
+            SELECT coalesce(regexp_replace(regexp_extract(module, '[^/]+$'), '_[0-9]+$', ''), '(no module)')
+                       AS module_type,
+                   count(DISTINCT module) AS instances, count(*) AS ops, sum(self_gpu_ns)::BIGINT AS gpu_ns,
+                   sum(CASE WHEN is_backward THEN self_gpu_ns ELSE 0 END)::BIGINT AS backward_gpu_ns
+            FROM ops GROUP BY 1 ORDER BY gpu_ns DESC
+        """).to_arrow_table()
         by_site = con.sql("""
             SELECT call_site, count(*) AS ops, sum(self_gpu_ns)::BIGINT AS gpu_ns
             FROM ops WHERE call_site IS NOT NULL GROUP BY 1 ORDER BY gpu_ns DESC LIMIT 50
@@ -135,5 +144,6 @@ class Ops(Tool):
                                         {"gpu_ns": top["self_gpu_ns"], "calls": top["calls"],
                                          "share": round(top["self_gpu_ns"] / totals[0], 4)},
                                         location=top["dominant_kernel"]))
-        return Report(self.name, tables={"ops": by_name, "modules": by_module, "call sites": by_site},
+        return Report(self.name, tables={"ops": by_name, "module types": by_module_type, "modules": by_module,
+                                         "call sites": by_site},
                       findings=findings, summary=summary, details={"per op": ops})
