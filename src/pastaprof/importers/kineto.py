@@ -202,13 +202,16 @@ class _Sql:
         return "CASE " + " ".join(whens) + " END" if whens else "NULL"
 
 
+MEMORY_LIMIT = "600MB"  # DuckDB's share; beyond it, it spills to the import's temporary directory
 THREADS = 2           # DuckDB threads; the staged array is cut into this many files
 MAX_EVENT_BYTES = 16 << 20  # one JSON event may be this large (DuckDB buffers it per thread)
 
 
-def _connect(threads: int | None = None) -> duckdb.DuckDBPyConnection:
-    return duckdb.connect(config={"threads": threads or THREADS, "memory_limit": "1GB",
-                                  "preserve_insertion_order": False})
+def _connect(threads: int | None = None, tmp: str | None = None) -> duckdb.DuckDBPyConnection:
+    config = {"threads": threads or THREADS, "memory_limit": MEMORY_LIMIT, "preserve_insertion_order": False}
+    if tmp is not None:  # spill files stay in our temporary directory, never in the cwd
+        config["temp_directory"] = tmp
+    return duckdb.connect(config=config)
 
 
 def import_file(
@@ -233,7 +236,7 @@ def import_file(
             rank = int(r) if isinstance(r, int) else 0
         base = meta.get("baseTimeNanoseconds", 0)
         base = int(base) if isinstance(base, (int, float)) and abs(base) < 2**62 else 0
-        con = _connect()
+        con = _connect(tmp=tmp)
         try:
             tables, counts = _project(con, files, rank, base, path, wanted)
         finally:
