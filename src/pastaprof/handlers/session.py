@@ -116,17 +116,16 @@ class Session:
             self.status["session"] = f"rank {self.rank} not selected (PASTAPROF_RANKS): nothing recorded"
             self._write_meta()
             return self
-        cupti = CuptiActivityHandler(self.config, self.rank)
-        if self.gpu:
+        cupti = None
+        if self.gpu:  # not in forked children: no CUDA after fork, so no CUPTI import either
+            cupti = CuptiActivityHandler(self.config, self.rank)
             self.handlers.append(cupti)
             cupti.start()
             self.status["cupti"] = cupti.status or "ok"
-        else:
-            cupti.status = None
-        self._start_torch(cupti if self.gpu else None)
+        self._start_torch(cupti)
         if not self._gpu_present():
             self.status["gpu"] = "no GPU found: only host-side events are recorded"
-        for line in (cupti.status, self.status.get("gpu")):
+        for line in (cupti.status if cupti else None, self.status.get("gpu")):
             if line:
                 _notice(line)
         self._update_gate()

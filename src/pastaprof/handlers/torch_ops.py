@@ -94,7 +94,6 @@ class TorchHandler:
         self._hooks: list[Any] = []
         self._mem_last_us = -1.0
         self._mem_on = False
-        self.ops_seen = 0
 
     @staticmethod
     def _empty() -> dict[str, list]:
@@ -283,7 +282,6 @@ class TorchHandler:
             c["module"].append(s(module) if module else -1)
             c["site"].append(s(site) if site else -1)
             c["backward"].append(backward)
-            self.ops_seen += 1
 
     # -- flush thread ----------------------------------------------------------
     def drain(self) -> dict[str, pa.Table]:

@@ -20,7 +20,7 @@ import duckdb
 import pyarrow as pa
 
 from pastaprof.errors import InputError
-from pastaprof.events.schema import SCHEMAS, conform
+from pastaprof.events.schema import SCHEMAS
 from pastaprof.importers.staging import split_staged, stage_events
 
 # Kineto category (lower-cased) -> pastaprof kind.
@@ -365,8 +365,3 @@ def _describe_duckdb_error(e: Exception) -> str:
     if "could not convert" in low or "conversion" in low or "out of range" in low or "failed to cast" in low:
         return f"a field has the wrong type ({msg})"
     return msg
-
-
-def finalize(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
-    """Conform imported tables to the event schemas (extra link columns kept aside)."""
-    return {kind: conform(kind, t) for kind, t in tables.items()}

@@ -35,7 +35,6 @@ NON_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")  
 
 # Class codes, also the priority order of the non-compute split (lower wins).
 COMPUTATION, COMMUNICATION, MEMORY, OTHER = 0, 1, 2, 3
-CLASS_NAMES = ("COMPUTATION", "COMMUNICATION", "MEMORY", "OTHER")
 
 
 def hta_kernel_class(name: str | None) -> int:

@@ -18,7 +18,6 @@ import pyarrow as pa
 
 from pastaprof.tools.base import Finding, Report, Tool
 
-TOP_ROWS = 50
 UNATTRIBUTED_WARN_SHARE = 0.05   # >5% of GPU time not linked to any op is worth a warning
 
 
