@@ -236,27 +236,47 @@ TORCH_APP = textwrap.dedent("""
 """)
 
 
-def test_pytorch_ops_with_shapes_modules_and_call_sites(tmp_path):
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_pytorch_ops_with_shapes_modules_and_call_sites(tmp_path, native):
+    """Both op mechanisms: the C++ RecordFunction observer (Kineto's op names and
+    nesting) and the Python dispatch-mode fallback (PASTAPROF_NATIVE=0)."""
     pytest.importorskip("torch")
     app = tmp_path / "tapp.py"
     app.write_text(TORCH_APP)
-    r = _run(tmp_path / "run", sys.executable, str(app), flags=("-t", "ops"))
+    r = _run(tmp_path / "run", sys.executable, str(app), flags=("-t", "ops"), env={"PASTAPROF_NATIVE": native})
     assert r.returncode == 0, r.stderr
     assert r.stdout == "ok\n"
-    op = pastaprof.load(tmp_path / "run").table("op").to_pylist()
-    addmm = [o for o in op if o["name"] == "aten.addmm.default"]
+    run = pastaprof.load(tmp_path / "run")
+    mechanism = run.manifest["processes"][0]["handlers"]["torch"]["mechanism"]
+    assert mechanism == ("native" if native == "1" else "python")
+    addmm_name, mm_name = ("aten::addmm", "aten::mm") if native == "1" else ("aten.addmm.default", "aten.mm.default")
+    op = run.table("op").to_pylist()
+    addmm = [o for o in op if o["name"] == addmm_name]
     # 2 Linear layers x 3 steps, each with its module path and the line that ran the model
     assert len(addmm) == 6
     assert sorted(o["module"] for o in addmm) == ["Sequential_0/Linear_0"] * 3 + ["Sequential_0/Linear_1"] * 3
     assert {o["call_site"] for o in addmm} == {f"{app}(6): <module>"}
-    assert {o["input_shapes"] for o in addmm if o["module"].endswith("Linear_0")} == {"[[64],[8,64],[64,64]]"}
+    shapes = "[[64],[8,64],[64,64],[],[]]" if native == "1" else "[[64],[8,64],[64,64]]"  # Kineto lists scalars
+    assert {o["input_shapes"] for o in addmm if o["module"].endswith("Linear_0")} == {shapes}
     assert all(not o["is_backward"] for o in addmm)
     bwd = [o for o in op if o["is_backward"]]
-    assert bwd and all(o["call_site"] is None for o in bwd)
-    assert any(o["name"] == "aten.mm.default" for o in bwd)  # weight gradients
+    mm = [o for o in bwd if o["name"] == mm_name]
+    assert mm  # weight gradients
     assert len({o["id"] for o in op}) == len(op)
     assert all(o["start_ns"] <= o["end_ns"] for o in op)
-    assert "ops" in r.stderr and "aten.addmm" in r.stderr  # the live tool's report, on stderr
+    assert "ops" in r.stderr and "aten" in r.stderr and "addmm" in r.stderr  # the live tool's report, on stderr
+    if native == "0":
+        assert all(o["call_site"] is None for o in bwd)
+        return
+    # The observer nests ops (aten::linear -> aten::addmm), and backward ops take the module
+    # and line of the forward op that autograd links them to (sequence number).
+    by_id = {o["id"]: o for o in op}
+    assert {by_id[o["parent_id"]]["name"] for o in addmm} == {"aten::linear"}
+    assert all(o["depth"] == by_id[o["parent_id"]]["depth"] + 1 for o in op if o["parent_id"] is not None)
+    assert {o["module"] for o in mm} == {"Sequential_0/Linear_0", "Sequential_0/Linear_1"}
+    assert {o["call_site"] for o in mm} == {f"{app}(6): <module>"}
+    evaluate = [o for o in op if o["name"].startswith("autograd::engine::evaluate_function: ")]
+    assert evaluate and all(o["is_backward"] and o["call_site"] == f"{app}(7): <module>" for o in evaluate)
 
 
 def test_optimizer_steps_drive_the_step_window_until_pastaprof_step_is_called(tmp_path):
@@ -334,4 +354,4 @@ def test_torch_profiler_in_the_program_is_one_warning_and_both_keep_working(tmp_
     assert r.stdout.split() == ["True", "True"]
     assert r.stderr.count("torch.profiler ran in the program") == 1  # one warning, even for two sessions
     ops = pastaprof.load(tmp_path / "run").table("op")["name"].to_pylist()
-    assert "aten.add.Tensor" in ops  # recorded after the foreign sessions ended
+    assert {"aten::add", "aten.add.Tensor"} & set(ops)  # recorded after the foreign sessions ended

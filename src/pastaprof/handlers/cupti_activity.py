@@ -93,6 +93,10 @@ class CuptiActivityHandler:
         self._driver_names: dict[int, str | None] = {}
         self._cupti: Any = None
         self._enabled: list = []
+        self._native: Any = None  # NativeCupti: buffers decoded in C
+        self.mechanism = "python"
+        self.native_status: str | None = None
+        self.native_external: tuple[int, int, int] | None = None  # (push ptr, pop ptr, kind) for C++ callers
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
@@ -103,7 +107,8 @@ class CuptiActivityHandler:
         self._cupti = cupti
         K = cupti.ActivityKind
         try:
-            cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+            self._native = self._bind_native()
+            self._register()
             # DRIVER too: cuBLAS/cuDNN launch through the driver API, and CUPTI emits the
             # external-correlation record (op -> kernel) only for traced API calls.
             for kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION, K.RUNTIME, K.DRIVER):
@@ -114,6 +119,33 @@ class CuptiActivityHandler:
         except Exception as e:  # e.g. another CUPTI client (torch.profiler, nsys) holds it
             self.status = f"CUPTI activity tracing could not start ({e})"
             self._disable()
+
+    def _bind_native(self) -> Any:
+        """The C buffer drain bound to the libcupti in this process, or None (then
+        cupti-python's record objects are decoded in Python)."""
+        from pastaprof import native
+        from pastaprof.handlers.cupti_native import NativeCupti
+
+        try:
+            self._cupti.get_timestamp()  # makes cupti-python load libcupti (torch's, if torch loaded it)
+        except Exception:
+            pass
+        path = native.loaded_libcupti()
+        try:
+            if path is None:
+                raise RuntimeError("libcupti is not loaded in this process")
+            drain = NativeCupti(native.load("cupti"), path, BUFFER_BYTES)
+        except RuntimeError as e:
+            self.native_status = f"native CUPTI drain unavailable ({e}); decoding records in Python"
+            return None
+        self.mechanism = "native"
+        return drain
+
+    def _register(self) -> None:
+        if self._native is not None:
+            self._native.register()
+        else:
+            self._cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
 
     def release(self) -> None:
         """Before a foreign CUPTI client (torch.profiler) takes over: deliver what we have."""
@@ -126,7 +158,7 @@ class CuptiActivityHandler:
             return
         cupti = self._cupti
         try:
-            cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+            self._register()
             for kind in self._enabled:
                 cupti.activity_enable(kind)
             self._filter_api()
@@ -146,6 +178,8 @@ class CuptiActivityHandler:
         except Exception:
             return None, None
         kind = int(cupti.ExternalCorrelationKind.CUSTOM2)
+        if self._native is not None:
+            self.native_external = (*self._native.push_pop, kind)
         push, pop = cupti.activity_push_external_correlation_id, cupti.activity_pop_external_correlation_id
         return (lambda i: push(kind, i)), (lambda: pop(kind))
 
@@ -159,6 +193,8 @@ class CuptiActivityHandler:
             for name, cbid in enum.__members__.items():
                 keep = any(key in name for key in _API_KEEP)
                 names[int(cbid)] = name if keep else None
+                if self._native is not None:
+                    self._native.keep_api(names is self._driver_names, int(cbid), keep)
                 if not keep and name not in ("INVALID", "SIZE", "FORCE_INT"):
                     try:
                         enable(int(cbid), 0)
@@ -176,7 +212,9 @@ class CuptiActivityHandler:
 
     def stop(self) -> None:
         self.flush()
-        if self._cupti is not None:
+        if self._native is not None:
+            self._native_stats()
+        elif self._cupti is not None:
             try:
                 import numpy as np
 
@@ -233,8 +271,14 @@ class CuptiActivityHandler:
                 rows[kind].append(GETTERS[kind](r))
 
     # -- flush thread --------------------------------------------------------
+    def _native_stats(self) -> None:
+        n = self._native
+        self.records, self.kernels_seen, self.dropped = n.stat("records"), n.stat("kernels_seen"), n.stat("dropped")
+
     def drain(self) -> dict[str, pa.Table]:
         """Everything decoded since the last drain, as raw per-kind tables."""
+        if self._native is not None:
+            return self._drain_native()
         with self._lock:
             taken, self._rows = self._rows, {kind: [] for kind in FIELDS}
         out = {}
@@ -269,3 +313,57 @@ class CuptiActivityHandler:
                     t = pa.concat_tables([out["api"], t.cast(out["api"].schema)])
             out[kind] = t
         return out
+
+    def _drain_native(self) -> dict[str, pa.Table]:
+        taken = self._native.take()
+        self._native_stats()
+        out = {}
+        for kind, cols in taken.items():
+            n = len(cols["correlation"])
+            if kind == "kernel":
+                names = self._native.kernel_names()
+                cols = self._sampled(cols, names)
+                codes = cols.pop("name")
+                n = len(codes)
+                cols["name"] = pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32), mask=codes < 0), names)
+                for c in ("device", "stream", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
+                          "registers"):
+                    cols[c] = cols[c].astype(np.int32)
+            elif kind == "memcpy":
+                cols["direction"] = _lookup(cols.pop("copy_kind"), _MEMCPY_KIND)
+            elif kind == "sync":
+                cols["sync_kind"] = _lookup(cols.pop("sync_type"), _SYNC_KIND)
+            elif kind == "api":
+                cbid, driver = cols.pop("cbid"), cols.pop("is_driver").astype(bool)
+                key = cbid + (driver.astype(np.int64) << 32)
+                labels = {int(k): (self._driver_names if k >> 32 else self._api_names).get(int(k) & 0xFFFFFFFF)
+                          or f"cbid_{int(k) & 0xFFFFFFFF}" for k in np.unique(key)}
+                cols["name"] = _lookup(key, labels)
+                cols["api_kind"] = pa.DictionaryArray.from_arrays(pa.array(driver.astype(np.int32)),
+                                                                  pa.array(["runtime", "driver"]))
+            if not n:
+                continue
+            t = pa.table(cols)
+            if kind != "external":
+                t = t.append_column("rank", pa.array(np.full(n, self.rank, np.int32)))
+            out[kind] = t
+        return out
+
+    def _sampled(self, cols: dict[str, np.ndarray], names: pa.Array) -> dict[str, np.ndarray]:
+        """PASTAPROF_SAMPLE / PASTAPROF_KERNELS on decoded kernels (vectorized: the regex
+        runs once per distinct name)."""
+        cfg = self.config
+        n = len(cols["name"])
+        if not n or (cfg.sample <= 1 and cfg.kernels is None):
+            return cols
+        keep = np.ones(n, dtype=bool)
+        if cfg.sample > 1:
+            seq = self._launch_seq + 1 + np.arange(n)
+            keep &= (seq % cfg.sample) == 0
+            self._launch_seq += n
+        if cfg.kernels is not None:
+            uniq = np.unique(cols["name"])
+            ok = {int(u) for u in uniq if u >= 0 and cfg.kernel_selected(names[int(u)].as_py())}
+            keep &= np.isin(cols["name"], list(ok))
+        self.sampled_out += int((~keep).sum())
+        return {k: v[keep] for k, v in cols.items()}

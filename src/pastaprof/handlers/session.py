@@ -97,6 +97,10 @@ class Session:
         self._windows: list[tuple[int, int]] = []
         self._part = 0
         self._ext: pa.Table | None = None
+        # Correlation ids of stored GPU work that had no op yet; if their correlation record
+        # shows up later, compaction must re-link (else it can skip re-reading the parts).
+        self._unlinked = np.zeros(0, np.int64)
+        self._relink_needed = False
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -122,6 +126,9 @@ class Session:
             self.handlers.append(cupti)
             cupti.start()
             self.status["cupti"] = cupti.status or "ok"
+            if cupti.native_status and cupti.status is None:
+                self.status["cupti native"] = cupti.native_status
+                _notice(cupti.native_status)
         self._start_torch(cupti)
         if not self._gpu_present():
             self.status["gpu"] = "no GPU found: only host-side events are recorded"
@@ -148,9 +155,13 @@ class Session:
             push, pop = cupti.external_correlation() if cupti is not None else (None, None)
             foreign = (lambda: self._foreign_profiler(cupti, True), lambda: self._foreign_profiler(cupti, False))
             handler = TorchHandler(self.rank, push, pop, on_optimizer_step=lambda: self.next_step("optimizer"),
-                                   on_range=(self.range_begin, self.range_end), on_foreign_profiler=foreign)
+                                   on_range=(self.range_begin, self.range_end), on_foreign_profiler=foreign,
+                                   native_external=cupti.native_external if cupti is not None else None)
             handler.start()
             self.status["torch"] = handler.status or "ok"
+            if handler.native_status:
+                self.status["torch native"] = handler.native_status
+                _notice(handler.native_status)
             with self._lock:
                 self.handlers.append(handler)
 
@@ -334,14 +345,19 @@ class Session:
             self._ext = pa.concat_tables([self._ext, ext]) if self._ext is not None else ext
             if self._ext.num_rows > EXT_KEEP:
                 self._ext = self._ext.slice(self._ext.num_rows - EXT_KEEP)
-        if self._ext is None:
-            return
-        keys, vals = _np_i64(self._ext["correlation"]), _np_i64(self._ext["external_id"])
+            if len(self._unlinked) and np.isin(self._unlinked, _np_i64(ext["correlation"])).any():
+                self._relink_needed = True
+        keys = _np_i64(self._ext["correlation"]) if self._ext is not None else np.zeros(0, np.int64)
+        vals = _np_i64(self._ext["external_id"]) if self._ext is not None else np.zeros(0, np.int64)
         for kind in ("kernel", "memcpy", "memset", "api"):
             t = tables.get(kind)
             if t is not None and t.num_rows:
-                op = map_keys(_np_i64(t["correlation"]), keys, vals)
+                corr = _np_i64(t["correlation"])
+                op = map_keys(corr, keys, vals)
                 tables[kind] = t.append_column("op_id", pa.array(op, pa.int64(), mask=op < 0))
+                missing = corr[(op < 0) & (corr > 0)]
+                if len(missing):
+                    self._unlinked = np.concatenate([self._unlinked, missing])[-EXT_KEEP:]
 
     def _gated(self, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
         """Keep GPU work whose launch (or start) lies in a recording window."""
@@ -374,7 +390,8 @@ class Session:
     def _write_meta(self) -> None:
         """This process's part of the manifest (merged by compaction)."""
         handlers = {h.name: {"records": h.records, "dropped": h.dropped, "sampled_out": h.sampled_out,
-                             "kernels_seen": h.kernels_seen, "reattached": getattr(h, "reattached", 0)}
+                             "kernels_seen": h.kernels_seen, "reattached": getattr(h, "reattached", 0),
+                             "mechanism": getattr(h, "mechanism", "python")}
                     for h in list(self.handlers)}
         meta = {
             "schema_version": SCHEMA_VERSION, "rank": self.rank, "pid": self.pid, "host": socket.gethostname(),
@@ -385,6 +402,7 @@ class Session:
             "capture_overhead": {"flush_seconds": round(self.flush_seconds, 6),
                                  "stop_seconds": round(self.stop_seconds, 6)},
             "config": self.config.to_env(), "steps_seen": self.step, "versions": _versions(),
+            "relink_needed": self._relink_needed or not self._stopped, "devices": _devices(),
         }
         path = self.out / SHARDS / f"rank-{self.rank}-pid-{self.pid}.json"
         tmp = path.with_name("." + path.name + ".tmp")
@@ -397,6 +415,21 @@ class Session:
 
 def _np_i64(col) -> np.ndarray:
     return np.asarray(col.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _devices() -> list[dict[str, Any]]:
+    """GPU names and memory from torch, if this process initialized CUDA (no NVML start-up)."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return []
+        out = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            out.append({"id": i, "name": p.name, "totalGlobalMem": int(p.total_memory)})
+        return out
+    except Exception:
+        return []
 
 
 def _versions() -> dict[str, str]:

@@ -70,8 +70,12 @@ class TorchHandler:
     name = "torch"
 
     def __init__(self, rank: int = 0, push_external: Any = None, pop_external: Any = None,
-                 on_optimizer_step: Any = None, on_range: Any = None, on_foreign_profiler: Any = None) -> None:
+                 on_optimizer_step: Any = None, on_range: Any = None, on_foreign_profiler: Any = None,
+                 native_external: tuple[int, int, int] | None = None) -> None:
         self.rank = rank
+        self._native_ext = native_external  # (push fn pointer, pop fn pointer, kind) for the C++ observer
+        self.native: Any = None  # NativeOps when the C++ observer runs
+        self.mechanism = "python"
         self._on_foreign = on_foreign_profiler  # (before_start(), after_stop()) or None
         self._on_range = on_range  # (begin(name) -> token, end(name, token, domain)) or None
         self._restore: list[tuple[Any, str, Any]] = []
@@ -94,6 +98,7 @@ class TorchHandler:
         self._hooks: list[Any] = []
         self._mem_last_us = -1.0
         self._mem_on = False
+        self.native_status: str | None = None
 
     @staticmethod
     def _empty() -> dict[str, list]:
@@ -108,6 +113,51 @@ class TorchHandler:
             self.status = f"PyTorch ops not recorded ({type(e).__name__}: {e})"
 
     def _install(self) -> None:
+        import torch
+
+        memory = torch.cuda.is_available()
+        if not self._install_native(memory):
+            self._install_dispatch_mode()
+        mm = torch.nn.modules.module
+        self._hooks = [mm.register_module_forward_pre_hook(self._enter_module),
+                       mm.register_module_forward_hook(self._exit_module)]
+        if self._on_step is not None:  # steps for PASTAPROF_STEPS: optimizer.step() calls
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            on_step = self._on_step
+            self._hooks.append(register_optimizer_step_post_hook(lambda optimizer, args, kwargs: on_step()))
+        if self._on_range is not None:
+            self._hook_ranges(torch)
+        if self._on_foreign is not None:
+            self._hook_torch_profiler(torch)
+        if memory and not (self.native is not None and self.native.mem):
+            try:
+                torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                                         max_entries=1_000_000)
+                self._mem_on = True
+            except Exception as e:
+                self.status = f"tensor events not recorded ({e})"
+
+    def _install_native(self, memory: bool) -> bool:
+        """The C++ RecordFunction observer (and allocator tracker), if it builds here."""
+        from pastaprof import native
+        from pastaprof.handlers.torch_native import NativeOps
+
+        try:
+            lib = native.load("torch")
+        except RuntimeError as e:
+            self.native_status = f"native op observer unavailable ({e}); using a Python dispatch mode"
+            return False
+        ops = NativeOps(lib, self.rank)
+        push, pop, kind = self._native_ext or (None, None, 0)
+        problem = ops.start(push, pop, kind, memory)
+        if problem:
+            self.native_status = problem
+        self.native = ops
+        self.mechanism = "native"
+        return True
+
+    def _install_dispatch_mode(self) -> None:
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode, _push_mode
 
@@ -131,25 +181,6 @@ class TorchHandler:
 
         self._mode = _Mode()
         _push_mode(self._mode)
-        mm = torch.nn.modules.module
-        self._hooks = [mm.register_module_forward_pre_hook(self._enter_module),
-                       mm.register_module_forward_hook(self._exit_module)]
-        if self._on_step is not None:  # steps for PASTAPROF_STEPS: optimizer.step() calls
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-
-            on_step = self._on_step
-            self._hooks.append(register_optimizer_step_post_hook(lambda optimizer, args, kwargs: on_step()))
-        if self._on_range is not None:
-            self._hook_ranges(torch)
-        if self._on_foreign is not None:
-            self._hook_torch_profiler(torch)
-        if torch.cuda.is_available():
-            try:
-                torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
-                                                         max_entries=1_000_000)
-                self._mem_on = True
-            except Exception as e:
-                self.status = f"tensor events not recorded ({e})"
 
     def _hook_ranges(self, torch: Any) -> None:
         """record_function and torch.cuda.nvtx ranges become pastaprof ranges (what
@@ -217,6 +248,9 @@ class TorchHandler:
         for owner, attr, old in reversed(self._restore):
             setattr(owner, attr, old)
         self._restore.clear()
+        if self.native is not None:
+            self.native.stop()
+            self.dropped = self.native.dropped
         try:
             from torch.utils._python_dispatch import _pop_mode
 
@@ -244,11 +278,15 @@ class TorchHandler:
             self._class_counts[cls] = n + 1
             name = self._module_names[key] = f"{cls}_{n}"
         stack.append(name)
+        if self.native is not None:
+            self.native.set_module("/".join(stack))
 
     def _exit_module(self, module, args, output) -> None:
         stack = getattr(self._local, "stack", None)
         if stack:
             stack.pop()
+            if self.native is not None:
+                self.native.set_module("/".join(stack) if stack else None)
 
     def _call_site(self) -> str | None:
         f = sys._getframe(3)
@@ -285,6 +323,15 @@ class TorchHandler:
 
     # -- flush thread ----------------------------------------------------------
     def drain(self) -> dict[str, pa.Table]:
+        if self.native is not None:
+            out = self.native.drain()
+            if "op" in out:
+                self.records += out["op"].num_rows
+            if self._mem_on:
+                t = self._drain_memory()
+                if t is not None:
+                    out["tensor"] = t
+            return out
         with self._lock:
             c, self._cols = self._cols, self._empty()
             strings = list(self._strings.values)

@@ -100,7 +100,10 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
             continue  # a process killed while rewriting its JSON: its parts still count
     ranks: set[int] = {m["rank"] for m in metas if isinstance(m.get("rank"), int)}
     rows: dict[str, int] = {}
-    external = _external(run_dir)
+    # Re-linking reads every GPU-activity part again; it is needed only where a process saw a
+    # correlation record after it had stored the kernel it belongs to, or died before saying.
+    relink = not metas or any(m.get("relink_needed", True) for m in metas)
+    external = _external(run_dir) if relink else {}
     for kind in KINDS:
         d = run_dir / kind
         if not d.is_dir():
@@ -145,7 +148,7 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
         "command": command if command is not None else (metas[0].get("argv") if metas else None),
         "exit_code": exit_code,
         "host": socket.gethostname(),
-        "devices": _gpus(),
+        "devices": next((m["devices"] for m in metas if m.get("devices")), None) or _gpus(),
         "versions": metas[0].get("versions", {}) if metas else {},
         "ranks": sorted(ranks) or [0],
         "processes": [{k: m.get(k) for k in ("rank", "pid", "argv", "events", "handlers", "status", "steps_seen",

@@ -1,0 +1,72 @@
+"""CUPTI activity buffers decoded in C (native/cupti_drain.c), drained as columns.
+
+The CUPTI handler uses this when the small C library builds and binds to the
+libcupti already loaded in the process; otherwise it decodes cupti-python's
+record objects in Python.  Either way the tables have the same columns.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+# Kinds and column order of cupti_drain.c
+KIND_INDEX = {"kernel": 0, "memcpy": 1, "memset": 2, "sync": 3, "api": 4, "external": 5}
+COLUMNS = {
+    "kernel": ("start_ns", "end_ns", "device", "stream", "correlation", "name", "grid_x", "grid_y", "grid_z",
+               "block_x", "block_y", "block_z", "registers", "shared_bytes"),
+    "memcpy": ("start_ns", "end_ns", "device", "stream", "correlation", "bytes", "copy_kind"),
+    "memset": ("start_ns", "end_ns", "device", "stream", "correlation", "bytes"),
+    "sync": ("start_ns", "end_ns", "stream", "correlation", "sync_type"),
+    "api": ("start_ns", "end_ns", "pid", "tid", "correlation", "cbid", "is_driver"),
+    "external": ("correlation", "external_id"),
+}
+STAT = {"records": 0, "kernels_seen": 1, "dropped": 2, "buffers": 3, "decode_ns": 4}
+
+
+class NativeCupti:
+    def __init__(self, lib: Any, libcupti: str, buffer_bytes: int) -> None:
+        self.lib = lib
+        if lib.pp_cupti_init(libcupti.encode(), buffer_bytes) != 0:
+            raise RuntimeError(lib.pp_cupti_error().decode())
+        self._names: list[str] = []
+
+    def register(self) -> None:
+        if self.lib.pp_cupti_register() != 0:
+            raise RuntimeError(self.lib.pp_cupti_error().decode())
+
+    def keep_api(self, driver: bool, cbid: int, keep: bool) -> None:
+        self.lib.pp_cupti_keep_api(int(driver), int(cbid), int(keep))
+
+    @property
+    def push_pop(self) -> tuple[int, int]:
+        return self.lib.pp_cupti_push_fn(), self.lib.pp_cupti_pop_fn()
+
+    def stat(self, name: str) -> int:
+        return int(self.lib.pp_cupti_stat(STAT[name]))
+
+    def kernel_names(self) -> pa.Array:
+        n = self.lib.pp_cupti_string_count()
+        for i in range(len(self._names), n):
+            self._names.append(self.lib.pp_cupti_string(i).decode("utf-8", "replace"))
+        return pa.array(self._names, pa.string())
+
+    def take(self) -> dict[str, dict[str, np.ndarray]]:
+        """Every kind's rows decoded since the last call, as NumPy columns."""
+        out = {}
+        lib = self.lib
+        for kind, k in KIND_INDEX.items():
+            n = lib.pp_cupti_take(k)
+            if n <= 0:
+                continue
+            cols = {}
+            for i, name in enumerate(COLUMNS[kind]):
+                a = np.empty(n, np.int64)
+                lib.pp_cupti_copy(k, i, a.ctypes.data_as(ctypes.c_void_p))
+                cols[name] = a
+            out[kind] = cols
+        lib.pp_cupti_release()
+        return out

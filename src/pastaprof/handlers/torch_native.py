@@ -1,0 +1,123 @@
+"""The PyTorch handler's native path: ops from a C++ RecordFunction observer and
+caching-allocator events from a C++ trace tracker (native/torch_observer.cpp).
+
+Why: the Python ``TorchDispatchMode`` costs ~4-8 us per op and ``_snapshot()``
+builds a Python dict per allocator entry; the observer costs ~1-2 us per op on
+the CPU (shapes and call site included) and the tracker ~0.1 us per block event,
+with nothing per event in Python.  Python only drains whole columns.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+# Column order of torch_observer.cpp's OpCol / MemCol.
+OP_COLS = ("start_ns", "end_ns", "tid", "id", "parent_id", "depth", "sequence_id", "is_backward", "name",
+           "input_shapes", "input_dtypes", "module", "call_site")
+MEM_COLS = ("start_ns", "device", "stream", "address", "bytes", "action")
+
+
+class NativeOps:
+    """Drains the observer's columns into ``op`` (and ``tensor``) tables."""
+
+    def __init__(self, lib: Any, rank: int) -> None:
+        self.lib = lib
+        self.rank = rank
+        self._strings: list[str] = []
+        self._path_ids: dict[str, int] = {}
+        self.mem = False
+
+    def start(self, push: int | None, pop: int | None, ext_kind: int, memory: bool) -> str | None:
+        """Start observing; returns a status line for what could not start, else None."""
+        self.lib.pp_obs_start(push, pop, ext_kind, 1, 1)
+        if memory:
+            if getattr(self.lib, "has_cuda", False) and self.lib.pp_mem_start() == 0:
+                self.mem = True
+            else:
+                return "native allocator tracker unavailable (torch built without CUDA headers found)"
+        return None
+
+    def stop(self) -> None:
+        self.lib.pp_obs_stop()
+        if self.mem:
+            self.lib.pp_mem_stop()
+
+    def set_module(self, path: str | None) -> None:
+        if path is None:
+            self.lib.pp_obs_set_module(-1)
+            return
+        i = self._path_ids.get(path)
+        if i is None:
+            i = self._path_ids[path] = self.lib.pp_obs_intern(path.encode("utf-8", "replace"))
+        self.lib.pp_obs_set_module(i)
+
+    @property
+    def dropped(self) -> int:
+        return int(self.lib.pp_obs_dropped())
+
+    def _strings_table(self) -> pa.Array:
+        n = self.lib.pp_obs_string_count()
+        for i in range(len(self._strings), n):
+            self._strings.append(self.lib.pp_obs_string(i).decode("utf-8", "replace"))
+        return pa.array(self._strings, pa.string())
+
+    def drain(self) -> dict[str, pa.Table]:
+        out: dict[str, pa.Table] = {}
+        lib = self.lib
+        n = lib.pp_obs_take()
+        if n:
+            cols = {}
+            for i, name in enumerate(OP_COLS):
+                a = np.empty(n, np.int64)
+                lib.pp_obs_copy(i, a.ctypes.data_as(ctypes.c_void_p))
+                cols[name] = a
+            lib.pp_obs_release()
+            strings = self._strings_table()
+
+            def text(codes: np.ndarray, dictionary: bool) -> pa.Array:
+                if dictionary:
+                    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32), mask=codes < 0), strings)
+                return strings.take(pa.array(codes, pa.int64(), mask=codes < 0))
+
+            ids = pa.array(cols["id"], pa.int64())
+            parent = cols["parent_id"]
+            out["op"] = pa.table({
+                "start_ns": pa.array(cols["start_ns"]), "end_ns": pa.array(cols["end_ns"]),
+                "rank": pa.array(np.full(n, self.rank, np.int32)), "tid": pa.array(cols["tid"]),
+                "id": ids, "external_id": ids, "parent_id": pa.array(parent, pa.int64(), mask=parent < 0),
+                "depth": pa.array(cols["depth"].astype(np.int32)),
+                "sequence_id": pa.array(cols["sequence_id"], pa.int64(), mask=cols["sequence_id"] < 0),
+                "is_backward": pa.array(cols["is_backward"].astype(bool)),
+                "name": text(cols["name"], True), "input_shapes": text(cols["input_shapes"], False),
+                "input_dtypes": text(cols["input_dtypes"], False), "module": text(cols["module"], True),
+                "call_site": text(cols["call_site"], True),
+            })
+        if self.mem:
+            m = lib.pp_mem_take()
+            if m:
+                cols = {}
+                for i, name in enumerate(MEM_COLS):
+                    a = np.empty(m, np.int64)
+                    lib.pp_mem_copy(i, a.ctypes.data_as(ctypes.c_void_p))
+                    cols[name] = a
+                block = np.abs(cols["action"]) == 1  # tensor blocks; segments (+-2) are reserved memory
+                sign = np.sign(cols["action"][block])
+                t = cols["start_ns"][block]
+                k = int(block.sum())
+                out["tensor"] = pa.table({
+                    "start_ns": t, "end_ns": t, "device": cols["device"][block].astype(np.int32),
+                    "stream": cols["stream"][block], "address": pa.array(cols["address"][block].astype(np.uint64)),
+                    "bytes": cols["bytes"][block] * sign, "rank": pa.array(np.full(k, self.rank, np.int32)),
+                    "name": _constant("[memory]", k), "device_type": _constant("cuda", k),
+                })
+                if not k:
+                    del out["tensor"]
+        return out
+
+
+def _constant(value: str, n: int) -> pa.Array:
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value]))

@@ -1,0 +1,226 @@
+"""Native capture helpers, compiled on first use and cached.
+
+Two small shared libraries, loaded with ctypes (no Python extension ABI, so no
+pybind11 and a short build):
+
+* ``cupti_drain.c``: CUPTI's activity buffers are decoded in C into columns,
+  instead of cupti-python building a Python object per record (capture.md section 1:
+  ~1-2 us per record on a thread that competes for the GIL).  Needs only the
+  CUPTI headers; it calls the libcupti already in the process (never a second one).
+* ``torch_observer.cpp``: a global RecordFunction observer for PyTorch ops and, with
+  CUDA, a caching-allocator trace tracker.  Built against the installed torch.
+
+Builds go to ``$PASTAPROF_CACHE`` (default ``~/.cache/pastaprof``), one directory per
+(source, compiler inputs) hash, written to a temporary name and renamed, under a
+file lock so concurrent ranks build once.  ``pastaprof run`` builds before starting
+the program; ``pastaprof build-native`` does it explicitly.  A failed build is
+remembered (``build.log`` next to it) and capture falls back to the pure-Python
+handlers, saying so in the run's status.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PASTAPROF_CACHE") or Path.home() / ".cache" / "pastaprof") / "native"
+
+
+def _compiler(cpp: bool) -> str:
+    return os.environ.get("CXX" if cpp else "CC") or ("g++" if cpp else "gcc")
+
+
+def _build(name: str, sources: list[Path], args: list[str], cpp: bool) -> Path:
+    """Compile ``sources`` into ``<cache>/<hash>/<name>.so`` unless it is there; returns
+    its path.  Raises RuntimeError with the compiler's last lines on failure."""
+    h = hashlib.sha256()
+    for s in sources:
+        h.update(s.read_bytes())
+    h.update(" ".join(args).encode())
+    h.update(_compiler(cpp).encode())
+    d = cache_dir() / f"{name}-{h.hexdigest()[:16]}"
+    lib = d / f"{name}.so"
+    if lib.exists():
+        return lib
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if lib.exists():
+            return lib
+        failed = d / "build.log"
+        if failed.exists():
+            raise RuntimeError(f"an earlier build failed (see {failed})")
+        tmp = d / f".{name}.{os.getpid()}.so"
+        sys.stderr.write(f"pastaprof: building native capture library {name} (once; cached in {d})\n")
+        cmd = [_compiler(cpp), "-O2", "-shared", "-fPIC", "-o", str(tmp), *map(str, sources), *args]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            failed.write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
+            lines = r.stderr.strip().splitlines() or ["?"]
+            first = next((ln for ln in lines if "error" in ln), lines[-1])
+            raise RuntimeError(f"build of {name} failed: {first.strip()[:200]} (log: {failed})")
+        os.replace(tmp, lib)
+    return lib
+
+
+# ---- CUPTI ------------------------------------------------------------------------
+
+def cupti_include_dirs() -> list[str]:
+    """Where cupti_activity.h is: first the nvidia-cuda-cupti wheel next to the loaded
+    libcupti (its headers match the library), then the CUDA toolkit."""
+    cands = []
+    for sp in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *sys.path}:
+        for sub in ("nvidia/cu13/include", "nvidia/cuda_cupti/include", "nvidia/cu12/include"):
+            cands.append(Path(sp) / sub)
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            cands += [Path(os.environ[env]) / "include", Path(os.environ[env]) / "extras" / "CUPTI" / "include"]
+    cands += [Path("/usr/local/cuda/include"), Path("/usr/local/cuda/extras/CUPTI/include")]
+    out = []
+    for c in cands:
+        if (c / "cupti_activity.h").exists() and str(c) not in out:
+            out.append(str(c))
+    cuda_h = [str(c) for c in cands if (c / "cuda.h").exists()]
+    return out[:1] + [c for c in cuda_h[:1] if c not in out[:1]]
+
+
+def build_cupti() -> Path:
+    inc = cupti_include_dirs()
+    if not inc:
+        raise RuntimeError("CUPTI headers not found (CUDA toolkit or the nvidia-cuda-cupti wheel)")
+    return _build("pastaprof_cupti", [HERE / "cupti_drain.c"], [f"-I{i}" for i in inc] + ["-ldl", "-lpthread"],
+                  cpp=False)
+
+
+def loaded_libcupti() -> str | None:
+    """Path of the libcupti already mapped in this process (torch's or cupti-python's)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                p = line.split()[-1] if line.strip() else ""
+                if "/libcupti.so" in p:
+                    return p
+    except OSError:
+        pass
+    return None
+
+
+# ---- PyTorch -------------------------------------------------------------------------
+
+def _torch_args() -> tuple[list[str], bool]:
+    import torch
+    from torch.utils import cpp_extension
+
+    args = [f"-I{p}" for p in cpp_extension.include_paths()]
+    args.append(f"-I{sysconfig.get_paths()['include']}")
+    libdir = os.path.join(os.path.dirname(torch.__file__), "lib")
+    args += ["-std=c++17", "-DNDEBUG", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+             f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-lc10", "-ltorch_cpu", "-w"]
+    cuda = False
+    if torch.version.cuda and os.path.exists(os.path.join(libdir, "libc10_cuda.so")):
+        home = cpp_extension.CUDA_HOME
+        inc = [Path(home) / "include"] if home else []
+        inc += [Path(p) / "nvidia" / "cu13" / "include" for p in sys.path] + \
+               [Path(p) / "nvidia" / "cuda_runtime" / "include" for p in sys.path]
+        found = next((str(i) for i in inc if (i / "cuda_runtime_api.h").exists()), None)
+        if found:
+            args += [f"-I{found}", "-DPP_CUDA", "-lc10_cuda"]
+            cuda = True
+    args.append(f"-DPP_TORCH_VERSION=\"{torch.__version__}\"")
+    return args, cuda
+
+
+def build_torch() -> tuple[Path, bool]:
+    args, cuda = _torch_args()
+    return _build("pastaprof_torch", [HERE / "torch_observer.cpp"], args, cpp=True), cuda
+
+
+_LIBS: dict[str, Any] = {}
+
+
+def load(name: str) -> Any:
+    """The ctypes library ``name`` ("cupti" or "torch"), building it if needed; raises
+    RuntimeError with a one-line reason when it cannot be had."""
+    if name in _LIBS:
+        if isinstance(_LIBS[name], Exception):
+            raise _LIBS[name]
+        return _LIBS[name]
+    if os.environ.get("PASTAPROF_NATIVE", "1") == "0":
+        err = RuntimeError("native capture disabled (PASTAPROF_NATIVE=0)")
+        _LIBS[name] = err
+        raise err
+    try:
+        if shutil.which(_compiler(name == "torch")) is None:
+            raise RuntimeError(f"no C/C++ compiler ({_compiler(name == 'torch')}) to build native capture")
+        if name == "cupti":
+            lib = ctypes.CDLL(str(build_cupti()))
+            _declare_cupti(lib)
+        else:
+            path, cuda = build_torch()
+            lib = ctypes.CDLL(str(path))
+            _declare_torch(lib)
+            lib.has_cuda = cuda
+    except (OSError, RuntimeError, ImportError) as e:
+        err = e if isinstance(e, RuntimeError) else RuntimeError(f"{type(e).__name__}: {e}")
+        _LIBS[name] = err
+        raise err from None
+    _LIBS[name] = lib
+    return lib
+
+
+def _declare_torch(lib: Any) -> None:
+    c = ctypes
+    lib.pp_obs_start.argtypes = [c.c_void_p, c.c_void_p, c.c_int, c.c_int, c.c_int]
+    lib.pp_obs_start.restype = c.c_int
+    lib.pp_obs_stop.restype = None
+    lib.pp_obs_set_module.argtypes = [c.c_int32]
+    lib.pp_obs_set_module.restype = None
+    lib.pp_obs_dropped.restype = c.c_int64
+    lib.pp_obs_take.restype = c.c_int64
+    lib.pp_obs_copy.argtypes = [c.c_int, c.c_void_p]
+    lib.pp_obs_release.restype = None
+    lib.pp_obs_string_count.restype = c.c_int64
+    lib.pp_obs_string.argtypes = [c.c_int64]
+    lib.pp_obs_string.restype = c.c_char_p
+    lib.pp_obs_intern.argtypes = [c.c_char_p]
+    lib.pp_obs_intern.restype = c.c_int32
+    lib.pp_mem_start.restype = c.c_int
+    lib.pp_mem_stop.restype = None
+    lib.pp_mem_take.restype = c.c_int64
+    lib.pp_mem_copy.argtypes = [c.c_int, c.c_void_p]
+
+
+def _declare_cupti(lib: Any) -> None:
+    c = ctypes
+    lib.pp_cupti_init.argtypes = [c.c_char_p, c.c_size_t]
+    lib.pp_cupti_init.restype = c.c_int
+    lib.pp_cupti_register.restype = c.c_int
+    lib.pp_cupti_error.restype = c.c_char_p
+    lib.pp_cupti_keep_api.argtypes = [c.c_int, c.c_int, c.c_int]
+    lib.pp_cupti_keep_api.restype = None
+    lib.pp_cupti_take.argtypes = [c.c_int]
+    lib.pp_cupti_take.restype = c.c_int64
+    lib.pp_cupti_copy.argtypes = [c.c_int, c.c_int, c.c_void_p]
+    lib.pp_cupti_copy.restype = c.c_int
+    lib.pp_cupti_release.restype = None
+    lib.pp_cupti_stat.argtypes = [c.c_int]
+    lib.pp_cupti_stat.restype = c.c_int64
+    lib.pp_cupti_string_count.restype = c.c_int64
+    lib.pp_cupti_string.argtypes = [c.c_int64]
+    lib.pp_cupti_string.restype = c.c_char_p
+    lib.pp_cupti_lookup_ext.argtypes = [c.c_void_p, c.c_void_p, c.c_int64]
+    lib.pp_cupti_lookup_ext.restype = None
+    lib.pp_cupti_push_fn.restype = c.c_void_p
+    lib.pp_cupti_pop_fn.restype = c.c_void_p

@@ -1,0 +1,296 @@
+/* pastaprof's CUPTI activity-buffer drain: records decoded in C into columns.
+ *
+ * cupti-python hands each completed buffer to Python as a list of record objects,
+ * ~1-2 us per record on CUPTI's worker thread, which competes with the profiled
+ * program for the GIL.  Here the buffer callbacks are C: records are appended to
+ * int64 column arrays under a mutex, and Python takes whole columns at each flush.
+ *
+ * The functions come from the libcupti already loaded in the process (torch's,
+ * found by pastaprof through /proc/self/maps and opened with RTLD_NOLOAD), so no
+ * second copy is ever loaded.  cupti-python still enables kinds, filters API cbids
+ * and flushes; this file only registers the buffer callbacks and decodes.
+ */
+#include <cupti_activity.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_API, K_EXTERNAL, K_COUNT };
+static const int NCOLS[K_COUNT] = {14, 7, 6, 5, 7, 2};
+#define MAXCOLS 14
+
+typedef struct {
+  int64_t* col[MAXCOLS];
+  int64_t n, cap;
+} Table;
+
+static Table g_rows[K_COUNT], g_taken[K_COUNT];
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static size_t g_buffer_bytes = 8u << 20;
+static char g_error[256];
+
+/* statistics: 0 records, 1 kernels seen, 2 dropped, 3 buffers, 4 decode ns */
+static int64_t g_stat[8];
+
+/* API records kept per domain (0 runtime, 1 driver) and cbid; default: keep */
+#define MAX_CBID 4096
+static unsigned char g_drop_api[2][MAX_CBID];
+
+/* correlation id -> external id (CUSTOM2), a ring indexed by correlation id */
+#define EXT_SLOTS (1u << 20)
+static uint32_t* g_ext_corr;
+static uint64_t* g_ext_id;
+static int g_ext_kind = CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2;
+
+/* interned kernel names: CUPTI shares one name pointer per kernel */
+static char** g_names;
+static int64_t g_nnames, g_capnames;
+static const char** g_name_ptr; /* open-addressing table of pointers -> id */
+static int32_t* g_name_id;
+#define NAME_SLOTS (1u << 16)
+
+typedef CUptiResult (*next_fn_t)(uint8_t*, size_t, CUpti_Activity**);
+typedef CUptiResult (*reg_fn_t)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
+typedef CUptiResult (*dropped_fn_t)(CUcontext, uint32_t, size_t*);
+typedef CUptiResult (*push_fn_t)(CUpti_ExternalCorrelationKind, uint64_t);
+typedef CUptiResult (*pop_fn_t)(CUpti_ExternalCorrelationKind, uint64_t*);
+static next_fn_t p_get_next;
+static reg_fn_t p_register;
+static dropped_fn_t p_dropped;
+static push_fn_t p_push;
+static pop_fn_t p_pop;
+
+static int grow(Table* t, int ncols) {
+  if (t->n < t->cap) return 0;
+  int64_t cap = t->cap ? t->cap * 2 : 4096;
+  for (int c = 0; c < ncols; ++c) {
+    int64_t* p = (int64_t*)realloc(t->col[c], (size_t)cap * sizeof(int64_t));
+    if (!p) return -1;
+    t->col[c] = p;
+  }
+  t->cap = cap;
+  return 0;
+}
+
+static int32_t name_id(const char* name) {
+  if (!name) return -1;
+  uint64_t h = (uint64_t)(uintptr_t)name;
+  h ^= h >> 17;
+  h *= 0x9e3779b97f4a7c15ULL;
+  for (uint32_t i = 0; i < NAME_SLOTS; ++i) {
+    uint32_t s = (uint32_t)((h + i) & (NAME_SLOTS - 1));
+    if (g_name_ptr[s] == name && strcmp(g_names[g_name_id[s]], name) == 0) return g_name_id[s];
+    if (g_name_ptr[s] == NULL) {
+      if (g_nnames == g_capnames) {
+        int64_t cap = g_capnames ? g_capnames * 2 : 1024;
+        char** p = (char**)realloc(g_names, (size_t)cap * sizeof(char*));
+        if (!p) return -1;
+        g_names = p;
+        g_capnames = cap;
+      }
+      g_names[g_nnames] = strdup(name);
+      g_name_ptr[s] = name;
+      g_name_id[s] = (int32_t)g_nnames;
+      return (int32_t)g_nnames++;
+    }
+  }
+  return -1; /* table full: 65k distinct kernel name pointers */
+}
+
+#define ROW(kind, ...)                                                   \
+  do {                                                                   \
+    Table* t = &g_rows[kind];                                            \
+    if (grow(t, NCOLS[kind]) == 0) {                                     \
+      int64_t v[] = {__VA_ARGS__};                                       \
+      for (int c = 0; c < NCOLS[kind]; ++c) t->col[c][t->n] = v[c];      \
+      t->n++;                                                            \
+    } else {                                                             \
+      g_stat[2]++;                                                       \
+    }                                                                    \
+  } while (0)
+
+static void decode(CUpti_Activity* r) {
+  g_stat[0]++;
+  switch (r->kind) {
+    case CUPTI_ACTIVITY_KIND_KERNEL:
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+      CUpti_ActivityKernel10* k = (CUpti_ActivityKernel10*)r;
+      g_stat[1]++;
+      ROW(K_KERNEL, (int64_t)k->start, (int64_t)k->end, k->deviceId, k->streamId, k->correlationId,
+          name_id(k->name), k->gridX, k->gridY, k->gridZ, k->blockX, k->blockY, k->blockZ, k->registersPerThread,
+          (int64_t)k->staticSharedMemory + (int64_t)k->dynamicSharedMemory);
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_MEMCPY: {
+      CUpti_ActivityMemcpy6* m = (CUpti_ActivityMemcpy6*)r;
+      ROW(K_MEMCPY, (int64_t)m->start, (int64_t)m->end, m->deviceId, m->streamId, m->correlationId,
+          (int64_t)m->bytes, m->copyKind);
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_MEMSET: {
+      CUpti_ActivityMemset4* m = (CUpti_ActivityMemset4*)r;
+      ROW(K_MEMSET, (int64_t)m->start, (int64_t)m->end, m->deviceId, m->streamId, m->correlationId,
+          (int64_t)m->bytes);
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: {
+      CUpti_ActivitySynchronization2* s = (CUpti_ActivitySynchronization2*)r;
+      ROW(K_SYNC, (int64_t)s->start, (int64_t)s->end, s->streamId, s->correlationId, s->type);
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_RUNTIME:
+    case CUPTI_ACTIVITY_KIND_DRIVER: {
+      CUpti_ActivityAPI* a = (CUpti_ActivityAPI*)r;
+      int driver = r->kind == CUPTI_ACTIVITY_KIND_DRIVER;
+      if (a->cbid < MAX_CBID && g_drop_api[driver][a->cbid]) break;
+      ROW(K_API, (int64_t)a->start, (int64_t)a->end, a->processId, a->threadId, a->correlationId, a->cbid, driver);
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
+      CUpti_ActivityExternalCorrelation* e = (CUpti_ActivityExternalCorrelation*)r;
+      if ((int)e->externalKind != g_ext_kind) break;
+      uint32_t slot = e->correlationId & (EXT_SLOTS - 1);
+      g_ext_corr[slot] = e->correlationId;
+      g_ext_id[slot] = e->externalId;
+      ROW(K_EXTERNAL, e->correlationId, (int64_t)e->externalId);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+static void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  void* p = NULL;
+  if (posix_memalign(&p, 8, g_buffer_bytes) != 0) p = NULL;
+  *buffer = (uint8_t*)p;
+  *size = p ? g_buffer_bytes : 0;
+  *max_records = 0;
+}
+
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* buffer, size_t size, size_t valid) {
+  (void)size;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  pthread_mutex_lock(&g_mu);
+  CUpti_Activity* r = NULL;
+  if (valid > 0) {
+    while (p_get_next(buffer, valid, &r) == CUPTI_SUCCESS) decode(r);
+  }
+  size_t dropped = 0;
+  if (p_dropped && p_dropped(ctx, stream, &dropped) == CUPTI_SUCCESS) g_stat[2] += (int64_t)dropped;
+  g_stat[3]++;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  g_stat[4] += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
+  pthread_mutex_unlock(&g_mu);
+  free(buffer);
+}
+
+/* ---- called from Python (ctypes) -------------------------------------------------- */
+
+const char* pp_cupti_error(void) { return g_error; }
+
+/* Bind to the libcupti at `path`, which must already be loaded. */
+int pp_cupti_init(const char* path, size_t buffer_bytes) {
+  void* h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  if (!h) {
+    snprintf(g_error, sizeof g_error, "libcupti not loaded in this process (%s)", path);
+    return -1;
+  }
+  p_get_next = (next_fn_t)dlsym(h, "cuptiActivityGetNextRecord");
+  p_register = (reg_fn_t)dlsym(h, "cuptiActivityRegisterCallbacks");
+  p_dropped = (dropped_fn_t)dlsym(h, "cuptiActivityGetNumDroppedRecords");
+  p_push = (push_fn_t)dlsym(h, "cuptiActivityPushExternalCorrelationId");
+  p_pop = (pop_fn_t)dlsym(h, "cuptiActivityPopExternalCorrelationId");
+  if (!p_get_next || !p_register || !p_push || !p_pop) {
+    snprintf(g_error, sizeof g_error, "libcupti at %s lacks the activity API", path);
+    return -1;
+  }
+  if (buffer_bytes) g_buffer_bytes = buffer_bytes;
+  if (!g_ext_corr) {
+    g_ext_corr = (uint32_t*)calloc(EXT_SLOTS, sizeof(uint32_t));
+    g_ext_id = (uint64_t*)calloc(EXT_SLOTS, sizeof(uint64_t));
+    g_name_ptr = (const char**)calloc(NAME_SLOTS, sizeof(char*));
+    g_name_id = (int32_t*)calloc(NAME_SLOTS, sizeof(int32_t));
+    if (!g_ext_corr || !g_ext_id || !g_name_ptr || !g_name_id) {
+      snprintf(g_error, sizeof g_error, "out of memory");
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* (Re-)register our buffer callbacks: CUPTI keeps one pair per process, last wins. */
+int pp_cupti_register(void) {
+  CUptiResult r = p_register(buffer_requested, buffer_completed);
+  if (r != CUPTI_SUCCESS) {
+    snprintf(g_error, sizeof g_error, "cuptiActivityRegisterCallbacks failed (%d)", (int)r);
+    return -1;
+  }
+  return 0;
+}
+
+void pp_cupti_keep_api(int driver, int cbid, int keep) {
+  if (driver >= 0 && driver < 2 && cbid >= 0 && cbid < MAX_CBID) g_drop_api[driver][cbid] = keep ? 0 : 1;
+}
+
+void* pp_cupti_push_fn(void) { return (void*)p_push; }
+void* pp_cupti_pop_fn(void) { return (void*)p_pop; }
+
+int64_t pp_cupti_stat(int i) {
+  if (i < 0 || i >= 8) return -1;
+  pthread_mutex_lock(&g_mu);
+  int64_t v = g_stat[i];
+  pthread_mutex_unlock(&g_mu);
+  return v;
+}
+
+/* Move `kind`'s rows aside; returns their number.  Then pp_cupti_copy, pp_cupti_release. */
+int64_t pp_cupti_take(int kind) {
+  if (kind < 0 || kind >= K_COUNT) return -1;
+  pthread_mutex_lock(&g_mu);
+  Table t = g_taken[kind];
+  g_taken[kind] = g_rows[kind];
+  g_rows[kind] = t;
+  g_rows[kind].n = 0;
+  pthread_mutex_unlock(&g_mu);
+  return g_taken[kind].n;
+}
+
+int pp_cupti_copy(int kind, int col, int64_t* dst) {
+  if (kind < 0 || kind >= K_COUNT || col < 0 || col >= NCOLS[kind]) return -1;
+  if (g_taken[kind].n) memcpy(dst, g_taken[kind].col[col], (size_t)g_taken[kind].n * sizeof(int64_t));
+  return 0;
+}
+
+void pp_cupti_release(void) {
+  for (int k = 0; k < K_COUNT; ++k) g_taken[k].n = 0;
+}
+
+int64_t pp_cupti_string_count(void) {
+  pthread_mutex_lock(&g_mu);
+  int64_t n = g_nnames;
+  pthread_mutex_unlock(&g_mu);
+  return n;
+}
+
+const char* pp_cupti_string(int64_t i) {
+  pthread_mutex_lock(&g_mu);
+  const char* s = (i >= 0 && i < g_nnames) ? g_names[i] : NULL;
+  pthread_mutex_unlock(&g_mu);
+  return s;
+}
+
+/* out[i] = external id of correlation corr[i] (from the ring), or -1. */
+void pp_cupti_lookup_ext(const int64_t* corr, int64_t* out, int64_t n) {
+  pthread_mutex_lock(&g_mu);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t c = (uint32_t)corr[i];
+    uint32_t slot = c & (EXT_SLOTS - 1);
+    out[i] = (corr[i] >= 0 && g_ext_corr[slot] == c && c != 0) ? (int64_t)g_ext_id[slot] : -1;
+  }
+  pthread_mutex_unlock(&g_mu);
+}

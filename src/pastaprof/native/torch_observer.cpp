@@ -1,0 +1,514 @@
+// pastaprof's PyTorch op observer: a global RecordFunction callback (the mechanism
+// torch.profiler/Kineto use), so recording an op costs no Python call.
+//
+// For every ATen op (scope FUNCTION) and autograd node (BACKWARD_FUNCTION) it
+//   * pushes the op's id as CUPTI external correlation id (kind CUSTOM2) on enter
+//     and pops it on exit, so the kernels the op launches carry the id;
+//   * appends one row to column buffers: start/end ns (CLOCK_REALTIME, the clock of
+//     time.time_ns() and CUPTI), thread, id, parent id and depth (per-thread stack),
+//     autograd sequence number, backward flag, interned name / input shapes / input
+//     dtypes / module path / call site.
+// Module paths come from Python's global module hooks (pp_obs_set_module); backward
+// ops take the module and call site of the forward op with the same sequence number.
+// The call site is the innermost Python frame outside torch and pastaprof, read only
+// for top-level forward ops on threads that run Python (nested ops inherit it).
+// With -DPP_CUDA it also attaches a CUDA caching-allocator trace tracker: alloc and
+// free events land in columns without Python and without the GIL.
+//
+// Python drains the columns through the extern "C" functions below (ctypes).
+#include <Python.h>
+#include <frameobject.h>
+#include <ATen/record_function.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
+#ifdef PP_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+inline int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+// ---- interned strings, shared by every column that holds text -------------------
+std::mutex g_str_mu;
+std::vector<std::string> g_strings;
+std::unordered_map<std::string, int32_t> g_string_ids;
+
+int32_t intern(const std::string& s) {
+  std::lock_guard<std::mutex> g(g_str_mu);
+  auto it = g_string_ids.find(s);
+  if (it != g_string_ids.end()) return it->second;
+  int32_t id = int32_t(g_strings.size());
+  g_strings.push_back(s);
+  g_string_ids.emplace(s, id);
+  return id;
+}
+
+// ---- op columns --------------------------------------------------------------------
+enum OpCol { START, END, TID, ID, PARENT, DEPTH, SEQ, BWD, NAME, SHAPES, DTYPES, MODULE, SITE, NCOLS };
+
+struct Columns {
+  std::vector<int64_t> c[NCOLS];
+  size_t size() const { return c[ID].size(); }
+};
+
+std::mutex g_mu;
+Columns g_ops, g_taken;
+std::atomic<int64_t> g_next_id{1};
+std::atomic<int64_t> g_dropped{0};
+size_t g_max_rows = size_t(1) << 26;  // bound between drains (~7 GB would be a bug elsewhere)
+
+// forward op (sequence number) -> (module, call site), for backward ops
+constexpr size_t SEQ_SLOTS = size_t(1) << 20;
+struct SeqSlot {
+  int64_t seq = -1;
+  int32_t module = -1;
+  int32_t site = -1;
+};
+std::vector<SeqSlot> g_seq(SEQ_SLOTS);
+
+typedef int (*push_fn_t)(int kind, uint64_t id);
+typedef int (*pop_fn_t)(int kind, uint64_t* id);
+push_fn_t g_push = nullptr;
+pop_fn_t g_pop = nullptr;
+int g_ext_kind = 0;
+bool g_shapes = true;
+bool g_sites = true;
+std::atomic<bool> g_on{false};
+at::CallbackHandle g_handle = 0;
+
+constexpr char kEvaluate[] = "autograd::engine::evaluate_function: ";
+
+struct Frame {
+  const void* rf;
+  int64_t id, start, seq;
+  int32_t name, shapes, dtypes, module, site;
+  bool bwd;
+};
+
+struct ThreadState {
+  std::vector<Frame> stack;
+  int32_t module = -1;  // current module path (set by Python's module hooks)
+  int64_t tid = 0;
+};
+thread_local ThreadState t_state;
+
+// ---- call site -------------------------------------------------------------------
+std::unordered_map<const void*, bool> g_lib_code;  // code object -> is library code (guarded by GIL)
+std::unordered_map<uint64_t, int32_t> g_site_ids;   // (code, line) -> string id (guarded by GIL)
+
+bool is_library(PyCodeObject* code) {
+  auto it = g_lib_code.find(code);
+  if (it != g_lib_code.end()) return it->second;
+  const char* fn = PyUnicode_AsUTF8(code->co_filename);
+  bool lib = true;
+  if (fn) {
+    std::string f(fn);
+    lib = f.find("/torch/") != std::string::npos || f.find("/pastaprof/") != std::string::npos ||
+          f.rfind("<frozen", 0) == 0 || f.find("/contextlib.py") != std::string::npos ||
+          f.find("/functools.py") != std::string::npos;
+  } else {
+    PyErr_Clear();
+  }
+  Py_INCREF(code);  // keeps the address from being reused by another code object
+  g_lib_code.emplace(code, lib);
+  return lib;
+}
+
+int32_t call_site() {
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return -1;
+#if PY_VERSION_HEX >= 0x030D0000
+  if (Py_IsFinalizing()) return -1;
+#else
+  if (_Py_IsFinalizing()) return -1;
+#endif
+  PyGILState_STATE g = PyGILState_Ensure();
+  int32_t out = -1;
+  PyFrameObject* f = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(f);
+  while (f != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(f);  // new reference
+    if (!is_library(code)) {
+      int line = PyFrame_GetLineNumber(f);
+      uint64_t key = (uint64_t(reinterpret_cast<uintptr_t>(code)) << 20) ^ uint64_t(line);
+      auto it = g_site_ids.find(key);
+      if (it != g_site_ids.end()) {
+        out = it->second;
+      } else {
+        const char* fn = PyUnicode_AsUTF8(code->co_filename);
+        const char* name = PyUnicode_AsUTF8(code->co_name);
+        if (fn && name) {
+          out = intern(std::string(fn) + "(" + std::to_string(line) + "): " + name);
+          g_site_ids.emplace(key, out);
+        } else {
+          PyErr_Clear();
+        }
+      }
+      Py_DECREF(code);
+      break;
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);  // new reference
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  PyGILState_Release(g);
+  return out;
+}
+
+// ---- shapes and dtypes, as Kineto writes them ------------------------------------
+inline uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  return h;
+}
+
+// A 64-bit key of the inputs' shapes and dtypes, so the strings are built and
+// interned once per distinct signature (per thread), not once per op.
+uint64_t signature(const at::RecordFunction& fn) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const c10::IValue& v : fn.inputs()) {
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) {
+        h = mix(h, 2);
+        continue;
+      }
+      h = mix(h, 3 + uint64_t(t.scalar_type()));
+      for (int64_t d : t.sizes()) h = mix(h, uint64_t(d));
+      h = mix(h, 0xfeed);
+    } else if (v.isTensorList()) {
+      h = mix(h, 5);
+      for (const at::Tensor& t : v.toTensorList().vec()) {
+        if (t.defined())
+          for (int64_t d : t.sizes()) h = mix(h, uint64_t(d));
+        h = mix(h, 0xbeef);
+      }
+    } else {
+      h = mix(h, v.isScalar() ? 7 : (v.isList() ? 11 : 13));
+    }
+  }
+  return h;
+}
+
+void describe_inputs(const at::RecordFunction& fn, int32_t* shapes, int32_t* dtypes) {
+  std::string s = "[", d = "[";
+  bool first = true;
+  for (const c10::IValue& v : fn.inputs()) {
+    if (!first) {
+      s += ",";
+      d += ",";
+    }
+    first = false;
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined()) {
+        s += "[";
+        auto sz = t.sizes();
+        for (size_t i = 0; i < sz.size(); ++i) {
+          if (i) s += ",";
+          s += std::to_string(sz[i]);
+        }
+        s += "]";
+        d += "\"";
+        d += std::string(t.dtype().name());
+        d += "\"";
+      } else {
+        s += "[]";
+        d += "\"\"";
+      }
+    } else if (v.isTensorList()) {
+      s += "[";
+      bool f2 = true;
+      for (const at::Tensor& t : v.toTensorList().vec()) {
+        if (!f2) s += ",";
+        f2 = false;
+        s += "[";
+        if (t.defined()) {
+          auto sz = t.sizes();
+          for (size_t i = 0; i < sz.size(); ++i) {
+            if (i) s += ",";
+            s += std::to_string(sz[i]);
+          }
+        }
+        s += "]";
+      }
+      s += "]";
+      d += "\"TensorList\"";
+    } else {
+      s += "[]";
+      d += (v.isScalar() ? "\"Scalar\"" : (v.isList() ? "\"GenericList\"" : "\"\""));
+    }
+  }
+  s += "]";
+  d += "]";
+  *shapes = intern(s);
+  *dtypes = intern(d);
+}
+
+struct Caches {
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> inputs;
+  std::unordered_map<const char*, int32_t> op_names;  // FUNCTION scope: names owned by the dispatcher
+};
+thread_local Caches t_cache;
+
+void inputs_of(const at::RecordFunction& fn, int32_t* shapes, int32_t* dtypes) {
+  uint64_t key = signature(fn);
+  auto& m = t_cache.inputs;
+  auto it = m.find(key);
+  if (it != m.end()) {
+    *shapes = it->second.first;
+    *dtypes = it->second.second;
+    return;
+  }
+  describe_inputs(fn, shapes, dtypes);
+  if (m.size() > (size_t(1) << 18)) m.clear();
+  m.emplace(key, std::make_pair(*shapes, *dtypes));
+}
+
+int32_t name_of(const at::RecordFunction& fn, const char* name) {
+  if (fn.scope() != at::RecordScope::FUNCTION) return intern(name);
+  auto& m = t_cache.op_names;
+  auto it = m.find(name);
+  if (it != m.end()) return it->second;
+  int32_t id = intern(name);
+  m.emplace(name, id);
+  return id;
+}
+
+std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  if (!g_on.load(std::memory_order_relaxed) || fn.isAsync()) return nullptr;
+  ThreadState& ts = t_state;
+  if (ts.tid == 0) ts.tid = int64_t(syscall(SYS_gettid));
+  Frame fr;
+  fr.rf = &fn;
+  fr.id = g_next_id.fetch_add(1, std::memory_order_relaxed);
+  fr.seq = fn.seqNr();
+  const char* name = fn.name();
+  fr.name = name_of(fn, name);
+  fr.shapes = fr.dtypes = -1;
+  if (g_shapes && fn.scope() == at::RecordScope::FUNCTION) inputs_of(fn, &fr.shapes, &fr.dtypes);
+  const Frame* parent = ts.stack.empty() ? nullptr : &ts.stack.back();
+  fr.bwd = fn.scope() == at::RecordScope::BACKWARD_FUNCTION || (parent && parent->bwd) ||
+           (name[0] == 'a' && std::strncmp(name, kEvaluate, sizeof(kEvaluate) - 1) == 0);
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+    const SeqSlot& s = g_seq[size_t(fr.seq) % SEQ_SLOTS];
+    bool hit = fr.seq >= 0 && s.seq == fr.seq;
+    fr.module = hit ? s.module : -1;
+    fr.site = hit ? s.site : -1;
+  } else if (parent) {
+    fr.module = parent->bwd ? parent->module : ts.module;
+    fr.site = parent->site;
+  } else {
+    fr.module = ts.module;
+    fr.site = g_sites ? call_site() : -1;
+  }
+  if (!fr.bwd && fr.seq >= 0) {
+    SeqSlot& s = g_seq[size_t(fr.seq) % SEQ_SLOTS];
+    s.seq = fr.seq;
+    s.module = fr.module;
+    s.site = fr.site;
+  }
+  if (g_push) g_push(g_ext_kind, uint64_t(fr.id));
+  fr.start = now_ns();
+  ts.stack.push_back(fr);
+  return nullptr;
+}
+
+void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
+  int64_t end = now_ns();
+  ThreadState& ts = t_state;
+  if (ts.stack.empty() || ts.stack.back().rf != &fn) return;  // began before start(), or async
+  Frame fr = ts.stack.back();
+  ts.stack.pop_back();
+  if (g_pop) {
+    uint64_t ignored;
+    g_pop(g_ext_kind, &ignored);
+  }
+  int64_t parent = ts.stack.empty() ? -1 : ts.stack.back().id;
+  std::lock_guard<std::mutex> g(g_mu);
+  if (g_ops.size() >= g_max_rows) {
+    g_dropped.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  auto& c = g_ops.c;
+  c[START].push_back(fr.start);
+  c[END].push_back(end);
+  c[TID].push_back(ts.tid);
+  c[ID].push_back(fr.id);
+  c[PARENT].push_back(parent);
+  c[DEPTH].push_back(int64_t(ts.stack.size()));
+  c[SEQ].push_back(fr.seq);
+  c[BWD].push_back(fr.bwd);
+  c[NAME].push_back(fr.name);
+  c[SHAPES].push_back(fr.shapes);
+  c[DTYPES].push_back(fr.dtypes);
+  c[MODULE].push_back(fr.module);
+  c[SITE].push_back(fr.site);
+}
+
+#ifdef PP_CUDA
+// ---- CUDA caching allocator ------------------------------------------------------
+enum MemCol { M_T, M_DEV, M_STREAM, M_ADDR, M_BYTES, M_ACTION, M_NCOLS };
+std::mutex g_mem_mu;
+std::vector<int64_t> g_mem[M_NCOLS], g_mem_taken[M_NCOLS];
+std::atomic<bool> g_mem_on{false};
+bool g_mem_attached = false;
+
+void on_alloc_event(const c10::cuda::CUDACachingAllocator::TraceEntry& e) {
+  // Runs under the allocator's mutex: no Python, no GIL, nothing that allocates on the GPU.
+  if (!g_mem_on.load(std::memory_order_relaxed)) return;
+  using A = c10::cuda::CUDACachingAllocator::TraceEntry::Action;
+  int64_t sign;
+  switch (e.action_) {
+    case A::ALLOC: sign = 1; break;
+    case A::FREE_COMPLETED: sign = -1; break;
+    case A::SEGMENT_ALLOC: sign = 2; break;
+    case A::SEGMENT_FREE: sign = -2; break;
+    default: return;
+  }
+  int64_t t = now_ns();
+  std::lock_guard<std::mutex> g(g_mem_mu);
+  if (g_mem[M_T].size() >= g_max_rows) {
+    g_dropped.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  g_mem[M_T].push_back(t);
+  g_mem[M_DEV].push_back(int64_t(e.device_));
+  g_mem[M_STREAM].push_back(int64_t(reinterpret_cast<uintptr_t>(e.stream_)));
+  g_mem[M_ADDR].push_back(int64_t(e.addr_));
+  g_mem[M_BYTES].push_back(int64_t(e.size_));
+  g_mem[M_ACTION].push_back(sign);
+}
+#endif
+
+}  // namespace
+
+extern "C" {
+
+// Start observing.  push/pop: cuptiActivityPush/PopExternalCorrelationId (or null).
+int pp_obs_start(void* push, void* pop, int ext_kind, int shapes, int sites) {
+  g_push = reinterpret_cast<push_fn_t>(push);
+  g_pop = reinterpret_cast<pop_fn_t>(pop);
+  g_ext_kind = ext_kind;
+  g_shapes = shapes != 0;
+  g_sites = sites != 0;
+  if (g_handle == 0) {
+    g_handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
+                                         .needsInputs(g_shapes)
+                                         .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  }
+  g_on.store(true);
+  return 0;
+}
+
+void pp_obs_stop() {
+  g_on.store(false);
+  if (g_handle != 0) {
+    at::removeCallback(g_handle);
+    g_handle = 0;
+  }
+}
+
+void pp_obs_set_module(int32_t path_id) { t_state.module = path_id; }
+
+int64_t pp_obs_dropped() { return g_dropped.load(); }
+
+// Move the rows recorded so far aside; returns how many.  Then pp_obs_copy each
+// column and pp_obs_release.
+int64_t pp_obs_take() {
+  std::lock_guard<std::mutex> g(g_mu);
+  std::swap(g_ops, g_taken);
+  for (auto& v : g_ops.c) v.clear();
+  return int64_t(g_taken.size());
+}
+
+int pp_obs_copy(int col, int64_t* dst) {
+  if (col < 0 || col >= NCOLS) return -1;
+  auto& v = g_taken.c[col];
+  if (!v.empty()) std::memcpy(dst, v.data(), v.size() * sizeof(int64_t));
+  return 0;
+}
+
+void pp_obs_release() {
+  for (auto& v : g_taken.c) {
+    v.clear();
+    v.shrink_to_fit();
+  }
+}
+
+int64_t pp_obs_string_count() {
+  std::lock_guard<std::mutex> g(g_str_mu);
+  return int64_t(g_strings.size());
+}
+
+// Interned string i (stable for the process's lifetime).
+const char* pp_obs_string(int64_t i) {
+  std::lock_guard<std::mutex> g(g_str_mu);
+  if (i < 0 || size_t(i) >= g_strings.size()) return nullptr;
+  return g_strings[size_t(i)].c_str();
+}
+
+int32_t pp_obs_intern(const char* s) { return intern(std::string(s)); }
+
+// ---- allocator events (only with PP_CUDA) ----
+int pp_mem_start() {
+#ifdef PP_CUDA
+  if (!g_mem_attached) {
+    c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&on_alloc_event);
+    g_mem_attached = true;  // trackers cannot be detached; g_mem_on gates them
+  }
+  g_mem_on.store(true);
+  return 0;
+#else
+  return -1;
+#endif
+}
+
+void pp_mem_stop() {
+#ifdef PP_CUDA
+  g_mem_on.store(false);
+#endif
+}
+
+int64_t pp_mem_take() {
+#ifdef PP_CUDA
+  std::lock_guard<std::mutex> g(g_mem_mu);
+  for (int i = 0; i < M_NCOLS; ++i) {
+    std::swap(g_mem[i], g_mem_taken[i]);
+    g_mem[i].clear();
+  }
+  return int64_t(g_mem_taken[M_T].size());
+#else
+  return 0;
+#endif
+}
+
+int pp_mem_copy(int col, int64_t* dst) {
+#ifdef PP_CUDA
+  if (col < 0 || col >= M_NCOLS) return -1;
+  auto& v = g_mem_taken[col];
+  if (!v.empty()) std::memcpy(dst, v.data(), v.size() * sizeof(int64_t));
+  return 0;
+#else
+  return -1;
+#endif
+}
+
+}  // extern "C"
