@@ -180,6 +180,15 @@ class CuptiActivityHandler:
         kind = int(cupti.ExternalCorrelationKind.CUSTOM2)
         if self._native is not None:
             self.native_external = (*self._native.push_pop, kind)
+        else:
+            from pastaprof import native
+
+            path = native.loaded_libcupti()
+            try:
+                if path:
+                    self.native_external = (*native.external_correlation_fns(path), kind)
+            except (OSError, AttributeError):
+                pass
         push, pop = cupti.activity_push_external_correlation_id, cupti.activity_pop_external_correlation_id
         return (lambda i: push(kind, i)), (lambda: pop(kind))
 

@@ -101,6 +101,8 @@ class Session:
         # shows up later, compaction must re-link (else it can skip re-reading the parts).
         self._unlinked = np.zeros(0, np.int64)
         self._relink_needed = False
+        self._held: dict[str, pa.Table] = {}
+        self._launches = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # recent (correlation, launch ns)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -201,7 +203,7 @@ class Session:
             for h in self.handlers:
                 h.stop()
             self._close_gate()
-            self.flush()
+            self.flush(final=True)
             self.reports = self.processor.finish() if self.processor.tools else []
         except Exception as e:
             _warn(f"capture stopped early: {type(e).__name__}: {e}")
@@ -303,7 +305,7 @@ class Session:
         return (i >= 0) & (t < we[np.clip(i, 0, None)])
 
     # -- flushing ------------------------------------------------------------
-    def flush(self) -> None:
+    def flush(self, final: bool = False) -> None:
         t0 = time.perf_counter()
         with self._lock:
             tables: dict[str, pa.Table] = {}
@@ -316,7 +318,7 @@ class Session:
                 tables["range"] = pa.table({**r, "rank": pa.array([self.rank] * n, pa.int32()),
                                             "pid": pa.array([self.pid] * n, pa.int64())})
                 self._ranges = {k: [] for k in r}
-            self._link_ops(tables)
+            self._link_ops(tables, final)
             tables = self._gated(tables)
             part = self._part
             self._part += 1
@@ -332,10 +334,16 @@ class Session:
         if tables or self._part % 10 == 1:
             self._write_meta()
 
-    def _link_ops(self, tables: dict[str, pa.Table]) -> None:
+    def _link_ops(self, tables: dict[str, pa.Table], final: bool = False) -> None:
         """op_id of GPU work and launch calls: the op id pushed as CUPTI external
         correlation around the launch.  A kernel's record may arrive a flush after
-        its correlation record, so recent correlations are kept (bounded)."""
+        its correlation record, so recent correlations are kept (bounded); and its
+        correlation record may arrive a flush after the kernel (CUPTI delivers
+        per-thread and per-device buffers independently), so GPU work without an op
+        is held back for one flush before it is stored unlinked."""
+        held, self._held = self._held, {}
+        for kind, t in held.items():
+            tables[kind] = pa.concat_tables([t, tables[kind].cast(t.schema)]) if kind in tables else t
         ext = tables.pop("external", None)
         if ext is not None and ext.num_rows:
             # Stored too: compaction re-links with all of them (a kernel's record can come
@@ -349,29 +357,46 @@ class Session:
                 self._relink_needed = True
         keys = _np_i64(self._ext["correlation"]) if self._ext is not None else np.zeros(0, np.int64)
         vals = _np_i64(self._ext["external_id"]) if self._ext is not None else np.zeros(0, np.int64)
+        held_kinds = ("kernel", "memcpy", "memset")
         for kind in ("kernel", "memcpy", "memset", "api"):
             t = tables.get(kind)
             if t is not None and t.num_rows:
                 corr = _np_i64(t["correlation"])
                 op = map_keys(corr, keys, vals)
                 tables[kind] = t.append_column("op_id", pa.array(op, pa.int64(), mask=op < 0))
-                missing = corr[(op < 0) & (corr > 0)]
+                unlinked = (op < 0) & (corr > 0)
+                if not final and kind in held_kinds:
+                    fresh = np.ones(len(op), dtype=bool)
+                    if kind in held:
+                        fresh[:held[kind].num_rows] = False
+                    hold = unlinked & fresh
+                    if hold.any():
+                        self._held[kind] = t.filter(pa.array(hold))
+                        tables[kind] = tables[kind].filter(pa.array(~hold))
+                        unlinked &= ~hold
+                missing = corr[unlinked]
                 if len(missing):
                     self._unlinked = np.concatenate([self._unlinked, missing])[-EXT_KEEP:]
 
     def _gated(self, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
-        """Keep GPU work whose launch (or start) lies in a recording window."""
+        """Keep GPU work whose launch (or start) lies in a recording window.  Launch
+        times of recent API calls are kept across flushes (bounded), since GPU work can
+        arrive a flush later than its launch call."""
         if not self.config.ranges and self.config.steps is None:
             return tables
         api = tables.get("api")
+        if api is not None and api.num_rows:
+            new = (_np_i64(api["correlation"]), _np_i64(api["start_ns"]))
+            old = self._launches
+            self._launches = (np.concatenate([old[0], new[0]])[-EXT_KEEP:], np.concatenate([old[1], new[1]])[-EXT_KEEP:])
         out = {}
         for kind, t in tables.items():
             if kind == "range" or t.num_rows == 0:
                 out[kind] = t
                 continue
             when = _np_i64(t["start_ns"])
-            if kind != "api" and api is not None and api.num_rows and "correlation" in t.column_names:
-                launch = map_keys(_np_i64(t["correlation"]), _np_i64(api["correlation"]), _np_i64(api["start_ns"]))
+            if kind != "api" and len(self._launches[0]) and "correlation" in t.column_names:
+                launch = map_keys(_np_i64(t["correlation"]), *self._launches)
                 when = np.where(launch >= 0, launch, when)
             keep = self._in_windows(when)
             self.filtered_out += int((~keep).sum())

@@ -35,10 +35,14 @@ class NativeOps:
         """Start observing; returns a status line for what could not start, else None."""
         self.lib.pp_obs_start(push, pop, ext_kind, 1, 1)
         if memory:
-            if getattr(self.lib, "has_cuda", False) and self.lib.pp_mem_start() == 0:
-                self.mem = True
-            else:
-                return "native allocator tracker unavailable (torch built without CUDA headers found)"
+            if not getattr(self.lib, "has_cuda", False):
+                return "native allocator tracker unavailable (CUDA headers not found at build)"
+            import torch
+
+            # The caching allocator's per-device parts exist only once CUDA is initialized, and a
+            # tracker attached earlier is lost: attach right after torch's lazy CUDA init.
+            self.mem = True
+            torch.cuda._lazy_call(self.lib.pp_mem_start)
         return None
 
     def stop(self) -> None:

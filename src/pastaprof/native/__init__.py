@@ -88,12 +88,15 @@ def cupti_include_dirs() -> list[str]:
         if os.environ.get(env):
             cands += [Path(os.environ[env]) / "include", Path(os.environ[env]) / "extras" / "CUPTI" / "include"]
     cands += [Path("/usr/local/cuda/include"), Path("/usr/local/cuda/extras/CUPTI/include")]
-    out = []
-    for c in cands:
-        if (c / "cupti_activity.h").exists() and str(c) not in out:
-            out.append(str(c))
-    cuda_h = [str(c) for c in cands if (c / "cuda.h").exists()]
-    return out[:1] + [c for c in cuda_h[:1] if c not in out[:1]]
+    cupti = [str(c) for c in cands if (c / "cupti_activity.h").exists()]
+    # cupti_activity.h includes cuda.h and, through it, crt/host_defines.h, which the wheels
+    # do not all ship: the toolkit's include directory comes after the CUPTI one.
+    cuda = [str(c) for c in cands if (c / "crt" / "host_defines.h").exists()]
+    out: list[str] = []
+    for c in cupti[:1] + cuda[:1]:
+        if c not in out:
+            out.append(c)
+    return out if cupti else []
 
 
 def build_cupti() -> Path:
@@ -102,6 +105,14 @@ def build_cupti() -> Path:
         raise RuntimeError("CUPTI headers not found (CUDA toolkit or the nvidia-cuda-cupti wheel)")
     return _build("pastaprof_cupti", [HERE / "cupti_drain.c"], [f"-I{i}" for i in inc] + ["-ldl", "-lpthread"],
                   cpp=False)
+
+
+def external_correlation_fns(path: str) -> tuple[int, int]:
+    """Addresses of cuptiActivityPush/PopExternalCorrelationId in the loaded libcupti
+    ``path`` (for the C++ op observer when the C drain is not available)."""
+    lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    return (ctypes.cast(lib.cuptiActivityPushExternalCorrelationId, ctypes.c_void_p).value,
+            ctypes.cast(lib.cuptiActivityPopExternalCorrelationId, ctypes.c_void_p).value)
 
 
 def loaded_libcupti() -> str | None:
