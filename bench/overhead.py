@@ -31,10 +31,15 @@ HERE = Path(__file__).resolve().parent
 STEPS = {"tiny": 1, "resnet50": 1, "gpt2": 1}
 
 
-def _workload(name: str, mode: str, out: Path, wrap: list[str] | None = None) -> dict:
+# pastaprof configurations measured: the (ops with shapes and call sites, kernels,
+# tensors) and a lean one without shapes and call sites.
+VARIANTS = {"pastaprof": {}, "pastaprof_lean": {"PASTAPROF_SHAPES": "0", "PASTAPROF_CALL_SITES": "0"}}
+
+
+def _workload(name: str, mode: str, out: Path, wrap: list[str] | None = None, env: dict | None = None) -> dict:
     js = out / f"{name}-{mode}-{time.time_ns()}.json"
     cmd = [sys.executable, str(HERE / "workloads.py"), name, mode, "--steps", str(STEPS[name]), "--json", str(js)]
-    r = subprocess.run((wrap or []) + cmd, capture_output=True, text=True)
+    r = subprocess.run((wrap or []) + cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if r.returncode != 0:
         raise RuntimeError(f"{name} {mode} failed ({r.returncode}): {r.stderr[-2000:]}")
     return json.loads(js.read_text())
@@ -42,21 +47,22 @@ def _workload(name: str, mode: str, out: Path, wrap: list[str] | None = None) ->
 
 def one_round(name: str, out: Path) -> dict:
     res = {"bare": _workload(name, "bare", out)}
-    run_dir = out / f"run-{name}-{time.time_ns()}"
-    pp = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(run_dir), "--ranges", "measure", "--"]
-    res["pastaprof"] = _workload(name, "bare", out, wrap=pp)
-    m = json.loads((run_dir / "run.json").read_text())
-    ov = m["capture_overhead"]
-    res["pastaprof"]["after_region_seconds"] = ov.get("stop_seconds", 0) + ov.get("compact_seconds", 0)
-    res["pastaprof"]["manifest"] = {k: m[k] for k in ("rows", "dropped_events", "status", "capture_overhead")}
-    proc = m["processes"][0]
-    res["pastaprof"]["kernels_stored"] = m["rows"].get("kernel", 0)
-    res["pastaprof"]["kernels_seen"] = sum(p["handlers"].get("cupti", {}).get("kernels_seen", 0)
-                                           for p in m["processes"])
-    res["pastaprof"]["kernels_filtered"] = sum((p.get("filtered_by_kind") or {}).get("kernel", 0)
-                                               for p in m["processes"])
-    res["pastaprof"]["events"] = proc["events"]
-    shutil.rmtree(run_dir, ignore_errors=True)
+    for variant, env in VARIANTS.items():
+        run_dir = out / f"run-{name}-{time.time_ns()}"
+        pp = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(run_dir), "--ranges", "measure", "--"]
+        r = res[variant] = _workload(name, "bare", out, wrap=pp, env=env)
+        m = json.loads((run_dir / "run.json").read_text())
+        ov = m["capture_overhead"]
+        r["after_region_seconds"] = ov.get("stop_seconds", 0) + ov.get("compact_seconds", 0)
+        proc = m["processes"][0]
+        r["manifest"] = {k: m[k] for k in ("rows", "dropped_events", "status")}
+        r["manifest"]["capture_overhead"] = {**ov, **proc.get("capture_overhead", {})}
+        r["kernels_stored"] = m["rows"].get("kernel", 0)
+        r["kernels_seen"] = sum(p["handlers"].get("cupti", {}).get("kernels_seen", 0) for p in m["processes"])
+        r["kernels_filtered"] = sum((p.get("filtered_by_kind") or {}).get("kernel", 0) for p in m["processes"])
+        r["events"] = proc["events"]
+        r["mechanisms"] = {h: v.get("mechanism") for h, v in proc["handlers"].items()}
+        shutil.rmtree(run_dir, ignore_errors=True)
     res["torchprof"] = _workload(name, "torchprof", out)
     return res
 
@@ -78,19 +84,26 @@ def main() -> None:
         rounds = [one_round(name, out) for _ in range(a.repeat)]
         bare = statistics.median(r["bare"]["seconds"] for r in rounds)
         pp = statistics.median(r["pastaprof"]["seconds"] + r["pastaprof"]["after_region_seconds"] for r in rounds)
+        pp_region = statistics.median(r["pastaprof"]["seconds"] for r in rounds)
+        lean = statistics.median(r["pastaprof_lean"]["seconds"] + r["pastaprof_lean"]["after_region_seconds"]
+                                 for r in rounds)
         tp = statistics.median(r["torchprof"]["seconds"] for r in rounds)
         last = rounds[-1]
         stored, tk = last["pastaprof"]["kernels_stored"], last["torchprof"]["kernels"]
         summary[name] = {
             "steps": STEPS[name], "bare_s": round(bare, 4), "pastaprof_s": round(pp, 4), "torchprof_s": round(tp, 4),
             "pastaprof_x": round(pp / bare, 3), "torchprof_x": round(tp / bare, 3),
+            "pastaprof_region_s": round(pp_region, 4), "pastaprof_region_x": round(pp_region / bare, 3),
+            "pastaprof_lean_s": round(lean, 4), "pastaprof_lean_x": round(lean / bare, 3),
+            "mechanisms": last["pastaprof"]["mechanisms"],
             "kernels_pastaprof": stored, "kernels_torchprof": tk,
             "kernel_count_diff_pct": round(100 * abs(stored - tk) / tk, 3) if tk else None,
             "kernels_seen": last["pastaprof"]["kernels_seen"], "kernels_filtered": last["pastaprof"]["kernels_filtered"],
             "nothing_lost": last["pastaprof"]["kernels_seen"] == stored + last["pastaprof"]["kernels_filtered"]
             and last["pastaprof"]["manifest"]["dropped_events"] == 0,
             "events": last["pastaprof"]["events"], "capture_overhead": last["pastaprof"]["manifest"]["capture_overhead"],
-            "rounds": [{m: r[m]["seconds"] for m in ("bare", "pastaprof", "torchprof")} for r in rounds],
+            "rounds": [{m: r[m]["seconds"] + r[m].get("after_region_seconds", 0)
+                        for m in ("bare", "pastaprof", "pastaprof_lean", "torchprof")} for r in rounds],
         }
         print(json.dumps({name: summary[name]}), flush=True)
     (out / f"overhead-steps{a.steps or 1}.json").write_text(json.dumps(summary, indent=1))

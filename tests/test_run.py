@@ -96,6 +96,7 @@ def test_no_gpu_is_reported_once_and_capture_continues(tmp_path, app):
     ({}, ("--steps", "9:3"), "PASTAPROF_STEPS='9:3'"),
     ({}, ("--kernels", "gemm("), "PASTAPROF_KERNELS='gemm('"),
     ({"PASTAPROF_RANKS": "0,x"}, (), "PASTAPROF_RANKS='0,x'"),
+    ({"PASTAPROF_SHAPES": "maybe"}, (), "PASTAPROF_SHAPES='maybe'"),
     ({}, ("-t", "kernels,nosuch"), "unknown tool 'nosuch'"),
 ])
 def test_bad_settings_stop_before_the_program_starts(tmp_path, env, flags, needle):
@@ -277,6 +278,20 @@ def test_pytorch_ops_with_shapes_modules_and_call_sites(tmp_path, native):
     assert {o["call_site"] for o in mm} == {f"{app}(6): <module>"}
     evaluate = [o for o in op if o["name"].startswith("autograd::engine::evaluate_function: ")]
     assert evaluate and all(o["is_backward"] and o["call_site"] == f"{app}(7): <module>" for o in evaluate)
+
+
+def test_no_shapes_no_call_sites(tmp_path):
+    """--no-shapes / --no-call-sites: the ops are all still there, without those columns."""
+    pytest.importorskip("torch")
+    app = tmp_path / "tapp.py"
+    app.write_text(TORCH_APP)
+    r = _run(tmp_path / "run", sys.executable, str(app), flags=("--no-shapes", "--no-call-sites"))
+    assert r.returncode == 0, r.stderr
+    op = pastaprof.load(tmp_path / "run").table("op").to_pylist()
+    addmm = [o for o in op if o["name"] in ("aten::addmm", "aten.addmm.default")]
+    assert len(addmm) == 6
+    assert all(o["input_shapes"] is None and o["call_site"] is None for o in op)
+    assert sorted(o["module"] for o in addmm) == ["Sequential_0/Linear_0"] * 3 + ["Sequential_0/Linear_1"] * 3
 
 
 def test_optimizer_steps_drive_the_step_window_until_pastaprof_step_is_called(tmp_path):

@@ -228,10 +228,14 @@ def export(path: Path, fmt: str, dest: Path, ranks: str | None) -> None:
 @click.option("--sample", metavar="N", help="Record every Nth kernel launch (PASTAPROF_SAMPLE).")
 @click.option("--steps", metavar="A:B", help="Record only steps A..B-1 (PASTAPROF_STEPS).")
 @click.option("--ranks", "ranks_", metavar="LIST", help="Record only these ranks (PASTAPROF_RANKS).")
+@click.option("--shapes/--no-shapes", default=None, help="Record ops' input shapes and dtypes (PASTAPROF_SHAPES, default on).")
+@click.option("--call-sites/--no-call-sites", default=None,
+              help="Record ops' Python call sites (PASTAPROF_CALL_SITES, default on).")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | None, sample: str | None,
-        steps: str | None, ranks_: str | None, force: bool, command: tuple[str, ...]) -> None:
+        steps: str | None, ranks_: str | None, shapes: bool | None, call_sites: bool | None, force: bool,
+        command: tuple[str, ...]) -> None:
     """Profile a program without changing it:  pastaprof run [OPTIONS] -- python train.py ARGS
 
     Works with `python -m pkg` and `torchrun ...` too; every Python process of the
@@ -240,8 +244,11 @@ def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | 
     """
     from pastaprof.handlers.launch import launch
 
+    def onoff(v: bool | None) -> str | None:
+        return None if v is None else str(int(v))
+
     flags = {"TOOLS": tools, "RANGES": ranges, "KERNELS": kernels, "SAMPLE": sample, "STEPS": steps,
-             "RANKS": ranks_}
+             "RANKS": ranks_, "SHAPES": onoff(shapes), "CALL_SITES": onoff(call_sites)}
     code = _run_guarded(lambda: launch(list(command), out, flags, force))
     sys.exit(code)
 

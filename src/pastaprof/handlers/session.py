@@ -85,6 +85,8 @@ class Session:
         self.filtered_out = 0
         self.flush_seconds = 0.0
         self.stop_seconds = 0.0
+        self.stop_handlers_seconds = 0.0  # of which: handlers' stop (CUPTI's forced flush)
+        self.final_flush_seconds = 0.0  # ... and the last drain + store write
         self.filtered_by_kind: dict[str, int] = {}
         self.started_ns = 0
         self.step = 0
@@ -158,7 +160,8 @@ class Session:
             foreign = (lambda: self._foreign_profiler(cupti, True), lambda: self._foreign_profiler(cupti, False))
             handler = TorchHandler(self.rank, push, pop, on_optimizer_step=lambda: self.next_step("optimizer"),
                                    on_range=(self.range_begin, self.range_end), on_foreign_profiler=foreign,
-                                   native_external=cupti.native_external if cupti is not None else None)
+                                   native_external=cupti.native_external if cupti is not None else None,
+                                   shapes=self.config.shapes, call_sites=self.config.call_sites)
             handler.start()
             self.status["torch"] = handler.status or "ok"
             if handler.native_status:
@@ -200,10 +203,14 @@ class Session:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         try:
+            t1 = time.perf_counter()
             for h in self.handlers:
                 h.stop()
+            self.stop_handlers_seconds = time.perf_counter() - t1
             self._close_gate()
+            t1 = time.perf_counter()
             self.flush(final=True)
+            self.final_flush_seconds = time.perf_counter() - t1
             self.reports = self.processor.finish() if self.processor.tools else []
         except Exception as e:
             _warn(f"capture stopped early: {type(e).__name__}: {e}")
@@ -325,8 +332,11 @@ class Session:
         for kind, t in tables.items():
             if t.num_rows == 0:
                 continue
-            t = conform(kind, t.append_column("pid", pa.array([self.pid] * t.num_rows, pa.int64()))
-                        if "pid" not in t.column_names else t).sort_by("start_ns")
+            t = conform(kind, t.append_column("pid", pa.array(np.full(t.num_rows, self.pid, np.int64)))
+                        if "pid" not in t.column_names else t)
+            start = _np_i64(t["start_ns"])
+            if len(start) > 1 and (np.diff(start) < 0).any():
+                t = t.take(pa.array(np.argsort(start, kind="stable")))
             self._write_part(kind, t, part)
             self.events[kind] = self.events.get(kind, 0) + t.num_rows
             self.processor.submit(kind, t, self.rank)
@@ -348,7 +358,7 @@ class Session:
         if ext is not None and ext.num_rows:
             # Stored too: compaction re-links with all of them (a kernel's record can come
             # in a later buffer than its launch's correlation record).
-            self._write_part(EXTERNAL, ext.append_column("pid", pa.array([self.pid] * ext.num_rows, pa.int64())),
+            self._write_part(EXTERNAL, ext.append_column("pid", pa.array(np.full(ext.num_rows, self.pid, np.int64))),
                              self._part)
             self._ext = pa.concat_tables([self._ext, ext]) if self._ext is not None else ext
             if self._ext.num_rows > EXT_KEEP:
@@ -425,7 +435,9 @@ class Session:
             "filtered_by_kind": self.filtered_by_kind,
             "handlers": handlers, "dropped_events": sum(h["dropped"] for h in handlers.values()),
             "capture_overhead": {"flush_seconds": round(self.flush_seconds, 6),
-                                 "stop_seconds": round(self.stop_seconds, 6)},
+                                 "stop_seconds": round(self.stop_seconds, 6),
+                                 "stop_handlers_seconds": round(self.stop_handlers_seconds, 6),
+                                 "final_flush_seconds": round(self.final_flush_seconds, 6)},
             "config": self.config.to_env(), "steps_seen": self.step, "versions": _versions(),
             "relink_needed": self._relink_needed or not self._stopped, "devices": _devices(),
         }

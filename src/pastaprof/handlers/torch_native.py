@@ -31,9 +31,10 @@ class NativeOps:
         self._path_ids: dict[str, int] = {}
         self.mem = False
 
-    def start(self, push: int | None, pop: int | None, ext_kind: int, memory: bool) -> str | None:
+    def start(self, push: int | None, pop: int | None, ext_kind: int, memory: bool, shapes: bool = True,
+              call_sites: bool = True) -> str | None:
         """Start observing; returns a status line for what could not start, else None."""
-        self.lib.pp_obs_start(push, pop, ext_kind, 1, 1)
+        self.lib.pp_obs_start(push, pop, ext_kind, int(shapes), int(call_sites))
         if memory:
             if not getattr(self.lib, "has_cuda", False):
                 return "native allocator tracker unavailable (CUDA headers not found at build)"

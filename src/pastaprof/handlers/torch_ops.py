@@ -71,8 +71,10 @@ class TorchHandler:
 
     def __init__(self, rank: int = 0, push_external: Any = None, pop_external: Any = None,
                  on_optimizer_step: Any = None, on_range: Any = None, on_foreign_profiler: Any = None,
-                 native_external: tuple[int, int, int] | None = None) -> None:
+                 native_external: tuple[int, int, int] | None = None, shapes: bool = True,
+                 call_sites: bool = True) -> None:
         self.rank = rank
+        self.shapes, self.call_sites = shapes, call_sites
         self._native_ext = native_external  # (push fn pointer, pop fn pointer, kind) for the C++ observer
         self.native: Any = None  # NativeOps when the C++ observer runs
         self.mechanism = "python"
@@ -150,7 +152,7 @@ class TorchHandler:
             return False
         ops = NativeOps(lib, self.rank)
         push, pop, kind = self._native_ext or (None, None, 0)
-        problem = ops.start(push, pop, kind, memory)
+        problem = ops.start(push, pop, kind, memory, self.shapes, self.call_sites)
         if problem:
             self.native_status = problem
         self.native = ops
@@ -303,10 +305,10 @@ class TorchHandler:
         return None
 
     def _record(self, op_id, func, args, kwargs, t0, t1, backward) -> None:
-        shapes, dtypes = _shape_and_dtype(args, kwargs)
+        shapes, dtypes = _shape_and_dtype(args, kwargs) if self.shapes else (None, None)
         stack = getattr(self._local, "stack", None)
         module = "/".join(stack) if stack else None
-        site = None if backward else self._call_site()
+        site = None if backward or not self.call_sites else self._call_site()
         s = self._strings
         with self._lock:
             c = self._cols
@@ -315,8 +317,8 @@ class TorchHandler:
             c["tid"].append(threading.get_native_id())
             c["id"].append(op_id)
             c["name"].append(self._names(str(func)))
-            c["shapes"].append(s(shapes))
-            c["dtypes"].append(s(dtypes))
+            c["shapes"].append(s(shapes) if shapes is not None else -1)
+            c["dtypes"].append(s(dtypes) if dtypes is not None else -1)
             c["module"].append(s(module) if module else -1)
             c["site"].append(s(site) if site else -1)
             c["backward"].append(backward)
