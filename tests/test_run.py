@@ -280,6 +280,21 @@ def test_pytorch_ops_with_shapes_modules_and_call_sites(tmp_path, native):
     assert evaluate and all(o["is_backward"] and o["call_site"] == f"{app}(7): <module>" for o in evaluate)
 
 
+def test_without_a_compiler_the_python_op_path_takes_over(tmp_path):
+    """No C++ compiler (so no native observer): one notice, ops still recorded."""
+    pytest.importorskip("torch")
+    app = tmp_path / "tapp.py"
+    app.write_text(TORCH_APP)
+    env = {"CXX": "no-such-compiler", "PASTAPROF_CACHE": str(tmp_path / "cache")}
+    r = _run(tmp_path / "run", sys.executable, str(app), env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "ok\n"
+    assert r.stderr.count("native op observer unavailable") == 1 and "no-such-compiler" in r.stderr
+    run = pastaprof.load(tmp_path / "run")
+    assert run.manifest["processes"][0]["handlers"]["torch"]["mechanism"] == "python"
+    assert len([o for o in run.table("op")["name"].to_pylist() if o == "aten.addmm.default"]) == 6
+
+
 def test_no_shapes_no_call_sites(tmp_path):
     """--no-shapes / --no-call-sites: the ops are all still there, without those columns."""
     pytest.importorskip("torch")

@@ -2,17 +2,19 @@
 caching-allocator block events, linked to GPU kernels through CUPTI external
 correlation (kind CUSTOM2; Kineto owns CUSTOM0/1).
 
-Mechanisms (capture.md section 3), chosen because they need no C++ build:
-* ops: a ``TorchDispatchMode`` on the thread that starts capture (autograd's
-  backward runs inside it too) sees every ATen op after autograd.  Each op gets
-  an id, pushed as CUPTI's external correlation id around the call, so the
-  kernels it launches carry it.  Cost: a Python call per op (~4-8 us); the
-  RecordFunction observer in C++ that replaces it is the next step.
+Mechanisms (capture.md section 3):
+* ops: by default a C++ RecordFunction observer (handlers/torch_native.py,
+  native/torch_observer.cpp), compiled on first use.  Fallback, where it cannot be
+  built: a ``TorchDispatchMode`` on the thread that starts capture (autograd's
+  backward runs inside it too), a Python call per op (~4-8 us).  Either way each
+  op gets an id, pushed as CUPTI's external correlation id around the call, so
+  the kernels it launches carry it.
 * modules: global forward pre/post hooks keep a per-thread stack of
   ``Class_k`` names (Kineto's naming), joined into the op's module path.
 * call site: the innermost Python frame outside torch and pastaprof.
-* tensors: ``torch.cuda.memory._record_memory_history(context=None)`` (about
-  1 us per alloc+free), drained at each flush from the allocator's ring buffer.
+* tensors: the C++ allocator trace tracker (native path), else
+  ``torch.cuda.memory._record_memory_history(context=None)`` (about 1 us per
+  alloc+free), drained at each flush from the allocator's ring buffer.
 
 Per-op data goes into preallocated-growth Python lists of ints and interned
 string ids (no object per event beyond the list slots); ``drain`` turns them
