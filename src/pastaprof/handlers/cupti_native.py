@@ -7,11 +7,12 @@ record objects in Python.  Either way the tables have the same columns.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from pastaprof.native import copy_columns
 
 # Kinds and column order of cupti_drain.c
 KIND_INDEX = {"kernel": 0, "memcpy": 1, "memset": 2, "sync": 3, "api": 4, "external": 5}
@@ -62,11 +63,6 @@ class NativeCupti:
             n = lib.pp_cupti_take(k)
             if n <= 0:
                 continue
-            cols = {}
-            for i, name in enumerate(COLUMNS[kind]):
-                a = np.empty(n, np.int64)
-                lib.pp_cupti_copy(k, i, a.ctypes.data_as(ctypes.c_void_p))
-                cols[name] = a
-            out[kind] = cols
+            out[kind] = copy_columns(lambda i, ptr, k=k: lib.pp_cupti_copy(k, i, ptr), COLUMNS[kind], n)
         lib.pp_cupti_release()
         return out

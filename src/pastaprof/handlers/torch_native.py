@@ -9,11 +9,12 @@ with nothing per event in Python.  Python only drains whole columns.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from pastaprof.native import copy_columns
 
 # Column order of torch_observer.cpp's OpCol / MemCol.
 OP_COLS = ("start_ns", "end_ns", "tid", "id", "parent_id", "depth", "sequence_id", "is_backward", "name",
@@ -75,11 +76,7 @@ class NativeOps:
         lib = self.lib
         n = lib.pp_obs_take()
         if n:
-            cols = {}
-            for i, name in enumerate(OP_COLS):
-                a = np.empty(n, np.int64)
-                lib.pp_obs_copy(i, a.ctypes.data_as(ctypes.c_void_p))
-                cols[name] = a
+            cols = copy_columns(lib.pp_obs_copy, OP_COLS, n)
             lib.pp_obs_release()
             strings = self._strings_table()
 
@@ -104,11 +101,7 @@ class NativeOps:
         if self.mem:
             m = lib.pp_mem_take()
             if m:
-                cols = {}
-                for i, name in enumerate(MEM_COLS):
-                    a = np.empty(m, np.int64)
-                    lib.pp_mem_copy(i, a.ctypes.data_as(ctypes.c_void_p))
-                    cols[name] = a
+                cols = copy_columns(lib.pp_mem_copy, MEM_COLS, m)
                 block = np.abs(cols["action"]) == 1  # tensor blocks; segments (+-2) are reserved memory
                 sign = np.sign(cols["action"][block])
                 t = cols["start_ns"][block]

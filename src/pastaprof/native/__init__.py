@@ -158,6 +158,18 @@ def build_torch() -> tuple[Path, bool]:
     return _build("pastaprof_torch", [HERE / "torch_observer.cpp"], args, cpp=True), cuda
 
 
+def copy_columns(copy: Any, names: tuple[str, ...], n: int) -> dict[str, Any]:
+    """``n`` int64 values of each column ``i`` that ``copy(i, pointer)`` writes, as NumPy arrays."""
+    import numpy as np
+
+    cols = {}
+    for i, name in enumerate(names):
+        a = np.empty(n, np.int64)
+        copy(i, a.ctypes.data_as(ctypes.c_void_p))
+        cols[name] = a
+    return cols
+
+
 _LIBS: dict[str, Any] = {}
 
 

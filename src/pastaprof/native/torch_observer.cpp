@@ -207,6 +207,15 @@ uint64_t signature(const at::RecordFunction& fn) {
   return h;
 }
 
+void append_sizes(std::string& s, c10::IntArrayRef sz) {
+  s += "[";
+  for (size_t i = 0; i < sz.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(sz[i]);
+  }
+  s += "]";
+}
+
 void describe_inputs(const at::RecordFunction& fn, int32_t* shapes, int32_t* dtypes) {
   std::string s = "[", d = "[";
   bool first = true;
@@ -219,13 +228,7 @@ void describe_inputs(const at::RecordFunction& fn, int32_t* shapes, int32_t* dty
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       if (t.defined()) {
-        s += "[";
-        auto sz = t.sizes();
-        for (size_t i = 0; i < sz.size(); ++i) {
-          if (i) s += ",";
-          s += std::to_string(sz[i]);
-        }
-        s += "]";
+        append_sizes(s, t.sizes());
         d += "\"";
         d += std::string(t.dtype().name());
         d += "\"";
@@ -239,15 +242,7 @@ void describe_inputs(const at::RecordFunction& fn, int32_t* shapes, int32_t* dty
       for (const at::Tensor& t : v.toTensorList().vec()) {
         if (!f2) s += ",";
         f2 = false;
-        s += "[";
-        if (t.defined()) {
-          auto sz = t.sizes();
-          for (size_t i = 0; i < sz.size(); ++i) {
-            if (i) s += ",";
-            s += std::to_string(sz[i]);
-          }
-        }
-        s += "]";
+        append_sizes(s, t.defined() ? t.sizes() : c10::IntArrayRef());
       }
       s += "]";
       d += "\"TensorList\"";
