@@ -26,7 +26,11 @@ APP = textwrap.dedent("""
     theirs = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     for _ in range(50): x = (x @ x).tanh()
     torch.cuda.synchronize()
-    json.dump({"before": t_before, "after": t_after, "theirs": theirs}, open(sys.argv[1], "w"))
+    time.sleep(2.5)  # past pastaprof's next flushes, which re-attach again
+    t_late = time.time_ns()
+    for _ in range(50): x = (x @ x).tanh()
+    torch.cuda.synchronize()
+    json.dump({"before": t_before, "after": t_after, "late": t_late, "theirs": theirs}, open(sys.argv[1], "w"))
 """)
 
 
@@ -45,7 +49,10 @@ def main() -> None:
     k = pastaprof.load(run).table("kernel")
     starts = k["start_ns"].to_pylist()
     res = {"torch_profiler_cuda_events": m["theirs"], "ours_before": sum(s < m["before"] for s in starts),
-           "ours_during": sum(m["before"] <= s <= m["after"] for s in starts), "ours_after": sum(s > m["after"] for s in starts),
+           "ours_during": sum(m["before"] <= s <= m["after"] for s in starts),
+           "ours_right_after": sum(m["after"] < s < m["late"] for s in starts),
+           "ours_late": sum(s >= m["late"] for s in starts), "ours_after": sum(s > m["after"] for s in starts),
+           "cupti": json.loads((run / "run.json").read_text())["processes"][0]["handlers"].get("cupti"),
            "warnings": r.stderr.count("torch.profiler ran in the program")}
     print(json.dumps(res))
     (out / "coexist.json").write_text(json.dumps(res))

@@ -97,6 +97,7 @@ class CuptiActivityHandler:
         self.mechanism = "python"
         self.native_status: str | None = None
         self.native_external: tuple[int, int, int] | None = None  # (push ptr, pop ptr, kind) for C++ callers
+        self.buffers_at_reattach = -1  # diagnostics: buffers CUPTI had asked us for at the last reattach
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
@@ -159,10 +160,15 @@ class CuptiActivityHandler:
         cupti = self._cupti
         try:
             self._register()
+            # Complete every buffer CUPTI still holds (it may have been requested through the
+            # foreign client's callback) so the next records go to buffers we hand out.
+            cupti.activity_flush_all(1)
             for kind in self._enabled:
                 cupti.activity_enable(kind)
             self._filter_api()
             self.reattached += 1
+            if self._native is not None:
+                self.buffers_at_reattach = self._native.stat("buffers_requested")
         except Exception as e:
             self.status = f"CUPTI could not be taken back after torch.profiler ({e})"
 
@@ -283,6 +289,9 @@ class CuptiActivityHandler:
     def _native_stats(self) -> None:
         n = self._native
         self.records, self.kernels_seen, self.dropped = n.stat("records"), n.stat("kernels_seen"), n.stat("dropped")
+        self.buffers = {"requested": n.stat("buffers_requested"), "completed": n.stat("buffers"),
+                        "requested_at_last_reattach": self.buffers_at_reattach,
+                        "decode_seconds": round(n.stat("decode_ns") / 1e9, 6)}
 
     def drain(self) -> dict[str, pa.Table]:
         """Everything decoded since the last drain, as raw per-kind tables."""

@@ -25,7 +25,7 @@ COLUMNS = {
     "api": ("start_ns", "end_ns", "pid", "tid", "correlation", "cbid", "is_driver"),
     "external": ("correlation", "external_id"),
 }
-STAT = {"records": 0, "kernels_seen": 1, "dropped": 2, "buffers": 3, "decode_ns": 4}
+STAT = {"records": 0, "kernels_seen": 1, "dropped": 2, "buffers": 3, "decode_ns": 4, "buffers_requested": 5}
 
 
 class NativeCupti:

@@ -104,6 +104,7 @@ class Session:
         self._unlinked = np.zeros(0, np.int64)
         self._relink_needed = False
         self._held: dict[str, pa.Table] = {}
+        self._reattach_flushes = 0
         self._launches = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # recent (correlation, launch ns)
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -187,10 +188,14 @@ class Session:
                 self.status[key] = ("torch.profiler ran in the program: CUPTI serves one client at a time, so GPU "
                                     "activity from its first session on may be missing here (ops and tensors are not)")
                 _notice(self.status[key])
+            self._reattach_flushes = 0
             if cupti is not None:
                 cupti.release()
         elif cupti is not None:
             cupti.reattach()
+            # again at the next flushes: a foreign client may disable kinds after its session
+            # object has exited (e.g. from its own thread)
+            self._reattach_flushes = 2
 
     def stop(self) -> list[Report]:
         """Final flush; returns live tools' reports.  Safe to call twice."""
@@ -314,6 +319,11 @@ class Session:
     # -- flushing ------------------------------------------------------------
     def flush(self, final: bool = False) -> None:
         t0 = time.perf_counter()
+        if self._reattach_flushes > 0 and not final:
+            self._reattach_flushes -= 1
+            for h in self.handlers:
+                if isinstance(h, CuptiActivityHandler):
+                    h.reattach()
         with self._lock:
             tables: dict[str, pa.Table] = {}
             for h in self.handlers:
@@ -426,7 +436,7 @@ class Session:
         """This process's part of the manifest (merged by compaction)."""
         handlers = {h.name: {"records": h.records, "dropped": h.dropped, "sampled_out": h.sampled_out,
                              "kernels_seen": h.kernels_seen, "reattached": getattr(h, "reattached", 0),
-                             "mechanism": getattr(h, "mechanism", "python")}
+                             "mechanism": getattr(h, "mechanism", "python"), "buffers": getattr(h, "buffers", None)}
                     for h in list(self.handlers)}
         meta = {
             "schema_version": SCHEMA_VERSION, "rank": self.rank, "pid": self.pid, "host": socket.gethostname(),

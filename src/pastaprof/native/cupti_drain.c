@@ -32,7 +32,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static size_t g_buffer_bytes = 8u << 20;
 static char g_error[256];
 
-/* statistics: 0 records, 1 kernels seen, 2 dropped, 3 buffers, 4 decode ns */
+/* statistics: 0 records, 1 kernels seen, 2 dropped, 3 buffers completed, 4 decode ns, 5 buffers requested */
 static int64_t g_stat[8];
 
 /* API records kept per domain (0 runtime, 1 driver) and cbid; default: keep */
@@ -166,6 +166,7 @@ static void decode(CUpti_Activity* r) {
 static void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   void* p = NULL;
   if (posix_memalign(&p, 8, g_buffer_bytes) != 0) p = NULL;
+  __atomic_fetch_add(&g_stat[5], 1, __ATOMIC_RELAXED);
   *buffer = (uint8_t*)p;
   *size = p ? g_buffer_bytes : 0;
   *max_records = 0;
