@@ -9,6 +9,7 @@ import json
 from itertools import accumulate
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pytest
 
 import pastaprof
@@ -305,3 +306,48 @@ def test_profiler_step_leak(tmp_path):
 def test_no_memory_events(tmp_path):
     (r,) = pastaprof.analyze(_write(tmp_path, [_x("aten::mm", 1, 5)]), tools=["memory"])
     assert r.summary["alloc_events"] == 0 and r.summary["devices"] == 0 and not r.findings
+
+
+CATEGORY_APP = '''
+import sys, torch
+from torch.profiler import profile, ProfilerActivity, record_function
+torch.manual_seed(0)
+x = torch.randn(64, 256)
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    for i in range(3):
+        with record_function(f"step{i}"):
+            loss = model(x).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+prof.export_chrome_trace(sys.argv[1])
+'''
+
+
+def test_categories_of_a_real_training_trace(tmp_path):
+    """A real PyTorch (CPU) training loop recorded by torch.profiler: the memory tool's
+    inferred categories equal what the model and optimizer are known to hold."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    app = tmp_path / "rec.py"
+    app.write_text(CATEGORY_APP)
+    trace = tmp_path / "t.json"
+    subprocess.run([sys.executable, str(app), str(trace)], check=True, capture_output=True)
+    rep = pastaprof.analyze(pastaprof.load(trace), ["memory"])[0]
+    params = 2 * (256 * 256 + 256) * 4            # two Linear layers, float32
+    lt = rep.tables["lifetimes"]
+    by_cat = {r["category"]: (r["bytes_sum"], r["bytes_count"])
+              for r in lt.group_by("category").aggregate([("bytes", "sum"), ("bytes", "count")]).to_pylist()}
+    assert by_cat["parameters"] == (params, 4)      # made in the trace before step0, live to the end
+    assert by_cat["optimizer_state"] == (params, 4)  # SGD momentum buffers, made in the first opt.step
+    assert by_cat["gradients"] == (3 * params, 12)  # made in backward, freed by zero_grad after opt.step
+    assert by_cat["activations"] == (3 * 64 * 256 * 4, 3)  # ReLU output saved for backward, each step
+    peak = rep.summary["peak_by_category"]
+    assert sum(peak.values()) == rep.summary["peak_bytes"]
+    assert peak["parameters"] == peak["optimizer_state"] == peak["gradients"] == params
+    grads = lt.filter(pc.equal(lt["category"], "gradients")).to_pylist()
+    assert all(g["op_name"] and g["free_ns"] > g["alloc_ns"] for g in grads)

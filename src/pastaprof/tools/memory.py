@@ -24,12 +24,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.processor.intervals import group_codes, innermost_enclosing
+from pastaprof.tools._memory_categories import CATEGORIES, classify, optimizer_ranges
 from pastaprof.tools.base import Finding, Report, Tool
 
 DISPLAY = {  # what the terminal shows; JSON and programs get every table and column
     "devices": ["rank", "device", "device_type", "peak_bytes", "peak_ns", "live_at_peak_bytes", "pretrace_offset_bytes",
                 "max_reserved_bytes", "never_freed_bytes", "end_bytes"],
     "live_at_peak_by_site": [],
+    "peak_by_category": ["rank", "device", "device_type", "category", "bytes", "blocks"],
     "never_freed": [],
     "steps": ["rank", "device", "device_type", "step", "allocated_at_end", "growth_bytes", "peak_bytes",
               "survivor_bytes"],
@@ -41,6 +43,8 @@ LEAK_MIN_BYTES_PER_STEP = 1 << 20
 WARN_BYTES = 16 << 20       # never-freed severity thresholds
 CRITICAL_BYTES = 1 << 30
 CAPACITY_SHARE = 0.9        # reserved peak this close to device memory is a warning
+FRAG_MIN_BYTES = 256 << 20  # reserved-but-unallocated at the peak worth a finding ...
+FRAG_SHARE = 0.2            # ... when it is also this share of what is reserved
 PROFILER_STEP_RE = r"^ProfilerStep#\d+$"
 USER_STEP_RE = r"^(train_?|iter(ation)?_?)?step[\s#_-]*\d+$"
 OPTIMIZER_STEP = "Optimizer.step#"
@@ -154,6 +158,8 @@ class Memory(Tool):
             "free_ns": pa.array(t[np.clip(fpos, 0, n - 1)], pa.int64(), mask=fpos == NEVER),
             "pretrace": pa.array(~r_alloc), **op_cols,
         })
+        blocks = self._with_free_and_category(blocks, ev, rows, fpos, op_idx, rank, pid_tid=(
+            _i64(ev["pid"]), _i64(ev["tid"])), t=t, key=key, seg=seg)
         bkey = key[rows]                              # sorted: rows are in (key, time) order
         bseg = np.searchsorted(bkey, np.arange(len(seg) + 1))
         # ---- per device: peak, what was live at it, never freed
@@ -203,6 +209,8 @@ class Memory(Tool):
         tables["live_at_peak"] = live_tab
         by_site = blocks.take(pa.array(np.concatenate(by_site_idx), pa.int64()))
         tables["live_at_peak_by_site"] = _group(by_site, SITE + ["pretrace"], ["bytes"])
+        tables["peak_by_category"] = _group(by_site, ["rank", "device", "device_type", "category"], ["bytes"])
+        tables["lifetimes"] = blocks
         never_tab = blocks.filter(pc.and_(pc.invert(blocks["pretrace"]), pc.is_null(blocks["free_ns"])))
         tables["never_freed"] = _group(never_tab, SITE, ["bytes"], [("alloc_ns", "min"), ("alloc_ns", "max")],
                                          {"alloc_ns_min": "first_alloc_ns", "alloc_ns_max": "last_alloc_ns"})
@@ -211,8 +219,50 @@ class Memory(Tool):
         tables["steps"] = pa.Table.from_pylist(step_rows) if step_rows else pa.table({"step": pa.array([], pa.string())})
         tables["step_survivors"] = pa.concat_tables(surv_tabs) if surv_tabs else pa.table({"op_name": pa.array([], pa.string())})
         findings += self._findings(dev_rows, tables["never_freed"], leaks)
-        return Report(self.name, tables=tables, findings=findings, summary=self._summary(dev_rows, leaks, step_rows),
-                      display=DISPLAY)
+        summary = self._summary(dev_rows, leaks, step_rows)
+        pc_tab = tables["peak_by_category"]
+        main = pc_tab.filter(pc.equal(pc_tab["device_type"], summary["peak_device"].split(":")[0]))
+        summary["peak_by_category"] = {r["category"]: r["bytes"] for r in main.to_pylist()
+                                       if f"{r['device_type']}:{r['device']}" == summary["peak_device"]
+                                       and r["rank"] == summary["peak_rank"]}
+        return Report(self.name, tables=tables, findings=findings, summary=summary, display=DISPLAY)
+
+    def _with_free_and_category(self, blocks, ev, rows, fpos, op_idx, rank, pid_tid, t, key, seg) -> pa.Table:
+        """Add the freeing op and call site, and the inferred category (_memory_categories)."""
+        n = len(t)
+        ops = self.table("op")
+        freed = fpos != NEVER
+        fidx = np.clip(fpos, 0, n - 1)
+        pid, tid = pid_tid
+        free_op = self._allocating_op(rank[rows][freed], pid[fidx][freed], tid[fidx][freed], t[fidx][freed])
+        free_idx = np.full(len(rows), -1)
+        free_idx[freed] = free_op
+        if ops.num_rows:
+            bwd = pc.fill_null(ops["is_backward"], False).to_numpy(zero_copy_only=False).astype(bool)
+            alloc_bwd = np.where(op_idx >= 0, bwd[np.clip(op_idx, 0, None)], False)
+            free_bwd = np.where(free_idx >= 0, bwd[np.clip(free_idx, 0, None)], False)
+            names = ops["name"].cast(pa.string()).combine_chunks()
+            sites = ops["call_site"].cast(pa.string()).combine_chunks()
+            blocks = blocks.append_column("free_op_name", _take(names, free_idx))
+            blocks = blocks.append_column("free_call_site", _take(sites, free_idx))
+        else:
+            alloc_bwd = free_bwd = np.zeros(len(rows), bool)
+            blocks = blocks.append_column("free_op_name", pa.nulls(len(rows), pa.string()))
+            blocks = blocks.append_column("free_call_site", pa.nulls(len(rows), pa.string()))
+        alloc_ns = _i64(blocks["alloc_ns"], -1)
+        free_ns = np.where(freed, t[fidx], NEVER)
+        pretrace = blocks["pretrace"].to_numpy(zero_copy_only=False).astype(bool)
+        cat = np.full(len(rows), CATEGORIES.index("unknown"), np.int8)
+        brank = rank[rows]
+        hi_all = int(t.max()) + 1
+        for r in np.unique(brank):
+            mine = brank == r
+            starts, ends, _, _ = self._step_windows(int(r), int(t[rank == r].min()), hi_all)
+            o_s, o_e = optimizer_ranges(self.table("range"), ops, int(r))
+            cat[mine] = classify(alloc_ns[mine], free_ns[mine], alloc_bwd[mine], free_bwd[mine], pretrace[mine],
+                                 starts, ends, o_s, o_e, hi_all)
+        labels = pa.array(CATEGORIES, pa.string())
+        return blocks.append_column("category", labels.take(pa.array(cat.astype(np.int32))))
 
     # ------------------------------------------------------------------ helpers
     def _allocating_op(self, rank, pid, tid, time) -> np.ndarray:
@@ -339,6 +389,13 @@ class Memory(Tool):
                 out.append(Finding("warning", f"{name}: allocator reserved {d['max_reserved_bytes'] / cap:.0%} of device memory",
                                    {"max_reserved_bytes": d["max_reserved_bytes"], "device_memory_bytes": cap,
                                     "peak_bytes": d["peak_bytes"]}))
+            unalloc = d["reserved_at_peak"] - d["peak_bytes"]
+            if d["reserved_at_peak"] > 0 and unalloc >= FRAG_MIN_BYTES and unalloc >= FRAG_SHARE * d["reserved_at_peak"]:
+                out.append(Finding("warning", f"{name}: {_fmt(unalloc)} reserved but not allocated at the peak "
+                                              f"({unalloc / d['reserved_at_peak']:.0%} of reserved): fragmentation",
+                                   {"rank": d["rank"], "reserved_at_peak": d["reserved_at_peak"],
+                                    "peak_bytes": d["peak_bytes"], "bytes_saveable": unalloc},
+                                   location="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True may return it"))
             if d["mismatched_events"]:
                 out.append(Finding("info", f"{name}: {d['mismatched_events']} events disagree with the allocator's total "
                                            "(events missing or out of order)", {"rank": d["rank"]}))
