@@ -351,3 +351,14 @@ def test_categories_of_a_real_training_trace(tmp_path):
     assert peak["parameters"] == peak["optimizer_state"] == peak["gradients"] == params
     grads = lt.filter(pc.equal(lt["category"], "gradients")).to_pylist()
     assert all(g["op_name"] and g["free_ns"] > g["alloc_ns"] for g in grads)
+
+
+def test_peak_by_category_accounts_for_the_whole_peak():
+    """GPT-2 example (H200): every byte at the peak has a category; what the allocator held
+    from before the trace (weights, grads, Adam state of a model built earlier) is before_trace."""
+    rep = pastaprof.analyze(pastaprof.load(pastaprof.example_path()), ["memory"])[0]
+    cats = rep.summary["peak_by_category"]
+    assert sum(cats.values()) == rep.summary["peak_bytes"] == 7_717_583_360
+    dev = next(d for d in rep.tables["devices"].to_pylist() if d["device_type"] == "cuda")
+    assert cats["before_trace"] == dev["pretrace_at_peak_bytes"] > 0
+    assert max(cats, key=cats.get) == "activations"

@@ -18,7 +18,10 @@ activations        allocated by a forward op inside a step and freed by a backwa
                    (saved for backward)
 temporaries        allocated and freed within one step without crossing from forward to
                    backward (workspaces, intermediate results)
-unknown            anything else, including blocks allocated before the trace began
+unknown            anything else
+before_trace       allocated before the trace began (its alloc is not in the trace); at
+                   the peak this also counts memory the allocator held from before the
+                   trace that is never freed in it (the replay's offset)
 =================  =====================================================================
 
 "Backward op" is the op table's ``is_backward`` (autograd's evaluate_function ops and
@@ -33,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-CATEGORIES = ("optimizer_state", "gradients", "parameters", "activations", "temporaries", "unknown")
+CATEGORIES = ("optimizer_state", "gradients", "parameters", "activations", "temporaries", "unknown", "before_trace")
 OPTIMIZER_STEP = "Optimizer.step#"
 NEVER = np.iinfo(np.int64).max
 
@@ -64,7 +67,7 @@ def classify(alloc_ns: np.ndarray, free_ns: np.ndarray, alloc_bwd: np.ndarray, f
     freed; ``alloc_bwd`` / ``free_bwd`` say whether the allocating / freeing op is a
     backward op."""
     n = len(alloc_ns)
-    cat = np.full(n, CATEGORIES.index("unknown"), dtype=np.int8)
+    cat = np.where(pretrace, CATEGORIES.index("before_trace"), CATEGORIES.index("unknown")).astype(np.int8)
     undecided = ~pretrace.copy()
     freed = free_ns != NEVER
 

@@ -209,7 +209,7 @@ class Memory(Tool):
         tables["live_at_peak"] = live_tab
         by_site = blocks.take(pa.array(np.concatenate(by_site_idx), pa.int64()))
         tables["live_at_peak_by_site"] = _group(by_site, SITE + ["pretrace"], ["bytes"])
-        tables["peak_by_category"] = _group(by_site, ["rank", "device", "device_type", "category"], ["bytes"])
+        tables["peak_by_category"] = self._peak_by_category(by_site, dev_rows)
         tables["lifetimes"] = blocks
         never_tab = blocks.filter(pc.and_(pc.invert(blocks["pretrace"]), pc.is_null(blocks["free_ns"])))
         tables["never_freed"] = _group(never_tab, SITE, ["bytes"], [("alloc_ns", "min"), ("alloc_ns", "max")],
@@ -222,10 +222,26 @@ class Memory(Tool):
         summary = self._summary(dev_rows, leaks, step_rows)
         pc_tab = tables["peak_by_category"]
         main = pc_tab.filter(pc.equal(pc_tab["device_type"], summary["peak_device"].split(":")[0]))
-        summary["peak_by_category"] = {r["category"]: r["bytes"] for r in main.to_pylist()
-                                       if f"{r['device_type']}:{r['device']}" == summary["peak_device"]
-                                       and r["rank"] == summary["peak_rank"]}
+        summary["peak_by_category"] = {
+            r["category"]: r["bytes"] for r in main.to_pylist()
+            if f"{r['device_type']}:{r['device']}" == summary["peak_device"] and r["rank"] == summary["peak_rank"]}
         return Report(self.name, tables=tables, findings=findings, summary=summary, display=DISPLAY)
+
+    @staticmethod
+    def _peak_by_category(live: pa.Table, dev_rows: list[dict]) -> pa.Table:
+        """Bytes live at each device's peak per category; memory the allocator held from before
+        the trace and never freed in it (no block of its own) is added to ``before_trace``, so
+        each device's rows sum to its peak."""
+        keys = ["rank", "device", "device_type", "category"]
+        rows = {tuple(r[k] for k in keys): r for r in _group(live, keys, ["bytes"]).to_pylist()}
+        for d in dev_rows:
+            dk = (d["rank"], d["device"], d["device_type"])
+            unseen = d["peak_bytes"] - sum(r["bytes"] for k, r in rows.items() if k[:3] == dk)
+            if unseen:
+                r = rows.setdefault((*dk, "before_trace"), dict(zip(keys, (*dk, "before_trace"))) | {"bytes": 0, "blocks": 0})
+                r["bytes"] += unseen
+        out = sorted(rows.values(), key=lambda r: (r["rank"], r["device_type"] != "cuda", r["device"], -r["bytes"]))
+        return pa.Table.from_pylist(out) if out else pa.table({"category": pa.array([], pa.string())})
 
     def _with_free_and_category(self, blocks, ev, rows, fpos, op_idx, rank, pid_tid, t, key, seg) -> pa.Table:
         """Add the freeing op and call site, and the inferred category (_memory_categories)."""
