@@ -385,3 +385,45 @@ def test_torch_profiler_in_the_program_is_one_warning_and_both_keep_working(tmp_
     assert r.stderr.count("torch.profiler ran in the program") == 1  # one warning, even for two sessions
     ops = pastaprof.load(tmp_path / "run").table("op")["name"].to_pylist()
     assert {"aten::add", "aten.add.Tensor"} & set(ops)  # recorded after the foreign sessions ended
+
+
+TORCHRUN_APP = textwrap.dedent("""
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    r = dist.get_rank()
+    t = torch.ones(4) * (r + 1)
+    dist.all_reduce(t)
+    net = torch.nn.Linear(8, 8)
+    net(torch.randn(2, 8)).sum().backward()
+    print(f"<rank {r} sum {t.sum().item()}>", flush=True)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.parametrize("ranks", [None, "1"])
+def test_torchrun_two_ranks_one_run(tmp_path, ranks):
+    """`pastaprof run -- torchrun --nproc_per_node 2 app.py` (gloo on CPU): each rank writes
+    its shard of one run; --ranks keeps only the chosen rank's events."""
+    pytest.importorskip("torch")
+    import socket
+
+    app = tmp_path / "ddp.py"
+    app.write_text(TORCHRUN_APP)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flags = ("--ranks", ranks) if ranks else ()
+    r = _run(tmp_path / "run", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+             "--master_addr", "127.0.0.1", "--master_port", str(port), str(app), flags=flags)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import re
+
+    # the ranks' lines may interleave on the shared stdout; (1 + 2) * 4 on both
+    assert sorted(re.findall(r"<rank \d sum [\d.]+>", r.stdout)) == ["<rank 0 sum 12.0>", "<rank 1 sum 12.0>"]
+    run = pastaprof.load(tmp_path / "run")
+    op = run.table("op").select(["rank", "name"]).to_pylist()
+    allreduce = sorted(o["rank"] for o in op if "allreduce" in str(o["name"]))
+    linear = sorted(o["rank"] for o in op if o["name"] in ("aten::linear", "aten.addmm.default"))
+    want = [0, 1] if ranks is None else [1]
+    assert allreduce == want and linear == want
+    assert set(run.manifest["ranks"]) >= set(want)
