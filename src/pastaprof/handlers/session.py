@@ -39,6 +39,7 @@ from pastaprof.handlers.imports import after_import
 from pastaprof.handlers.torch_ops import TorchHandler
 from pastaprof.processor.link import map_keys
 from pastaprof.processor.pipeline import Processor
+from pastaprof.store.writer import dictionary_columns
 from pastaprof.tools.base import Report, RunInfo, Tool
 
 SHARDS = "shards"
@@ -429,7 +430,9 @@ class Session:
         d.mkdir(exist_ok=True)
         final = d / f"rank-{self.rank}-pid-{self.pid}-part-{part:05d}.parquet"
         tmp = d / f".{final.name}.tmp"
-        pq.write_table(table, tmp, compression="zstd")
+        # lz4 and dictionaries for text only: about 2x faster than zstd with dictionaries tried on
+        # every column (this write is on the program's exit path); compaction leaves it as is.
+        pq.write_table(table, tmp, compression="lz4", use_dictionary=dictionary_columns(table.schema))
         os.replace(tmp, final)
 
     def _write_meta(self) -> None:

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pastaprof.events.schema import KINDS, SCHEMA_VERSION, conform
-from pastaprof.store.writer import MANIFEST
+from pastaprof.store.writer import MANIFEST, dictionary_columns
 
 _PART_RE = re.compile(r"^rank-(\d+)-pid-(\d+)-part-(\d+)\.parquet$")
 
@@ -132,7 +132,7 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
                 t = pa.concat_tables(tables).sort_by([("start_ns", "ascending")])
                 t = _link(t, external.get(rank))
                 tmp = d / f".rank-{rank}.parquet.tmp"
-                pq.write_table(t, tmp, compression="zstd")
+                pq.write_table(t, tmp, compression="zstd", use_dictionary=dictionary_columns(t.schema))
                 os.replace(tmp, d / f"rank-{rank}.parquet")
                 rows[kind] = rows.get(kind, 0) + t.num_rows
             for p in parts:
