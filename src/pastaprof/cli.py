@@ -231,10 +231,12 @@ def export(path: Path, fmt: str, dest: Path, ranks: str | None) -> None:
 @click.option("--shapes/--no-shapes", default=None, help="Record ops' input shapes and dtypes (PASTAPROF_SHAPES, default on).")
 @click.option("--call-sites/--no-call-sites", default=None,
               help="Record ops' Python call sites (PASTAPROF_CALL_SITES, default on).")
+@click.option("--uvm", is_flag=True, default=None, help="Record unified-memory counters (PASTAPROF_UVM).")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | None, sample: str | None,
-        steps: str | None, ranks_: str | None, shapes: bool | None, call_sites: bool | None, force: bool,
+        steps: str | None, ranks_: str | None, shapes: bool | None, call_sites: bool | None, uvm: bool | None,
+        force: bool,
         command: tuple[str, ...]) -> None:
     """Profile a program without changing it:  pastaprof run [OPTIONS] -- python train.py ARGS
 
@@ -248,7 +250,7 @@ def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | 
         return None if v is None else str(int(v))
 
     flags = {"TOOLS": tools, "RANGES": ranges, "KERNELS": kernels, "SAMPLE": sample, "STEPS": steps,
-             "RANKS": ranks_, "SHAPES": onoff(shapes), "CALL_SITES": onoff(call_sites)}
+             "RANKS": ranks_, "SHAPES": onoff(shapes), "CALL_SITES": onoff(call_sites), "UVM": onoff(uvm)}
     code = _run_guarded(lambda: launch(list(command), out, flags, force))
     sys.exit(code)
 

@@ -112,11 +112,19 @@ _SPECIFIC: dict[str, list[pa.Field]] = {
     ],
     # Unified memory: faults and migrations. ``uvm_kind``: gpu_fault, cpu_fault, htod, dtoh, dtod,
     # thrashing, throttling, remote_map. ``cause``: the migration cause where known.
+    # A CUPTI unified-memory counter record.  ``uvm_kind``: htod, dtoh, dtod (migrations:
+    # ``bytes``, ``cause`` = user/coherence/prefetch/eviction/access_counters), gpu_page_fault
+    # (``count`` = fault groups, ``cause`` = read/write/atomic/prefetch access), cpu_page_fault
+    # (``count`` = 1), thrashing, throttling, remote_map (``bytes``; ``cause`` for remote_map).
+    # ``device``: the GPU involved; ``src_device``/``dst_device``: -1 for the CPU.
     "uvm": [
         pa.field("uvm_kind", NAME),
         pa.field("address", pa.uint64()),
         pa.field("bytes", pa.int64()),
+        pa.field("count", pa.int64()),
         pa.field("cause", NAME),
+        pa.field("src_device", pa.int32()),
+        pa.field("dst_device", pa.int32()),
     ],
     # A sampled device metric, e.g. SM clock or memory used.
     "counter": [

@@ -15,6 +15,8 @@ PASTAPROF_STEPS     --steps 10:20            record only steps 10..19 (``pastapr
 PASTAPROF_RANKS     --ranks 0,2-3            record only these ranks
 PASTAPROF_SHAPES    --no-shapes              ops without input shapes/dtypes (default 1)
 PASTAPROF_CALL_SITES --no-call-sites         ops without Python call sites (default 1)
+PASTAPROF_UVM       --uvm                    unified-memory counters (faults, migrations); also
+                                             on when a chosen tool consumes them (uvm_advisor)
 PASTAPROF_TOOLS     -t kernels,ops           tools whose reports print at exit
 PASTAPROF_OUT       -o DIR                   the run directory
 ==================  =======================  ==========================================
@@ -90,6 +92,7 @@ class CaptureConfig:
     flush_ms: int = 1000
     shapes: bool = True
     call_sites: bool = True
+    uvm: bool = False
     _kernel_re: re.Pattern | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -121,10 +124,10 @@ class CaptureConfig:
             except ValueError:
                 raise UsageError(f"{ENV_PREFIX}{name}={v!r}: expected an integer") from None
 
-        def boolean(name: str) -> bool:
+        def boolean(name: str, default: bool = True) -> bool:
             v = get(name)
             if v is None:
-                return True
+                return default
             if v.lower() in ("1", "true", "yes", "on"):
                 return True
             if v.lower() in ("0", "false", "no", "off"):
@@ -139,13 +142,15 @@ class CaptureConfig:
             steps=parse_steps(get("STEPS")) if get("STEPS") else None,  # type: ignore[arg-type]
             ranks=parse_rank_list(get("RANKS")) if get("RANKS") else None,  # type: ignore[arg-type]
             flush_ms=integer("FLUSH_MS", 1000), shapes=boolean("SHAPES"), call_sites=boolean("CALL_SITES"),
+            uvm=boolean("UVM", False),
         )
 
     def to_env(self) -> dict[str, str]:
         """The environment that reproduces this config in a child process."""
         env = {"TOOLS": ",".join(self.tools), "RANGES": ",".join(self.ranges), "KERNELS": self.kernels or "",
                "SAMPLE": str(self.sample), "FLUSH_MS": str(self.flush_ms), "OUT": self.out or "",
-               "SHAPES": "" if self.shapes else "0", "CALL_SITES": "" if self.call_sites else "0"}
+               "SHAPES": "" if self.shapes else "0", "CALL_SITES": "" if self.call_sites else "0",
+               "UVM": "1" if self.uvm else ""}
         if self.steps is not None:
             env["STEPS"] = f"{self.steps[0]}:{'' if self.steps[1] is None else self.steps[1]}"
         if self.ranks is not None:

@@ -30,6 +30,13 @@ _MEMCPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD"
                 10: "PtoP"}
 _SYNC_KIND = {1: "event", 2: "stream_wait_event", 3: "stream", 4: "context"}
 _API_KEEP = ("Launch", "Memcpy", "Memset", "Synchronize", "Graph")
+_MEMORY_KIND = {0: "unknown", 1: "pageable", 2: "pinned", 3: "device", 4: "array", 5: "managed", 6: "device_static",
+                7: "managed_static"}
+_UVM_KIND = {1: "htod", 2: "dtoh", 3: "cpu_page_fault", 4: "gpu_page_fault", 5: "thrashing", 6: "throttling",
+             7: "remote_map", 8: "dtod"}
+_MIGRATION_CAUSE = {0: "unknown", 1: "user", 2: "coherence", 3: "prefetch", 4: "eviction", 5: "access_counters"}
+_ACCESS = {0: "unknown", 1: "read", 2: "write", 3: "atomic", 4: "prefetch"}
+_REMOTE_CAUSE = {0: "unknown", 1: "coherence", 2: "thrashing", 3: "policy", 4: "out_of_memory", 5: "eviction"}
 
 
 def _lookup(codes: np.ndarray, names: dict[int, str | None]) -> pa.Array:
@@ -112,7 +119,10 @@ class CuptiActivityHandler:
             self._register()
             # DRIVER too: cuBLAS/cuDNN launch through the driver API, and CUPTI emits the
             # external-correlation record (op -> kernel) only for traced API calls.
-            for kind in (K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION, K.RUNTIME, K.DRIVER):
+            kinds = [K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION, K.RUNTIME, K.DRIVER]
+            if self._native is not None:  # decoded only in C: cudaMalloc-level and pool events
+                kinds += [K.MEMORY2, K.MEMORY_POOL]
+            for kind in kinds:
                 cupti.activity_enable(kind)
                 self._enabled.append(kind)
             self._filter_api()
@@ -147,6 +157,22 @@ class CuptiActivityHandler:
             self._native.register()
         else:
             self._cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+
+    def enable_uvm(self, device: int) -> str | None:
+        """Unified-memory counters (after the CUDA context exists).  Returns None, or a
+        one-line reason why they are not recorded (the rest of the capture goes on)."""
+        if self._cupti is None or self.status is not None:
+            return "unified-memory counters not recorded: CUPTI is not available"
+        if self._native is None:
+            return "unified-memory counters not recorded: they need the native CUPTI drain"
+        K = self._cupti.ActivityKind
+        try:
+            self._native.configure_uvm(device)
+            self._cupti.activity_enable(K.UNIFIED_MEMORY_COUNTER)
+            self._enabled.append(K.UNIFIED_MEMORY_COUNTER)
+        except Exception as e:  # e.g. UM profiling not supported (MIG, some virtualised hosts)
+            return f"unified-memory counters not supported here ({e}); the rest of the capture goes on"
+        return None
 
     def release(self) -> None:
         """Before a foreign CUPTI client (torch.profiler) takes over: deliver what we have."""
@@ -337,6 +363,10 @@ class CuptiActivityHandler:
         self._native_stats()
         out = {}
         for kind, cols in taken.items():
+            if kind in ("memory", "pool", "uvm"):
+                for name, t in self._memory_tables(kind, cols).items():
+                    out[name] = pa.concat_tables([out[name], t]) if name in out else t
+                continue
             n = len(cols["correlation"])
             if kind == "kernel":
                 names = self._native.kernel_names()
@@ -365,6 +395,52 @@ class CuptiActivityHandler:
             if kind != "external":
                 t = t.append_column("rank", pa.array(np.full(n, self.rank, np.int32)))
             out[kind] = t
+        return out
+
+    def _memory_tables(self, kind: str, cols: dict[str, np.ndarray]) -> dict[str, pa.Table]:
+        """MEMORY2 / MEMORY_POOL records -> alloc and free; UNIFIED_MEMORY_COUNTER -> uvm."""
+        n = len(cols["start_ns"])
+        rank = pa.array(np.full(n, self.rank, np.int32))
+        if kind == "uvm":
+            ck, value = cols["counter_kind"], cols["value"]
+            migration = np.isin(ck, (1, 2, 8))
+            with_bytes = migration | np.isin(ck, (5, 7))
+            fault = np.isin(ck, (3, 4))
+            flags = cols["flags"]
+            cause = np.full(n, "", dtype=object)
+            for mask, names in ((migration, _MIGRATION_CAUSE), (ck == 4, _ACCESS), (ck == 7, _REMOTE_CAUSE)):
+                if mask.any():
+                    cause[mask] = [names.get(int(f), "unknown") for f in flags[mask]]
+            src, dst = cols["src_device"], cols["dst_device"]
+            gpu = np.where(ck == 1, dst, np.where(ck == 2, src, np.maximum(src, dst)))
+            end = np.where(cols["end_ns"] > 0, cols["end_ns"], cols["start_ns"])
+            return {"uvm": pa.table({
+                "start_ns": cols["start_ns"], "end_ns": end, "rank": rank, "device": gpu.astype(np.int32),
+                "stream": cols["stream"], "uvm_kind": _lookup(ck, _UVM_KIND),
+                "address": pa.array(cols["address"].astype(np.uint64)),
+                "bytes": pa.array(value, pa.int64(), mask=~with_bytes),
+                "count": pa.array(np.where(ck == 3, 1, value), pa.int64(), mask=~fault),
+                "cause": pa.array(cause, pa.string(), mask=cause == ""),
+                "src_device": src.astype(np.int32), "dst_device": dst.astype(np.int32),
+                "name": _lookup(ck, _UVM_KIND)})}
+        out = {}
+        if kind == "memory":
+            op, mk = cols["operation"], _lookup(cols["memory_kind"], _MEMORY_KIND)
+            pid = cols["pid"]
+        else:  # pool created (1) -> alloc; destroyed (2) / trimmed (3) -> free
+            op = np.where(cols["operation"] == 1, 1, 2)
+            mk = pa.array(np.where(cols["is_managed"] > 0, "managed_pool", "device_pool").astype(object), pa.string())
+            pid = np.full(n, -1)
+        for name, code in (("alloc", 1), ("free", 2)):
+            m = op == code
+            if not m.any():
+                continue
+            out[name] = pa.table({
+                "start_ns": cols["start_ns"][m], "end_ns": cols["start_ns"][m], "rank": rank.filter(pa.array(m)),
+                "device": cols["device"][m].astype(np.int32), "correlation": cols["correlation"][m],
+                "pid": pa.array(pid[m], pa.int64(), mask=pid[m] < 0),
+                "address": pa.array(cols["address"][m].astype(np.uint64)), "bytes": cols["bytes"][m],
+                "memory_kind": mk.filter(pa.array(m)), "name": mk.filter(pa.array(m))})
         return out
 
     def _sampled(self, cols: dict[str, np.ndarray], names: pa.Array) -> dict[str, np.ndarray]:

@@ -15,7 +15,8 @@ import pyarrow as pa
 from pastaprof.native import copy_columns
 
 # Kinds and column order of cupti_drain.c
-KIND_INDEX = {"kernel": 0, "memcpy": 1, "memset": 2, "sync": 3, "api": 4, "external": 5}
+KIND_INDEX = {"kernel": 0, "memcpy": 1, "memset": 2, "sync": 3, "api": 4, "external": 5, "memory": 6, "pool": 7,
+              "uvm": 8}
 COLUMNS = {
     "kernel": ("start_ns", "end_ns", "device", "stream", "correlation", "name", "grid_x", "grid_y", "grid_z",
                "block_x", "block_y", "block_z", "registers", "shared_bytes"),
@@ -24,6 +25,11 @@ COLUMNS = {
     "sync": ("start_ns", "end_ns", "stream", "correlation", "sync_type"),
     "api": ("start_ns", "end_ns", "pid", "tid", "correlation", "cbid", "is_driver"),
     "external": ("correlation", "external_id"),
+    "memory": ("start_ns", "device", "stream", "correlation", "address", "bytes", "memory_kind", "operation", "pid",
+               "is_async"),
+    "pool": ("start_ns", "device", "correlation", "address", "bytes", "utilized_bytes", "release_threshold",
+             "pool_type", "operation", "is_managed"),
+    "uvm": ("start_ns", "end_ns", "counter_kind", "value", "address", "src_device", "dst_device", "stream", "flags"),
 }
 STAT = {"records": 0, "kernels_seen": 1, "dropped": 2, "buffers": 3, "decode_ns": 4, "buffers_requested": 5}
 
@@ -34,6 +40,11 @@ class NativeCupti:
         if lib.pp_cupti_init(libcupti.encode(), buffer_bytes) != 0:
             raise RuntimeError(lib.pp_cupti_error().decode())
         self._names: list[str] = []
+
+    def configure_uvm(self, device: int) -> None:
+        """Unified-memory counters for ``device`` (before UNIFIED_MEMORY_COUNTER is enabled)."""
+        if self.lib.pp_cupti_configure_uvm(int(device)) != 0:
+            raise RuntimeError(self.lib.pp_cupti_error().decode())
 
     def register(self) -> None:
         if self.lib.pp_cupti_register() != 0:

@@ -106,6 +106,7 @@ class Session:
         self._relink_needed = False
         self._held: dict[str, pa.Table] = {}
         self._reattach_flushes = 0
+        self._uvm_pending = bool(config.uvm or any("uvm" in getattr(t, "consumes", ()) for t in (tools or [])))
         self._launches = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # recent (correlation, launch ns)
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -166,6 +167,11 @@ class Session:
                                    shapes=self.config.shapes, call_sites=self.config.call_sites)
             handler.start()
             self.status["torch"] = handler.status or "ok"
+            if self._uvm_pending and cupti is not None:
+                import torch
+
+                # CUPTI takes the UVM counter configuration only once a CUDA context exists
+                torch.cuda._lazy_call(lambda: self._enable_uvm(cupti, torch.cuda.current_device()))
             if handler.native_status:
                 self.status["torch native"] = handler.native_status
                 _notice(handler.native_status)
@@ -176,6 +182,31 @@ class Session:
             begin()
         else:
             after_import("torch", begin)
+
+    def _enable_uvm(self, cupti: CuptiActivityHandler, device: int) -> None:
+        if not self._uvm_pending:
+            return
+        self._uvm_pending = False
+        problem = cupti.enable_uvm(device)
+        self.status["uvm"] = problem or "ok"
+        if problem:
+            _notice(problem)
+
+    def _uvm_without_torch(self) -> None:
+        """Programs that use CUDA without torch (CuPy, cuda-bindings): enable the UVM counters
+        at the first flush after device 0's primary context is active."""
+        cupti = next((h for h in self.handlers if isinstance(h, CuptiActivityHandler)), None)
+        if cupti is None or "torch" in sys.modules:
+            return
+        try:
+            from cuda.bindings import driver
+
+            driver.cuInit(0)
+            err, _flags, active = driver.cuDevicePrimaryCtxGetState(0)
+        except Exception:
+            return
+        if int(err) == 0 and active:
+            self._enable_uvm(cupti, 0)
 
     def _foreign_profiler(self, cupti: CuptiActivityHandler | None, starting: bool) -> None:
         """torch.profiler in the program: CUPTI serves one activity client at a time
@@ -320,6 +351,8 @@ class Session:
     # -- flushing ------------------------------------------------------------
     def flush(self, final: bool = False) -> None:
         t0 = time.perf_counter()
+        if self._uvm_pending and self.gpu:
+            self._uvm_without_torch()
         if self._reattach_flushes > 0 and not final:
             self._reattach_flushes -= 1
             for h in self.handlers:

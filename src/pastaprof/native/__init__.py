@@ -246,4 +246,6 @@ def _declare_cupti(lib: Any) -> None:
     lib.pp_cupti_lookup_ext.argtypes = [c.c_void_p, c.c_void_p, c.c_int64]
     lib.pp_cupti_lookup_ext.restype = None
     lib.pp_cupti_push_fn.restype = c.c_void_p
+    lib.pp_cupti_configure_uvm.argtypes = [c.c_int]
+    lib.pp_cupti_configure_uvm.restype = c.c_int
     lib.pp_cupti_pop_fn.restype = c.c_void_p

@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_API, K_EXTERNAL, K_COUNT };
-static const int NCOLS[K_COUNT] = {14, 7, 6, 5, 7, 2};
+enum { K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_API, K_EXTERNAL, K_MEMORY, K_POOL, K_UVM, K_COUNT };
+static const int NCOLS[K_COUNT] = {14, 7, 6, 5, 7, 2, 10, 10, 9};
 #define MAXCOLS 14
 
 typedef struct {
@@ -57,11 +57,15 @@ typedef CUptiResult (*reg_fn_t)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersC
 typedef CUptiResult (*dropped_fn_t)(CUcontext, uint32_t, size_t*);
 typedef CUptiResult (*push_fn_t)(CUpti_ExternalCorrelationKind, uint64_t);
 typedef CUptiResult (*pop_fn_t)(CUpti_ExternalCorrelationKind, uint64_t*);
+typedef CUptiResult (*uvm_cfg_fn_t)(CUpti_ActivityUnifiedMemoryCounterConfig*, uint32_t);
+typedef CUptiResult (*result_str_fn_t)(CUptiResult, const char**);
 static next_fn_t p_get_next;
 static reg_fn_t p_register;
 static dropped_fn_t p_dropped;
 static push_fn_t p_push;
 static pop_fn_t p_pop;
+static uvm_cfg_fn_t p_uvm_cfg;
+static result_str_fn_t p_result_str;
 
 static int grow(Table* t, int ncols) {
   if (t->n < t->cap) return 0;
@@ -158,6 +162,26 @@ static void decode(CUpti_Activity* r) {
       ROW(K_EXTERNAL, e->correlationId, (int64_t)e->externalId);
       break;
     }
+    case CUPTI_ACTIVITY_KIND_MEMORY2: {
+      /* cudaMalloc/cudaFree and friends (segments, managed, pinned), not individual tensors */
+      CUpti_ActivityMemory4* m = (CUpti_ActivityMemory4*)r;
+      ROW(K_MEMORY, (int64_t)m->timestamp, m->deviceId, m->streamId, m->correlationId, (int64_t)m->address,
+          (int64_t)m->bytes, m->memoryKind, m->memoryOperationType, m->processId, m->isAsync);
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_MEMORY_POOL: {
+      CUpti_ActivityMemoryPool3* m = (CUpti_ActivityMemoryPool3*)r;
+      ROW(K_POOL, (int64_t)m->timestamp, m->deviceId, m->correlationId, (int64_t)m->address, (int64_t)m->size,
+          (int64_t)m->utilizedSize, (int64_t)m->releaseThreshold, m->memoryPoolType, m->memoryPoolOperationType,
+          m->isManagedPool);
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER: {
+      CUpti_ActivityUnifiedMemoryCounter3* u = (CUpti_ActivityUnifiedMemoryCounter3*)r;
+      ROW(K_UVM, (int64_t)u->start, (int64_t)u->end, u->counterKind, (int64_t)u->value, (int64_t)u->address,
+          (int64_t)(int32_t)u->srcId, (int64_t)(int32_t)u->dstId, u->streamId, u->flags);
+      break;
+    }
     default:
       break;
   }
@@ -206,6 +230,8 @@ int pp_cupti_init(const char* path, size_t buffer_bytes) {
   p_dropped = (dropped_fn_t)dlsym(h, "cuptiActivityGetNumDroppedRecords");
   p_push = (push_fn_t)dlsym(h, "cuptiActivityPushExternalCorrelationId");
   p_pop = (pop_fn_t)dlsym(h, "cuptiActivityPopExternalCorrelationId");
+  p_uvm_cfg = (uvm_cfg_fn_t)dlsym(h, "cuptiActivityConfigureUnifiedMemoryCounter");
+  p_result_str = (result_str_fn_t)dlsym(h, "cuptiGetResultString");
   if (!p_get_next || !p_register || !p_push || !p_pop) {
     snprintf(g_error, sizeof g_error, "libcupti at %s lacks the activity API", path);
     return -1;
@@ -236,6 +262,43 @@ int pp_cupti_register(void) {
 
 void pp_cupti_keep_api(int driver, int cbid, int keep) {
   if (driver >= 0 && driver < 2 && cbid >= 0 && cbid < MAX_CBID) g_drop_api[driver][cbid] = keep ? 0 : 1;
+}
+
+/* Unified-memory counters for `device`: HtoD/DtoH/DtoD bytes, CPU and GPU page faults,
+ * thrashing, throttling, remote map.  CUPTI wants this after the CUDA context exists and
+ * before UNIFIED_MEMORY_COUNTER is enabled.  0 on success, else the CUPTI error (text in
+ * pp_cupti_error), e.g. UM profiling not supported on MIG or some virtualised hosts. */
+int pp_cupti_configure_uvm(int device) {
+  if (!p_uvm_cfg) {
+    snprintf(g_error, sizeof g_error, "libcupti lacks cuptiActivityConfigureUnifiedMemoryCounter");
+    return -1;
+  }
+  static const CUpti_ActivityUnifiedMemoryCounterKind kinds[] = {
+      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD,
+      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH,
+      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOD,
+      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_CPU_PAGE_FAULT_COUNT,
+      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT,
+      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_THRASHING,
+      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_THROTTLING,
+      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_REMOTE_MAP};
+  enum { N = sizeof kinds / sizeof kinds[0] };
+  CUpti_ActivityUnifiedMemoryCounterConfig cfg[N];
+  memset(cfg, 0, sizeof cfg);
+  for (int i = 0; i < N; ++i) {
+    cfg[i].scope = CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_SCOPE_PROCESS_SINGLE_DEVICE;
+    cfg[i].kind = kinds[i];
+    cfg[i].deviceId = (uint32_t)device;
+    cfg[i].enable = 1;
+  }
+  CUptiResult r = p_uvm_cfg(cfg, N);
+  if (r != CUPTI_SUCCESS) {
+    const char* text = NULL;
+    if (p_result_str) p_result_str(r, &text);
+    snprintf(g_error, sizeof g_error, "%s (%d)", text ? text : "CUPTI error", (int)r);
+    return (int)r;
+  }
+  return 0;
 }
 
 void* pp_cupti_push_fn(void) { return (void*)p_push; }
