@@ -114,8 +114,8 @@ _SPECIFIC: dict[str, list[pa.Field]] = {
     # thrashing, throttling, remote_map. ``cause``: the migration cause where known.
     # A CUPTI unified-memory counter record.  ``uvm_kind``: htod, dtoh, dtod (migrations:
     # ``bytes``, ``cause`` = user/coherence/prefetch/eviction/access_counters), gpu_page_fault
-    # (``count`` = fault groups, ``cause`` = read/write/atomic/prefetch access), cpu_page_fault
-    # (``count`` = 1), thrashing, throttling, remote_map (``bytes``; ``cause`` for remote_map).
+    # (``count`` = fault groups), cpu_page_fault (``count`` = 1) -- for both ``cause`` is the
+    # access: read/write/atomic/prefetch --, thrashing, throttling, remote_map (``bytes``; ``cause`` for remote_map).
     # ``device``: the GPU involved; ``src_device``/``dst_device``: -1 for the CPU.
     "uvm": [
         pa.field("uvm_kind", NAME),

@@ -408,7 +408,7 @@ class CuptiActivityHandler:
             fault = np.isin(ck, (3, 4))
             flags = cols["flags"]
             cause = np.full(n, "", dtype=object)
-            for mask, names in ((migration, _MIGRATION_CAUSE), (ck == 4, _ACCESS), (ck == 7, _REMOTE_CAUSE)):
+            for mask, names in ((migration, _MIGRATION_CAUSE), (fault, _ACCESS), (ck == 7, _REMOTE_CAUSE)):
                 if mask.any():
                     cause[mask] = [names.get(int(f), "unknown") for f in flags[mask]]
             src, dst = cols["src_device"], cols["dst_device"]

@@ -1,0 +1,315 @@
+"""uvm_advisor -- which unified-memory allocation faults where, and a plan that fixes it.
+
+Input: CUPTI unified-memory counter records (kind ``uvm``: migrations with their cause,
+GPU and CPU page faults, thrashing, remote maps), managed allocations (kind ``alloc`` /
+``free`` with ``memory_kind`` managed, from CUPTI MEMORY2), kernels (what ran when a GPU
+fault was taken), ops and user ranges (the program points a plan can name).
+
+Attribution (vectorized): each record's address is looked up among the managed
+allocations live at its time (sorted bases, ``searchsorted``, both ends checked);
+records that fall in no allocation are counted as unattributed, never guessed.
+GPU-side records (GPU faults, HtoD migrations) are placed at the kernel running on
+their device at that time and, through the kernel's op, at the innermost user range
+around the launch; CPU faults and DtoH migrations at the host op/range at that time.
+
+Rules, per (allocation, program point), first match wins:
+
+=================================  ==========================================================
+evidence                           plan action
+=================================  ==========================================================
+migrations caused by eviction      ``oversubscribed``: chunk the working set or shrink it
+thrashing records                  ``advise`` SetPreferredLocation=device + SetAccessedBy=cpu
+GPU faults / coherence HtoD        ``prefetch`` to the device before the point
+coherence DtoH (data brought       ``prefetch`` to the CPU before the point (CPU faults
+back by CPU faults)                alone are first touches: nothing to prefetch)
+read-only GPU faults on an         additionally ``advise`` SetReadMostly
+allocation the CPU reads too
+=================================  ==========================================================
+
+Each action carries its evidence (faults, bytes, causes) and an estimated saving: the
+time of the fault-driven migrations it would remove (sum of their durations), which
+prefetching replaces by one bulk copy.  Allocations are named by where they were
+made (call site or op, plus ordinal and size), not by address, so a plan can be
+matched against another run of the same program.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pastaprof.processor.intervals import innermost_enclosing
+from pastaprof.tools.base import Finding, Report, Tool
+
+PLAN_SCHEMA = "pastaprof-uvm-plan/1"
+NEVER = np.iinfo(np.int64).max
+MIN_FAULTS = 1           # GPU/CPU fault groups at one point before prefetching is advised
+MIN_BYTES = 1 << 20      # ... or bytes migrated on demand there
+GPU_SIDE = ("gpu_page_fault", "htod")
+CPU_SIDE = ("cpu_page_fault", "dtoh")
+
+
+def _i64(col, fill: int = -1) -> np.ndarray:
+    return np.asarray(pc.fill_null(col, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _addr(col) -> np.ndarray:
+    """Addresses (uint64 columns) as int64: user-space virtual addresses are below 2**63."""
+    return np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), dtype=np.uint64).astype(np.int64)
+
+
+def _str(col) -> np.ndarray:
+    return np.asarray(pc.fill_null(col.cast(pa.string()), "").to_numpy(zero_copy_only=False), dtype=object)
+
+
+class UvmAdvisor(Tool):
+    name = "uvm_advisor"
+    description = "Unified-memory faults and migrations per allocation and program point; a prefetch/advise plan"
+    consumes = ("uvm", "alloc", "free", "kernel", "op", "range")
+
+    # ------------------------------------------------------------------ allocations
+    def _allocations(self) -> pa.Table:
+        """Managed allocations with their lifetime and a run-independent name."""
+        a, f = self.table("alloc"), self.table("free")
+        if a.num_rows:
+            a = a.filter(pc.fill_null(pc.match_substring(a["memory_kind"].cast(pa.string()), "managed"), False))
+        if a.num_rows == 0:
+            return pa.table({"alloc_id": pa.array([], pa.int64())})
+        a = a.sort_by("start_ns")
+        base, size, t0 = _addr(a["address"]), _i64(a["bytes"], 0), _i64(a["start_ns"])
+        t1 = np.full(len(base), NEVER)
+        if f.num_rows:  # a free at the same address after the alloc ends it
+            fb, ft = _addr(f["address"]), _i64(f["start_ns"])
+            for i in np.argsort(t0, kind="stable"):
+                later = np.flatnonzero((fb == base[i]) & (ft >= t0[i]))
+                if len(later):
+                    j = later[np.argmin(ft[later])]
+                    t1[i] = ft[j]
+                    ft[j] = -1  # used
+        site = self._sites_at(_i64(a["pid"]), _i64(a["tid"]), t0)
+        ordinal = np.zeros(len(base), np.int64)
+        seen: dict[str, int] = {}
+        for i, s in enumerate(site):
+            ordinal[i] = seen.get(s, 0)
+            seen[s] = ordinal[i] + 1
+        names = [f"{s}#{o} ({sz} B)" for s, o, sz in zip(site, ordinal, size)]
+        return pa.table({"alloc_id": np.arange(len(base)), "name": names, "site": site, "ordinal": ordinal,
+                         "address": base, "bytes": size, "alloc_ns": t0, "free_ns": t1,
+                         "device": _i64(a["device"])})
+
+    def _sites_at(self, pid: np.ndarray, tid: np.ndarray, t: np.ndarray) -> list[str]:
+        """Call site (else op name) of the innermost op around each time on any host thread."""
+        ops = self.table("op")
+        if ops.num_rows == 0 or len(t) == 0:
+            return ["?"] * len(t)
+        g = np.zeros(ops.num_rows, np.int64)
+        hit = innermost_enclosing(g, _i64(ops["start_ns"]), _i64(ops["end_ns"]), np.zeros(len(t), np.int64), t)
+        site, name = _str(ops["call_site"]), _str(ops["name"])
+        return [(site[h] or name[h]) if h >= 0 else "?" for h in hit]
+
+    # ------------------------------------------------------------------ attribution
+    def _attribute(self, uvm: pa.Table, allocs: pa.Table) -> np.ndarray:
+        """Allocation index per uvm record, or -1 (no managed allocation live there)."""
+        n = uvm.num_rows
+        if allocs.num_rows == 0 or n == 0:
+            return np.full(n, -1)
+        base, size = _i64(allocs["address"]), _i64(allocs["bytes"])
+        t0, t1 = _i64(allocs["alloc_ns"]), _i64(allocs["free_ns"])
+        order = np.argsort(base, kind="stable")
+        b_sorted = base[order]
+        addr, t = _addr(uvm["address"]), _i64(uvm["start_ns"])
+        out = np.full(n, -1)
+        # Address reuse: several allocations may share a base over time; try each candidate
+        # with the same base (few in practice) and keep the one live at the record's time.
+        pos = np.searchsorted(b_sorted, addr, side="right") - 1
+        for back in range(int(np.max(np.bincount(np.searchsorted(b_sorted, b_sorted))) if len(b_sorted) else 1)):
+            k = pos - back
+            ok = (k >= 0) & (out < 0)
+            idx = order[np.clip(k, 0, None)]
+            ok &= (addr >= base[idx]) & (addr < base[idx] + size[idx]) & (t >= t0[idx]) & (t < t1[idx])
+            out[ok] = idx[ok]
+        return out
+
+    def _points(self, uvm: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """(program point name, kernel name) per record: GPU-side records at the kernel running
+        then (its op's user range, else op, else kernel); CPU-side at the host op/range."""
+        n = uvm.num_rows
+        kinds = _str(uvm["uvm_kind"])
+        t = _i64(uvm["start_ns"])
+        point = np.full(n, "", dtype=object)
+        kname = np.full(n, "", dtype=object)
+        k = self.table("kernel")
+        ops, rng = self.table("op"), self.table("range")
+        user = rng.filter(pc.fill_null(pc.equal(rng["domain"].cast(pa.string()), "user"), False)) if rng.num_rows else rng
+
+        def host_point(times: np.ndarray) -> np.ndarray:
+            outp = np.full(len(times), "", dtype=object)
+            z = np.zeros(len(times), np.int64)
+            if user.num_rows:
+                h = innermost_enclosing(np.zeros(user.num_rows, np.int64), _i64(user["start_ns"]), _i64(user["end_ns"]),
+                                        z, times)
+                names = _str(user["name"])
+                outp = np.where(h >= 0, np.array([f"range:{names[x]}" for x in np.clip(h, 0, None)], dtype=object), outp)
+            if ops.num_rows:
+                top = ops.filter(pc.fill_null(pc.equal(ops["depth"], 0), True))
+                h = innermost_enclosing(np.zeros(top.num_rows, np.int64), _i64(top["start_ns"]), _i64(top["end_ns"]),
+                                        z, times)
+                names, sites = _str(top["name"]), _str(top["call_site"])
+                opn = np.array([f"op:{names[x]}@{sites[x]}" if sites[x] else f"op:{names[x]}"
+                                for x in np.clip(h, 0, None)], dtype=object)
+                outp = np.where((outp == "") & (h >= 0), opn, outp)
+            return outp
+
+        gpu = np.isin(kinds, GPU_SIDE)
+        if gpu.any() and k.num_rows:
+            ks, ke = _i64(k["start_ns"]), _i64(k["end_ns"])
+            h = innermost_enclosing(np.zeros(k.num_rows, np.int64), ks, ke, np.zeros(int(gpu.sum()), np.int64), t[gpu])
+            names = _str(k["name"])
+            kname[gpu] = np.where(h >= 0, names[np.clip(h, 0, None)], "")
+            # the kernel's launch time places it in the host program
+            launch = ks.copy()
+            if "op_id" in k.column_names and ops.num_rows:
+                op_start = dict(zip(_i64(ops["id"]).tolist(), _i64(ops["start_ns"]).tolist()))
+                launch = np.array([op_start.get(o, s) for o, s in zip(_i64(k["op_id"]).tolist(), ks.tolist())])
+            pts = host_point(launch[np.clip(h, 0, None)])
+            pts = np.where(h >= 0, pts, "")
+            pts = np.where((pts == "") & (h >= 0), np.array([f"kernel:{x}" for x in kname[gpu]], dtype=object), pts)
+            point[gpu] = pts
+        cpu = ~gpu
+        if cpu.any():
+            point[cpu] = host_point(t[cpu])
+        point = np.where(point == "", "unknown", point)
+        return point, kname
+
+    # ------------------------------------------------------------------ report
+    def report(self) -> Report:
+        uvm = self.table("uvm")
+        allocs = self._allocations()
+        tables: dict[str, pa.Table] = {"allocations": allocs}
+        if uvm.num_rows == 0:
+            return Report(self.name, tables=tables, summary={"records": 0, "allocations": allocs.num_rows,
+                                                             "actions": 0})
+        uvm = uvm.sort_by("start_ns")
+        aidx = self._attribute(uvm, allocs)
+        point, kname = self._points(uvm)
+        kinds, cause = _str(uvm["uvm_kind"]), _str(uvm["cause"])
+        nbytes, count = _i64(uvm["bytes"], 0), _i64(uvm["count"], 0)
+        dur = np.clip(_i64(uvm["end_ns"]) - _i64(uvm["start_ns"]), 0, None)
+        rec = pa.table({"alloc_id": aidx, "point": point, "kernel": kname, "uvm_kind": kinds, "cause": cause,
+                        "bytes": nbytes, "count": count, "duration_ns": dur, "start_ns": _i64(uvm["start_ns"])})
+        tables["records"] = rec
+        plan, findings, per_point = self._plan(rec, allocs)
+        tables["by_allocation_and_point"] = per_point
+        # pa.array infers the struct type from every action (from_pylist would use the first only)
+        tables["plan"] = (pa.Table.from_struct_array(pa.array(plan["actions"])) if plan["actions"]
+                          else pa.table({"action": pa.array([], pa.string())}))
+        unattributed = int((aidx < 0).sum())
+        if unattributed:
+            findings.append(Finding("info", f"{unattributed} of {len(aidx)} unified-memory records fall in no managed "
+                                            "allocation known to the capture (allocated before it, or not by cudaMallocManaged)",
+                                    {"records": unattributed}))
+        summary = {"records": len(aidx), "unattributed": unattributed, "allocations": allocs.num_rows,
+                   "gpu_faults": int(count[kinds == "gpu_page_fault"].sum()),
+                   "cpu_faults": int(count[kinds == "cpu_page_fault"].sum()),
+                   "htod_bytes": int(nbytes[kinds == "htod"].sum()), "dtoh_bytes": int(nbytes[kinds == "dtoh"].sum()),
+                   "actions": len(plan["actions"]),
+                   "estimated_saving_ns": int(sum(a["estimated_saving_ns"] for a in plan["actions"]))}
+        return Report(self.name, tables=tables, findings=findings, summary=summary,
+                      display={"by_allocation_and_point": ["alloc_id", "point", "gpu_faults", "cpu_faults",
+                                                           "htod_coherence_bytes", "dtoh_coherence_bytes",
+                                                           "thrashing_bytes", "eviction_bytes"],
+                               "plan": ["allocation", "action", "to", "before", "estimated_saving_ns"],
+                               "allocations": ["alloc_id", "name", "bytes"]})
+
+    def _plan(self, rec: pa.Table, allocs: pa.Table) -> tuple[dict[str, Any], list[Finding], pa.Table]:
+        att = rec.filter(pc.greater_equal(rec["alloc_id"], 0))
+        kinds = _str(att["uvm_kind"])
+        cause = _str(att["cause"])
+        b, c, d = _i64(att["bytes"], 0), _i64(att["count"], 0), _i64(att["duration_ns"], 0)
+        cols = {
+            "alloc_id": _i64(att["alloc_id"]), "point": _str(att["point"]),
+            "gpu_faults": np.where(kinds == "gpu_page_fault", c, 0),
+            "gpu_faults_write": np.where((kinds == "gpu_page_fault") & (cause != "read"), c, 0),
+            "cpu_faults": np.where(kinds == "cpu_page_fault", c, 0),
+            "cpu_read_faults": np.where((kinds == "cpu_page_fault") & (cause == "read"), c, 0),
+            "htod_coherence_bytes": np.where((kinds == "htod") & (cause == "coherence"), b, 0),
+            "htod_prefetch_bytes": np.where((kinds == "htod") & (cause == "prefetch"), b, 0),
+            "htod_user_bytes": np.where((kinds == "htod") & (cause == "user"), b, 0),
+            "dtoh_coherence_bytes": np.where((kinds == "dtoh") & (cause == "coherence"), b, 0),
+            "eviction_bytes": np.where(np.isin(kinds, ("htod", "dtoh", "dtod")) & (cause == "eviction"), b, 0),
+            "thrashing_bytes": np.where(kinds == "thrashing", b, 0),
+            "gpu_fault_migration_ns": np.where((kinds == "htod") & np.isin(cause, ("coherence", "prefetch")), d, 0),
+            "cpu_fault_migration_ns": np.where((kinds == "dtoh") & (cause == "coherence"), d, 0),
+            "first_ns": _i64(att["start_ns"]),
+        }
+        t = pa.table(cols)
+        sums = [k for k in cols if k not in ("alloc_id", "point", "first_ns")]
+        g = t.group_by(["alloc_id", "point"], use_threads=False).aggregate([(k, "sum") for k in sums] + [("first_ns", "min")])
+        g = g.rename_columns([c.removesuffix("_sum").replace("first_ns_min", "first_ns") for c in g.column_names])
+        g = g.sort_by([("first_ns", "ascending")])
+        arows = {r["alloc_id"]: r for r in allocs.to_pylist()}
+        # per allocation: does the CPU read it too (CPU faults) and does the GPU ever write it?
+        cpu_reads = {a for a, f in zip(_i64(g["alloc_id"]).tolist(), _i64(g["cpu_read_faults"]).tolist()) if f}
+        gpu_writes = {a for a, f in zip(_i64(g["alloc_id"]).tolist(), _i64(g["gpu_faults_write"]).tolist()) if f}
+        actions: list[dict[str, Any]] = []
+        findings: list[Finding] = []
+        for r in g.to_pylist():
+            al = arows[r["alloc_id"]]
+            target = {"allocation": al["name"], "site": al["site"], "ordinal": al["ordinal"], "bytes": al["bytes"],
+                      "point": r["point"]}
+            ev = {k: r[k] for k in sums if r[k]}
+            gpu_side = r["gpu_faults"] >= MIN_FAULTS or r["htod_coherence_bytes"] >= MIN_BYTES
+            # CPU faults alone are first touches (nothing to bring back); data migrated back is not
+            cpu_side = r["dtoh_coherence_bytes"] > 0
+            if r["eviction_bytes"]:
+                act = {"action": "oversubscribed", "advice": ["chunk the working set or shrink it"],
+                       "estimated_saving_ns": r["gpu_fault_migration_ns"] + r["cpu_fault_migration_ns"]}
+            elif r["thrashing_bytes"]:
+                act = {"action": "advise", "advice": ["SetPreferredLocation", "SetAccessedBy"],
+                       "location": f"device:{al['device']}", "accessed_by": "cpu",
+                       "estimated_saving_ns": r["gpu_fault_migration_ns"] + r["cpu_fault_migration_ns"]}
+            elif gpu_side:
+                act = {"action": "prefetch", "to": f"device:{al['device']}", "before": r["point"],
+                       "estimated_saving_ns": r["gpu_fault_migration_ns"]}
+            elif cpu_side:
+                act = {"action": "prefetch", "to": "cpu", "before": r["point"],
+                       "estimated_saving_ns": r["cpu_fault_migration_ns"]}
+            else:
+                continue
+            act = {**target, **act, "evidence": ev}
+            actions.append(act)
+            if act["action"] == "prefetch" and act["to"] != "cpu" and r["alloc_id"] in cpu_reads \
+                    and r["alloc_id"] not in gpu_writes:
+                actions.append({**target, "action": "advise", "advice": ["SetReadMostly"],
+                                "location": f"device:{al['device']}", "estimated_saving_ns": 0,
+                                "evidence": {"gpu_faults_read_only": r["gpu_faults"], "cpu_reads": True}})
+            sev = "warning" if act["estimated_saving_ns"] >= 1_000_000 else "info"
+            what = act["action"] + (f" to {act['to']}" if "to" in act else "")
+            findings.append(Finding(sev, f"{al['name']}: {what} before {r['point']} "
+                                         f"(saves ~{act['estimated_saving_ns'] / 1e6:.2f} ms of fault-driven migration)",
+                                    act, location=al["site"]))
+        plan = {"schema": PLAN_SCHEMA, "actions": actions}
+        return plan, findings, g
+
+
+def plan_of(report: Report) -> dict[str, Any]:
+    """The plan of a uvm_advisor report as a JSON-able dict (keys without a value dropped)."""
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items() if v is not None}
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        return x
+
+    return {"schema": PLAN_SCHEMA, "actions": [clean(a) for a in report.tables["plan"].to_pylist() if a.get("action")]}
+
+
+def write_plan(report: Report, path: str) -> None:
+    """Write the plan as JSON (the input of applying it in a later run)."""
+    with open(path, "w") as f:
+        json.dump(plan_of(report), f, indent=1)
