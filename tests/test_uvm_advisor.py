@@ -129,3 +129,20 @@ def test_no_uvm_records_is_an_empty_plan():
     t["uvm"] = t["uvm"].slice(0, 0)
     rep = _report(t)
     assert rep.summary["records"] == 0 and rep.summary["actions"] == 0
+
+
+def test_cli_writes_the_plan_and_refuses_it_without_the_tool(tmp_path):
+    """`pastaprof analyze -t uvm_advisor --uvm-plan` on a run without UVM records writes an
+    empty plan; asking for a plan without the tool is one line and exit code 2."""
+    import json
+    import subprocess
+    import sys
+
+    plan = tmp_path / "plan.json"
+    cmd = [sys.executable, "-m", "pastaprof.cli", "analyze", "--example", "-q"]
+    r = subprocess.run(cmd + ["-t", "uvm_advisor", "--uvm-plan", str(plan)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(plan.read_text()) == {"schema": "pastaprof-uvm-plan/1", "actions": []}
+    r = subprocess.run(cmd + ["-t", "kernels", "--uvm-plan", str(tmp_path / "p2.json")], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "uvm_advisor" in r.stderr
+    assert not (tmp_path / "p2.json").exists()

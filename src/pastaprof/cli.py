@@ -106,8 +106,9 @@ def cli() -> None:
 @click.option("-o", "--out", type=click.Path(path_type=Path), help="Also store the imported events as a run directory.")
 @click.option("--rows", default=15, show_default=True, type=click.IntRange(1, 10_000), help="Rows per table.")
 @click.option("-q", "--quiet", is_flag=True, help="No terminal tables (use with --json).")
+@click.option("--uvm-plan", "uvm_plan", type=click.Path(path_type=Path), help="Write the uvm_advisor plan (JSON) here.")
 def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path | None, ranks: str | None,
-            out: Path | None, rows: int, quiet: bool) -> None:
+            out: Path | None, rows: int, quiet: bool, uvm_plan: Path | None) -> None:
     """Run analysis tools on a trace file, a folder of per-rank traces, or a run directory."""
     from pastaprof.api import analyze as run_analyze
     from pastaprof.api import example_path
@@ -120,8 +121,11 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
     assert source is not None
     rank_list = _parse_ranks(ranks)
     tool_list = _parse_tools(tools)
-    if json_out is not None and not json_out.parent.exists():
-        _fail(f"{json_out.parent}: directory does not exist")
+    for target in (json_out, uvm_plan):
+        if target is not None and not target.parent.exists():
+            _fail(f"{target.parent}: directory does not exist")
+    if uvm_plan is not None and tool_list is not None and "uvm_advisor" not in tool_list:
+        _fail("--uvm-plan needs the uvm_advisor tool (-t uvm_advisor)")
 
     def work() -> None:
         with _progress(source, quiet) as progress:
@@ -130,6 +134,12 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
             print_reports(reports, max_rows=rows)
         if json_out is not None:
             write_json(reports, json_out, source=str(source))
+        if uvm_plan is not None:
+            from pastaprof.tools.uvm_advisor import write_plan
+
+            rep = next((r for r in reports if r.tool == "uvm_advisor"), None)
+            if rep is not None:
+                write_plan(rep, str(uvm_plan))
 
     _run_guarded(work)
 

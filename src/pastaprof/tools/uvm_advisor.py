@@ -306,7 +306,9 @@ def plan_of(report: Report) -> dict[str, Any]:
             return [clean(v) for v in x]
         return x
 
-    return {"schema": PLAN_SCHEMA, "actions": [clean(a) for a in report.tables["plan"].to_pylist() if a.get("action")]}
+    plan = report.tables.get("plan")
+    rows = plan.to_pylist() if plan is not None else []  # no plan table: no unified-memory records
+    return {"schema": PLAN_SCHEMA, "actions": [clean(a) for a in rows if a.get("action")]}
 
 
 def write_plan(report: Report, path: str) -> None:
