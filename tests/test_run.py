@@ -427,3 +427,26 @@ def test_torchrun_two_ranks_one_run(tmp_path, ranks):
     want = [0, 1] if ranks is None else [1]
     assert allreduce == want and linear == want
     assert set(run.manifest["ranks"]) >= set(want)
+
+
+def test_forked_child_does_not_repeat_the_parents_pending_ops(tmp_path):
+    """A fork() while the parent has unflushed ops: the child's shard has only its own ops
+    (the native observer's buffers are reset in the child)."""
+    pytest.importorskip("torch")
+    app = tmp_path / "fk.py"
+    app.write_text(textwrap.dedent("""
+        import os, torch
+        x = torch.zeros(1)
+        for _ in range(1000): x.add_(1)
+        pid = os.fork()
+        if pid == 0:
+            for _ in range(10): x.add_(1)
+            raise SystemExit(0)
+        os.waitpid(pid, 0)
+    """))
+    r = _run(tmp_path / "run", sys.executable, str(app))
+    assert r.returncode == 0, r.stderr
+    run = pastaprof.load(tmp_path / "run")
+    counts = sorted(n for _, n in run.sql(
+        "SELECT pid, count(*) FROM op WHERE name IN ('aten::add_', 'aten.add_.Tensor') GROUP BY pid").fetchall())
+    assert counts == [10, 1000]

@@ -214,6 +214,22 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* b
   free(buffer);
 }
 
+/* fork(): the child's copy of pending records belongs to the parent (the child, which has no
+ * usable CUDA, never drains them); the lock is held across fork so the child is not left with
+ * a locked mutex. */
+static void fork_prepare(void) { pthread_mutex_lock(&g_mu); }
+static void fork_parent(void) { pthread_mutex_unlock(&g_mu); }
+static void fork_child(void) {
+  for (int k = 0; k < K_COUNT; ++k) {
+    g_rows[k].n = 0;
+    g_taken[k].n = 0;
+  }
+  pthread_mutex_unlock(&g_mu);
+}
+__attribute__((constructor)) static void install_fork_handlers(void) {
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
 /* ---- called from Python (ctypes) -------------------------------------------------- */
 
 const char* pp_cupti_error(void) { return g_error; }

@@ -25,6 +25,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -392,6 +393,43 @@ void on_alloc_event(const c10::cuda::CUDACachingAllocator::TraceEntry& e) {
   g_mem[M_ACTION].push_back(sign);
 }
 #endif
+
+// fork(): a child (DataLoader worker) inherits the parent's pending rows, which belong to the
+// parent's shard, and CUPTI function pointers it must not call.  The locks are held across
+// fork so the child never inherits one mid-update.
+void fork_prepare() {
+  g_str_mu.lock();
+  g_mu.lock();
+#ifdef PP_CUDA
+  g_mem_mu.lock();
+#endif
+}
+
+void fork_parent() {
+#ifdef PP_CUDA
+  g_mem_mu.unlock();
+#endif
+  g_mu.unlock();
+  g_str_mu.unlock();
+}
+
+void fork_child() {
+  for (auto& v : g_ops.c) v.clear();
+  for (auto& v : g_taken.c) v.clear();
+  g_push = nullptr;
+  g_pop = nullptr;
+  t_state.stack.clear();
+#ifdef PP_CUDA
+  for (int i = 0; i < M_NCOLS; ++i) {
+    g_mem[i].clear();
+    g_mem_taken[i].clear();
+  }
+  g_mem_on.store(false);
+#endif
+  fork_parent();
+}
+
+__attribute__((constructor)) void install_fork_handlers() { pthread_atfork(fork_prepare, fork_parent, fork_child); }
 
 }  // namespace
 
