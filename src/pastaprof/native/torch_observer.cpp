@@ -73,7 +73,7 @@ std::mutex g_mu;
 Columns g_ops, g_taken;
 std::atomic<int64_t> g_next_id{1};
 std::atomic<int64_t> g_dropped{0};
-size_t g_max_rows = size_t(1) << 26;  // bound between drains (~7 GB would be a bug elsewhere)
+size_t g_max_rows = size_t(1) << 22;  // rows kept between drains (1 s apart): ~430 MB of ops; more are counted as dropped
 
 // forward op (sequence number) -> (module, call site), for backward ops
 constexpr size_t SEQ_SLOTS = size_t(1) << 20;
