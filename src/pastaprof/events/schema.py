@@ -139,7 +139,12 @@ _SPECIFIC: dict[str, list[pa.Field]] = {
         pa.field("peers", pa.string()),
         pa.field("op_id", pa.int64()),
     ],
-    # Per kernel launch x memory object, produced by an instruction-level handler.
+    # Per kernel launch (``correlation``) x memory object, produced by an instruction-level
+    # handler (reduced on the GPU, or on the CPU from raw requests: processor/access.py).
+    # Lane ``reads``/``writes``; ``sectors`` = sum over warp requests of distinct 32-byte
+    # sectors touched in the object; ``page_counts`` = lane accesses per page of the object.
+    # A null object collects accesses that fall in no live object.  ``live_bytes``: all objects
+    # live at the launch (its footprint).
     "access_summary": [
         pa.field("object_address", pa.uint64()),
         pa.field("object_bytes", pa.int64()),
@@ -148,6 +153,20 @@ _SPECIFIC: dict[str, list[pa.Field]] = {
         pa.field("bytes_read", pa.int64()),
         pa.field("bytes_written", pa.int64()),
         pa.field("sectors", pa.int64()),
+        pa.field("page_bytes", pa.int64()),
+        pa.field("page_counts", pa.list_(pa.int64())),
+        pa.field("live_bytes", pa.int64()),
+    ],
+    # Per kernel launch x PC of a memory instruction: warp ``requests``, active ``lanes``,
+    # lane ``bytes``, distinct 32-byte ``sectors`` over its requests (sectors / requests = coalescing).
+    "access_pc": [
+        pa.field("pc", pa.uint64()),
+        pa.field("requests", pa.int64()),
+        pa.field("lanes", pa.int64()),
+        pa.field("bytes", pa.int64()),
+        pa.field("sectors", pa.int64()),
+        pa.field("reads", pa.int64()),
+        pa.field("writes", pa.int64()),
     ],
 }
 

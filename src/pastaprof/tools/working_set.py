@@ -1,0 +1,64 @@
+"""working_set -- PASTA's app_analysis: per kernel launch, how much of what is allocated
+it actually touches.
+
+Input: ``access_summary`` (per launch x object, from the GPU or CPU access reducer).
+Per launch: lane accesses, objects touched, **working set** (bytes of the objects it
+touched, PASTA's measure), **touched bytes** (pages it touched x page size, a tighter
+measure), **footprint** (bytes of all objects live at the launch) and accesses that fell
+in no live object (reported, never credited to a neighbour).  Per kernel name: the same,
+summed over its launches, with the largest working set.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from pastaprof.tools.base import Finding, Report, Tool
+
+LOW_SHARE = 0.1   # a kernel touching < 10% of what is live (and >= 1 GiB live) is worth a look
+LOW_MIN_FOOTPRINT = 1 << 30
+
+
+class WorkingSet(Tool):
+    name = "working_set"
+    description = "Per kernel launch: accesses, objects touched, working-set bytes vs footprint (PASTA app_analysis)"
+    consumes = ("access_summary",)
+
+    def report(self) -> Report:
+        s = self.table("access_summary")
+        con = duckdb.connect()
+        con.register("s", s)
+        launches = con.sql("""
+            SELECT rank, correlation AS launch, any_value(CAST(name AS VARCHAR)) AS kernel,
+                   sum(reads + writes)::BIGINT AS accesses,
+                   count(object_address)::BIGINT AS objects,
+                   coalesce(sum(object_bytes), 0)::BIGINT AS working_set_bytes,
+                   coalesce(sum(CASE WHEN object_address IS NOT NULL
+                                     THEN len(list_filter(page_counts, lambda x: x > 0)) * page_bytes END), 0)::BIGINT
+                       AS touched_bytes,
+                   max(live_bytes)::BIGINT AS footprint_bytes,
+                   coalesce(sum(CASE WHEN object_address IS NULL THEN reads + writes END), 0)::BIGINT AS unattributed,
+                   sum(sectors)::BIGINT AS sectors
+            FROM s GROUP BY rank, correlation ORDER BY rank, correlation""").to_arrow_table()
+        con.register("l", launches)
+        kernels = con.sql("""
+            SELECT kernel, count(*) AS launches, sum(accesses)::BIGINT AS accesses,
+                   max(working_set_bytes)::BIGINT AS max_working_set_bytes,
+                   max(touched_bytes)::BIGINT AS max_touched_bytes, max(footprint_bytes)::BIGINT AS max_footprint_bytes,
+                   sum(unattributed)::BIGINT AS unattributed
+            FROM l GROUP BY kernel ORDER BY accesses DESC""").to_arrow_table()
+        findings = []
+        for k in kernels.to_pylist():
+            fp = k["max_footprint_bytes"] or 0
+            if fp >= LOW_MIN_FOOTPRINT and k["max_working_set_bytes"] < LOW_SHARE * fp:
+                findings.append(Finding("info", f"{k['kernel']}: touches {k['max_working_set_bytes'] / fp:.1%} of the "
+                                                f"{fp / 2**30:.1f} GiB live at its launches", k, location=k["kernel"]))
+            if k["unattributed"]:
+                findings.append(Finding("info", f"{k['kernel']}: {k['unattributed']} accesses outside every live "
+                                                "object (unattributed, not guessed)", k, location=k["kernel"]))
+        tot = launches.to_pylist()
+        summary = {"launches": len(tot), "accesses": sum(r["accesses"] for r in tot),
+                   "max_working_set_bytes": max((r["working_set_bytes"] for r in tot), default=0),
+                   "max_footprint_bytes": max((r["footprint_bytes"] or 0 for r in tot), default=0),
+                   "unattributed": sum(r["unattributed"] for r in tot)}
+        return Report(self.name, tables={"kernels": kernels, "launches": launches}, findings=findings, summary=summary)
