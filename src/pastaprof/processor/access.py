@@ -84,66 +84,94 @@ def _live_bytes(o_launch: np.ndarray, o_bytes: np.ndarray, launches: np.ndarray)
 
 def reduce_requests(req: Requests, objs: Objects, page_bytes: int = DEFAULT_PAGE,
                     names: dict[int, str] | None = None) -> dict[str, pa.Table]:
-    """Reduce raw requests to ``access_summary`` and ``access_pc`` tables (see module doc)."""
+    """Reduce raw requests to ``access_summary`` and ``access_pc`` tables (see module doc).
+
+    Works on the (requests x 32 lanes) matrix: attribution by one ``searchsorted`` per
+    launch, distinct sectors per request by sorting each 32-lane row of packed
+    (object, sector) keys, and every count by ``bincount`` over dense group indices."""
     if page_bytes <= 0 or page_bytes & (page_bytes - 1):
         raise ValueError(f"page size {page_bytes}: must be a power of two")
+    n = len(req)
     mask = _lane_mask(req.active)
-    r_idx, lane = np.nonzero(mask)                       # one entry per active lane
-    addr = req.addresses[r_idx, lane].astype(np.uint64)
-    launch = req.launch[r_idx].astype(np.int64)
-    flags = req.flags[r_idx].astype(np.int64)
-    size = req.size[r_idx].astype(np.int64)
-    # ---- attribution: objects sorted by (launch, base); search (launch, address)
+    addr = np.asarray(req.addresses, np.uint64)
+    launch_r = np.asarray(req.launch, np.int64)
     o_launch, o_base, o_bytes = (np.asarray(objs.launch, np.int64), np.asarray(objs.base, np.uint64),
                                  np.asarray(objs.nbytes, np.int64))
     order = np.lexsort((o_base, o_launch))
     o_launch, o_base, o_bytes = o_launch[order], o_base[order], o_bytes[order]
-    obj = np.full(len(addr), -1, np.int64)
-    if len(o_base) and len(addr):
-        by_launch = np.argsort(launch, kind="stable")
-        sl = launch[by_launch]
-        ul, first = np.unique(o_launch, return_index=True)
-        obounds = np.r_[first, len(o_launch)]
-        for i, lv in enumerate(ul):                      # one search per launch, not per access
-            a0, a1 = np.searchsorted(sl, lv, "left"), np.searchsorted(sl, lv, "right")
-            if a0 == a1:
+    n_obj = len(o_base)
+    # ---- attribution (per launch: its objects' sorted bases; both ends checked)
+    obj = np.full((n, LANES), -1, np.int64)
+    ul_req, lidx = np.unique(launch_r, return_inverse=True)
+    lidx = lidx.reshape(-1)
+    if n_obj and n:
+        by_l = np.argsort(lidx, kind="stable")
+        rb = np.searchsorted(lidx[by_l], np.arange(len(ul_req) + 1))
+        ol, ofirst = np.unique(o_launch, return_index=True)
+        obounds = np.r_[ofirst, n_obj]
+        for i, lv in enumerate(ul_req):                  # one search per launch, not per access
+            j = np.searchsorted(ol, lv)
+            if j >= len(ol) or ol[j] != lv:
                 continue
-            idx = by_launch[a0:a1]
-            s, e = obounds[i], obounds[i + 1]
-            cand = s + np.searchsorted(o_base[s:e], addr[idx], side="right") - 1
-            c = np.clip(cand, s, e - 1)
-            ok = (cand >= s) & (addr[idx] >= o_base[c]) & (addr[idx] - o_base[c] < o_bytes[c].astype(np.uint64))
-            obj[idx] = np.where(ok, c, -1)               # both ends checked: a gap is no object's
-    is_read = (flags & (READ | ATOMIC)) != 0
-    is_write = (flags & (WRITE | ATOMIC)) != 0
+            rows = by_l[rb[i]:rb[i + 1]]
+            s0, e0 = obounds[j], obounds[j + 1]
+            a = addr[rows]
+            cand = s0 + np.searchsorted(o_base[s0:e0], a, side="right") - 1
+            c = np.clip(cand, s0, e0 - 1)
+            ok = (cand >= s0) & (a >= o_base[c]) & (a - o_base[c] < o_bytes[c].astype(np.uint64))
+            obj[rows] = np.where(ok, c, -1)
+    # ---- dense group index per lane: (launch, object), object -1 = none
+    width = n_obj + 1
+    group = lidx[:, None] * width + (obj + 1)
+    r_idx, lane = np.nonzero(mask)
+    g_lane = group[r_idx, lane]
+    bins = len(ul_req) * width
+    if bins <= (1 << 25):  # dense: count per bin, no sort
+        ug = np.flatnonzero(np.bincount(g_lane, minlength=bins))
+        lut = np.full(bins, -1, np.int64)
+        lut[ug] = np.arange(len(ug))
+        ginv = lut[g_lane]
+    else:
+        ug, ginv = np.unique(g_lane, return_inverse=True)
+        ginv = ginv.reshape(-1)
+    flags_r = np.asarray(req.flags, np.int64)
+    size_r = np.asarray(req.size, np.int64)
+    rd_r = (flags_r & (READ | ATOMIC)) != 0
+    wr_r = (flags_r & (WRITE | ATOMIC)) != 0
+    reads = np.bincount(ginv, weights=rd_r[r_idx], minlength=len(ug)).astype(np.int64)
+    writes = np.bincount(ginv, weights=wr_r[r_idx], minlength=len(ug)).astype(np.int64)
+    b_read = np.bincount(ginv, weights=(size_r * rd_r)[r_idx], minlength=len(ug)).astype(np.int64)
+    b_write = np.bincount(ginv, weights=(size_r * wr_r)[r_idx], minlength=len(ug)).astype(np.int64)
+    # ---- distinct (object, sector) per request: sort each row of packed keys
     sector = addr // np.uint64(SECTOR)
-    # distinct sectors per (request, object): sort by (request, object, sector), count changes
-    key_ro = r_idx.astype(np.int64) * (len(o_base) + 1) + (obj + 1)
-    ro_sectors_key = _distinct_pairs(key_ro, sector.astype(np.int64))[0]
-    # ---- per (launch, object)
-    gkey = launch * (len(o_base) + 1) + (obj + 1)
-    ug, ginv = np.unique(gkey, return_inverse=True)
-    reads = np.bincount(ginv, weights=is_read, minlength=len(ug)).astype(np.int64)
-    writes = np.bincount(ginv, weights=is_write, minlength=len(ug)).astype(np.int64)
-    b_read = np.bincount(ginv, weights=size * is_read, minlength=len(ug)).astype(np.int64)
-    b_write = np.bincount(ginv, weights=size * is_write, minlength=len(ug)).astype(np.int64)
-    req_of_pair = ro_sectors_key // (len(o_base) + 1)
-    obj_of_pair = ro_sectors_key % (len(o_base) + 1) - 1
-    pair_g = req.launch[req_of_pair].astype(np.int64) * (len(o_base) + 1) + (obj_of_pair + 1)
-    sectors = np.bincount(np.searchsorted(ug, pair_g), minlength=len(ug)).astype(np.int64)
-    g_launch = ug // (len(o_base) + 1)
-    g_obj = ug % (len(o_base) + 1) - 1
-    # per-page histogram of lane accesses within each object
-    attributed = obj >= 0
-    if attributed.any():
-        shift = int(np.log2(page_bytes))
-        page = ((addr[attributed] - o_base[obj[attributed]]) >> np.uint64(shift)).astype(np.int64)
-        gi = ginv[attributed]
+    if n_obj < (1 << 19):
+        packed = ((obj + 1).astype(np.uint64) << np.uint64(44)) | (sector & np.uint64((1 << 44) - 1))
+        none = np.uint64(np.iinfo(np.uint64).max)
+        packed = np.sort(np.where(mask, packed, none), axis=1)
+        start = np.ones_like(mask)
+        start[:, 1:] = packed[:, 1:] != packed[:, :-1]
+        start &= packed != none
+        sr, sl = np.nonzero(start)
+        s_obj = (packed[sr, sl] >> np.uint64(44)).astype(np.int64) - 1
+        sec_per_req = start.sum(axis=1).astype(np.int64)
+    else:  # too many objects to pack: sort (request, object, sector) triples instead
+        key = r_idx.astype(np.int64) * width + obj[r_idx, lane] + 1
+        kk, _ = _distinct_pairs(key, sector[r_idx, lane].astype(np.int64))
+        sr, s_obj = kk // width, kk % width - 1
+        sec_per_req = np.bincount(sr, minlength=n).astype(np.int64)
+    sectors = np.bincount(np.searchsorted(ug, lidx[sr] * width + s_obj + 1), minlength=len(ug)).astype(np.int64)
+    g_launch = ul_req[ug // width]
+    g_obj = ug % width - 1
+    # ---- per-page histogram of lane accesses within each object
+    att = obj[r_idx, lane] >= 0
+    if att.any():
+        shift = np.uint64(int(np.log2(page_bytes)))
+        oi = obj[r_idx[att], lane[att]]
+        page = ((addr[r_idx[att], lane[att]] - o_base[oi]) >> shift).astype(np.int64)
         n_pages = ((o_bytes + page_bytes - 1) // page_bytes).astype(np.int64)
         offsets = np.zeros(len(ug) + 1, np.int64)
-        gp = np.where(g_obj >= 0, n_pages[np.clip(g_obj, 0, None)], 0)
-        offsets[1:] = np.cumsum(gp)
-        flat = np.bincount(offsets[gi] + page, minlength=int(offsets[-1])).astype(np.int64)
+        offsets[1:] = np.cumsum(np.where(g_obj >= 0, n_pages[np.clip(g_obj, 0, None)], 0))
+        flat = np.bincount(offsets[ginv[att]] + page, minlength=int(offsets[-1])).astype(np.int64)
         page_counts = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat))
     else:
         page_counts = pa.ListArray.from_arrays(pa.array(np.zeros(len(ug) + 1, np.int32)), pa.array([], pa.int64()))
@@ -160,9 +188,7 @@ def reduce_requests(req: Requests, objs: Objects, page_bytes: int = DEFAULT_PAGE
         "page_counts": page_counts,
         "live_bytes": _live_bytes(o_launch, o_bytes, g_launch),
     })
-    # ---- per (launch, PC): requests, lanes, distinct sectors per request (all objects)
-    rs_req, _ = _distinct_pairs(r_idx.astype(np.int64), sector.astype(np.int64))
-    sec_per_req = np.bincount(rs_req, minlength=len(req)).astype(np.int64)
+    # ---- per (launch, PC): requests, lanes, distinct sectors per request
     lanes_per_req = mask.sum(axis=1).astype(np.int64)
     pkey = np.stack([req.launch.astype(np.int64), req.pc.astype(np.int64)], axis=1)
     up, pinv = np.unique(pkey, axis=0, return_inverse=True)
