@@ -450,3 +450,11 @@ def test_forked_child_does_not_repeat_the_parents_pending_ops(tmp_path):
     counts = sorted(n for _, n in run.sql(
         "SELECT pid, count(*) FROM op WHERE name IN ('aten::add_', 'aten.add_.Tensor') GROUP BY pid").fetchall())
     assert counts == [10, 1000]
+
+
+def test_uvm_without_cupti_is_one_notice_and_the_run_goes_on(tmp_path, app):
+    r = _run(tmp_path / "run", sys.executable, str(app), "ok", flags=("--uvm",))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("unified-memory counters not recorded") == 1
+    status = json.loads((tmp_path / "run" / "run.json").read_text())["status"]
+    assert any("unified-memory counters not recorded" in v for v in status.values())

@@ -133,6 +133,11 @@ class Session:
             self.handlers.append(cupti)
             cupti.start()
             self.status["cupti"] = cupti.status or "ok"
+            if self._uvm_pending and cupti.status is None:
+                self._start_uvm(cupti)
+            elif self._uvm_pending:
+                self.status["uvm"] = "unified-memory counters not recorded: CUPTI is not available"
+                _notice(self.status["uvm"])
             if cupti.native_status and cupti.status is None:
                 self.status["cupti native"] = cupti.native_status
                 _notice(cupti.native_status)
@@ -167,11 +172,7 @@ class Session:
                                    shapes=self.config.shapes, call_sites=self.config.call_sites)
             handler.start()
             self.status["torch"] = handler.status or "ok"
-            if self._uvm_pending and cupti is not None:
-                import torch
 
-                # CUPTI takes the UVM counter configuration only once a CUDA context exists
-                torch.cuda._lazy_call(lambda: self._enable_uvm(cupti, torch.cuda.current_device()))
             if handler.native_status:
                 self.status["torch native"] = handler.native_status
                 _notice(handler.native_status)
@@ -192,21 +193,28 @@ class Session:
         if problem:
             _notice(problem)
 
-    def _uvm_without_torch(self) -> None:
-        """Programs that use CUDA without torch (CuPy, cuda-bindings): enable the UVM counters
-        at the first flush after device 0's primary context is active."""
-        cupti = next((h for h in self.handlers if isinstance(h, CuptiActivityHandler)), None)
-        if cupti is None or "torch" in sys.modules:
-            return
+    def _start_uvm(self, cupti: CuptiActivityHandler) -> None:
+        """CUPTI takes the unified-memory counter configuration only once a CUDA context
+        exists, and the program may not create one before it faults: retain the device's
+        primary context (the one torch, CuPy and the runtime API use) now, then configure.
+        Only with --uvm: it initializes CUDA in this process."""
+        device = int(os.environ.get("LOCAL_RANK", "0") or 0)
         try:
             from cuda.bindings import driver
 
-            driver.cuInit(0)
-            err, _flags, active = driver.cuDevicePrimaryCtxGetState(0)
-        except Exception:
+            (err,) = driver.cuInit(0)
+            if int(err) == 0:
+                err, dev = driver.cuDeviceGet(device)
+            if int(err) == 0:
+                err, _ctx = driver.cuDevicePrimaryCtxRetain(dev)
+            if int(err) != 0:
+                raise RuntimeError(f"CUDA error {int(err)}")
+        except Exception as e:
+            self._uvm_pending = False
+            self.status["uvm"] = f"unified-memory counters not recorded: no CUDA context on device {device} ({e})"
+            _notice(self.status["uvm"])
             return
-        if int(err) == 0 and active:
-            self._enable_uvm(cupti, 0)
+        self._enable_uvm(cupti, device)
 
     def _foreign_profiler(self, cupti: CuptiActivityHandler | None, starting: bool) -> None:
         """torch.profiler in the program: CUPTI serves one activity client at a time
@@ -351,8 +359,6 @@ class Session:
     # -- flushing ------------------------------------------------------------
     def flush(self, final: bool = False) -> None:
         t0 = time.perf_counter()
-        if self._uvm_pending and self.gpu:
-            self._uvm_without_torch()
         if self._reattach_flushes > 0 and not final:
             self._reattach_flushes -= 1
             for h in self.handlers:
