@@ -10,8 +10,14 @@ tool on records captured on the GPU is checked by scripts/gpu-check (issue C).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from pastaprof.events.schema import conform
 from pastaprof.tools.base import RunInfo
@@ -146,3 +152,74 @@ def test_cli_writes_the_plan_and_refuses_it_without_the_tool(tmp_path):
     r = subprocess.run(cmd + ["-t", "kernels", "--uvm-plan", str(tmp_path / "p2.json")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "uvm_advisor" in r.stderr
     assert not (tmp_path / "p2.json").exists()
+
+
+PLAN = {"schema": "pastaprof-uvm-plan/1", "actions": [
+    {"action": "prefetch", "to": "device:0", "before": "range:gpu_scale", "site": "app.py(5): <module>",
+     "ordinal": 0, "allocation": "app.py(5): <module>#0 (4096 B)", "estimated_saving_ns": 6400},
+    {"action": "advise", "advice": ["SetReadMostly"], "location": "device:0", "site": "app.py(5): <module>",
+     "ordinal": 0},
+    {"action": "prefetch", "to": "cpu", "before": "range:never", "site": "app.py(9): <module>", "ordinal": 1},
+]}
+
+
+def test_plan_applies_at_its_points_and_names_what_did_not_fit():
+    """Dry run of the applier (no CUDA here): the advice when the allocation is made, the
+    prefetch when its range begins, and the plan's entries this run did not meet."""
+    import pastaprof
+
+    applier = pastaprof.apply_uvm_plan(PLAN, dry_run=True)
+    try:
+        with pastaprof.range("gpu_scale"):       # before the allocation: nothing to prefetch yet
+            pass
+        applier.allocated(0x7F00_0000_0000, 4096, "app.py(5): <module>")   # what the cupy hook reports
+        with pastaprof.range("gpu_scale"):
+            pass
+        assert applier.calls == [("advise:SetReadMostly", 0x7F00_0000_0000, 4096, "device:0"),
+                                 ("prefetch", 0x7F00_0000_0000, 4096, "device:0")]
+        assert applier.errors == ["range:gpu_scale: allocation app.py(5): <module>#0 not made (yet)"]
+        assert applier.mismatches() == ["range:never never entered", "allocation app.py(9): <module>#1 never made"]
+        alloc = applier.drain()["alloc"].to_pylist()
+        assert [(r["name"], r["bytes"], r["memory_kind"]) for r in alloc] == [("app.py(5): <module>", 4096, "managed")]
+    finally:
+        from pastaprof import live
+
+        live._range_listeners.clear()
+
+
+@pytest.mark.parametrize("plan, needle", [
+    ("{not json", "invalid JSON"),
+    ('{"schema": "other", "actions": []}', "not a UVM plan"),
+    (json.dumps({**PLAN, "actions": [{**PLAN["actions"][0], "before": "op:aten::mul_@app.py(7)"}]}),
+     "only range:NAME points"),
+    (json.dumps({**PLAN, "actions": [{**PLAN["actions"][1], "advice": ["SetFast"]}]}), "unknown advice"),
+])
+def test_a_plan_that_cannot_fit_is_refused_before_the_program_starts(tmp_path, plan, needle):
+    p = tmp_path / "plan.json"
+    p.write_text(plan)
+    marker = tmp_path / "started"
+    app = tmp_path / "app.py"
+    app.write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(tmp_path / "run"),
+                        "--apply-uvm-plan", str(p), "--", sys.executable, str(app)], capture_output=True, text=True)
+    assert r.returncode == 2 and needle in r.stderr and r.stderr.strip().count("\n") == 0
+    assert not marker.exists() and not (tmp_path / "run").exists()
+
+
+def test_run_with_a_plan_names_the_mismatch_at_exit(tmp_path):
+    """On this machine no managed allocation can be made: the run goes on, and its status
+    names the plan entries that did not fit."""
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(PLAN))
+    app = tmp_path / "app.py"
+    app.write_text("import pastaprof\nwith pastaprof.range('gpu_scale'):\n    print('ok')\n")
+    env = dict(os.environ, PASTAPROF_UVM_PLAN_DRY_RUN="1")
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(tmp_path / "run"),
+                        "--apply-uvm-plan", str(p), "--", sys.executable, str(app)], capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "ok\n"
+    m = json.loads((tmp_path / "run" / "run.json").read_text())
+    status = " ".join(m["status"].values())
+    assert "range:never never entered" in status and "allocation app.py(5): <module>#0 never made" in status
+    assert m["processes"][0]["uvm_plan"]["dry_run"] is True

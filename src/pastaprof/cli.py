@@ -242,11 +242,13 @@ def export(path: Path, fmt: str, dest: Path, ranks: str | None) -> None:
 @click.option("--call-sites/--no-call-sites", default=None,
               help="Record ops' Python call sites (PASTAPROF_CALL_SITES, default on).")
 @click.option("--uvm", is_flag=True, default=None, help="Record unified-memory counters (PASTAPROF_UVM).")
+@click.option("--apply-uvm-plan", "uvm_plan", metavar="FILE",
+              help="Apply a uvm_advisor plan in the program (PASTAPROF_UVM_PLAN).")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | None, sample: str | None,
         steps: str | None, ranks_: str | None, shapes: bool | None, call_sites: bool | None, uvm: bool | None,
-        force: bool,
+        uvm_plan: str | None, force: bool,
         command: tuple[str, ...]) -> None:
     """Profile a program without changing it:  pastaprof run [OPTIONS] -- python train.py ARGS
 
@@ -260,7 +262,8 @@ def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | 
         return None if v is None else str(int(v))
 
     flags = {"TOOLS": tools, "RANGES": ranges, "KERNELS": kernels, "SAMPLE": sample, "STEPS": steps,
-             "RANKS": ranks_, "SHAPES": onoff(shapes), "CALL_SITES": onoff(call_sites), "UVM": onoff(uvm)}
+             "RANKS": ranks_, "SHAPES": onoff(shapes), "CALL_SITES": onoff(call_sites), "UVM": onoff(uvm),
+             "UVM_PLAN": str(Path(uvm_plan).resolve()) if uvm_plan else None}
     code = _run_guarded(lambda: launch(list(command), out, flags, force))
     sys.exit(code)
 

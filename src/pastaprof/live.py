@@ -164,6 +164,9 @@ class range:  # noqa: A001 - the vocabulary's word; shadows the builtin only ins
     def __enter__(self) -> range:
         if _session is not None:
             self._start = _session.range_begin(self.name)
+        else:
+            for listener in _range_listeners:
+                listener.range_begin(self.name)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -177,6 +180,24 @@ class range:  # noqa: A001 - the vocabulary's word; shadows the builtin only ins
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+_range_listeners: list[Any] = []  # plan appliers started without a capture session
+
+
+def apply_uvm_plan(plan: str | Path | dict, dry_run: bool = False) -> Any:
+    """Apply a uvm_advisor plan in this program (see handlers/uvm_plan.py): prefetches when
+    the named ranges begin, advice when the named allocations are made.  Works with or
+    without a capture session; returns the applier (``.calls``, ``.mismatches()``)."""
+    from pastaprof.handlers.uvm_plan import UvmPlanApplier, load_plan
+
+    applier = UvmPlanApplier(load_plan(plan), dry_run=dry_run)
+    applier.start()
+    if _session is not None:
+        _session.handlers.append(applier)
+    else:
+        _range_listeners.append(applier)
+    return applier
 
 
 def step() -> int:

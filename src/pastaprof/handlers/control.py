@@ -17,6 +17,7 @@ PASTAPROF_SHAPES    --no-shapes              ops without input shapes/dtypes (de
 PASTAPROF_CALL_SITES --no-call-sites         ops without Python call sites (default 1)
 PASTAPROF_UVM       --uvm                    unified-memory counters (faults, migrations); also
                                              on when a chosen tool consumes them (uvm_advisor)
+PASTAPROF_UVM_PLAN  --apply-uvm-plan FILE    apply a uvm_advisor plan (prefetch/advise) in the program
 PASTAPROF_TOOLS     -t kernels,ops           tools whose reports print at exit
 PASTAPROF_OUT       -o DIR                   the run directory
 ==================  =======================  ==========================================
@@ -93,6 +94,7 @@ class CaptureConfig:
     shapes: bool = True
     call_sites: bool = True
     uvm: bool = False
+    uvm_plan: str | None = None
     _kernel_re: re.Pattern | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -100,6 +102,10 @@ class CaptureConfig:
             raise UsageError(f"PASTAPROF_SAMPLE={self.sample}: must be a positive integer")
         if self.flush_ms < 10:
             raise UsageError(f"PASTAPROF_FLUSH_MS={self.flush_ms}: must be at least 10")
+        if self.uvm_plan is not None:
+            from pastaprof.handlers.uvm_plan import load_plan
+
+            load_plan(self.uvm_plan)  # a plan that cannot fit is refused before the program starts
         if self.kernels is not None:
             try:
                 object.__setattr__(self, "_kernel_re", re.compile(self.kernels))
@@ -142,7 +148,7 @@ class CaptureConfig:
             steps=parse_steps(get("STEPS")) if get("STEPS") else None,  # type: ignore[arg-type]
             ranks=parse_rank_list(get("RANKS")) if get("RANKS") else None,  # type: ignore[arg-type]
             flush_ms=integer("FLUSH_MS", 1000), shapes=boolean("SHAPES"), call_sites=boolean("CALL_SITES"),
-            uvm=boolean("UVM", False),
+            uvm=boolean("UVM", False), uvm_plan=get("UVM_PLAN"),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -150,7 +156,7 @@ class CaptureConfig:
         env = {"TOOLS": ",".join(self.tools), "RANGES": ",".join(self.ranges), "KERNELS": self.kernels or "",
                "SAMPLE": str(self.sample), "FLUSH_MS": str(self.flush_ms), "OUT": self.out or "",
                "SHAPES": "" if self.shapes else "0", "CALL_SITES": "" if self.call_sites else "0",
-               "UVM": "1" if self.uvm else ""}
+               "UVM": "1" if self.uvm else "", "UVM_PLAN": self.uvm_plan or ""}
         if self.steps is not None:
             env["STEPS"] = f"{self.steps[0]}:{'' if self.steps[1] is None else self.steps[1]}"
         if self.ranks is not None:

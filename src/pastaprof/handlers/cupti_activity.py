@@ -440,7 +440,7 @@ class CuptiActivityHandler:
                 "device": cols["device"][m].astype(np.int32), "correlation": cols["correlation"][m],
                 "pid": pa.array(pid[m], pa.int64(), mask=pid[m] < 0),
                 "address": pa.array(cols["address"][m].astype(np.uint64)), "bytes": cols["bytes"][m],
-                "memory_kind": mk.filter(pa.array(m)), "name": mk.filter(pa.array(m))})
+                "memory_kind": mk.filter(pa.array(m))})
         return out
 
     def _sampled(self, cols: dict[str, np.ndarray], names: pa.Array) -> dict[str, np.ndarray]:

@@ -141,6 +141,8 @@ class Session:
             if cupti.native_status and cupti.status is None:
                 self.status["cupti native"] = cupti.native_status
                 _notice(cupti.native_status)
+        if self.config.uvm_plan:
+            self._start_uvm_plan()
         self._start_torch(cupti)
         if not self._gpu_present():
             self.status["gpu"] = "no GPU found: only host-side events are recorded"
@@ -183,6 +185,15 @@ class Session:
             begin()
         else:
             after_import("torch", begin)
+
+    def _start_uvm_plan(self) -> None:
+        from pastaprof.handlers.uvm_plan import UvmPlanApplier, load_plan
+
+        dry = os.environ.get("PASTAPROF_UVM_PLAN_DRY_RUN", "") not in ("", "0")
+        applier = UvmPlanApplier(load_plan(self.config.uvm_plan), dry_run=dry, rank=self.rank)
+        applier.start()
+        self.handlers.append(applier)
+        self.status["uvm plan"] = f"applying {self.config.uvm_plan}" + (" (dry run)" if dry else "")
 
     def _enable_uvm(self, cupti: CuptiActivityHandler, device: int) -> None:
         if not self._uvm_pending:
@@ -257,6 +268,12 @@ class Session:
             self.flush(final=True)
             self.final_flush_seconds = time.perf_counter() - t1
             self.reports = self.processor.finish() if self.processor.tools else []
+            for h in self.handlers:
+                if getattr(h, "name", "") == "uvm_plan":
+                    miss = h.mismatches()
+                    if miss:
+                        self.status["uvm plan"] = "plan does not fit this run: " + "; ".join(miss[:5])
+                        _notice(self.status["uvm plan"])
         except Exception as e:
             _warn(f"capture stopped early: {type(e).__name__}: {e}")
         self.stop_seconds = time.perf_counter() - t0
@@ -314,6 +331,10 @@ class Session:
     def range_begin(self, name: str) -> int:
         self._open_ranges.append(name)
         self._update_gate()
+        for h in self.handlers:
+            begin = getattr(h, "range_begin", None)
+            if begin is not None:
+                begin(name)
         return time.time_ns()
 
     def range_end(self, name: str, start_ns: int, domain: str = "user") -> None:
@@ -492,6 +513,7 @@ class Session:
                                  "final_flush_seconds": round(self.final_flush_seconds, 6)},
             "config": self.config.to_env(), "steps_seen": self.step, "versions": _versions(),
             "relink_needed": self._relink_needed or not self._stopped, "devices": _devices(),
+            "uvm_plan": next((h.summary() for h in self.handlers if getattr(h, "name", "") == "uvm_plan"), None),
         }
         path = self.out / SHARDS / f"rank-{self.rank}-pid-{self.pid}.json"
         tmp = path.with_name("." + path.name + ".tmp")

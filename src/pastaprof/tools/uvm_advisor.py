@@ -80,6 +80,14 @@ class UvmAdvisor(Tool):
         if a.num_rows == 0:
             return pa.table({"alloc_id": pa.array([], pa.int64())})
         a = a.sort_by("start_ns")
+        # A managed allocation seen twice -- named by its call site (the plan registry's
+        # cupy / cuda-bindings hooks) and by CUPTI's MEMORY2 record -- keeps the named row.
+        named = pc.is_valid(a["name"]).to_numpy(zero_copy_only=False)
+        if named.any() and not named.all():
+            nb = set(_addr(a.filter(pa.array(named))["address"]).tolist())
+            dup = ~named & np.isin(_addr(a["address"]), list(nb))
+            a = a.filter(pa.array(~dup))
+            named = named[~dup]
         base, size, t0 = _addr(a["address"]), _i64(a["bytes"], 0), _i64(a["start_ns"])
         t1 = np.full(len(base), NEVER)
         if f.num_rows:  # a free at the same address after the alloc ends it
@@ -91,6 +99,8 @@ class UvmAdvisor(Tool):
                     t1[i] = ft[j]
                     ft[j] = -1  # used
         site = self._sites_at(_i64(a["pid"]), _i64(a["tid"]), t0)
+        names = a["name"].cast(pa.string()).to_pylist()
+        site = [nm if ok and nm else s for nm, ok, s in zip(names, named, site)]
         ordinal = np.zeros(len(base), np.int64)
         seen: dict[str, int] = {}
         for i, s in enumerate(site):
