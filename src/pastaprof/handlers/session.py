@@ -141,7 +141,7 @@ class Session:
             if cupti.native_status and cupti.status is None:
                 self.status["cupti native"] = cupti.native_status
                 _notice(cupti.native_status)
-        if self.config.uvm_plan:
+        if self.config.uvm_plan or self._uvm_pending:
             self._start_uvm_plan()
         self._start_torch(cupti)
         if not self._gpu_present():
@@ -187,13 +187,17 @@ class Session:
             after_import("torch", begin)
 
     def _start_uvm_plan(self) -> None:
-        from pastaprof.handlers.uvm_plan import UvmPlanApplier, load_plan
+        """The managed-allocation registry (names allocations by call site, for uvm_advisor and
+        for plans), applying a plan if one was given."""
+        from pastaprof.handlers.uvm_plan import SCHEMA, UvmPlanApplier, load_plan
 
         dry = os.environ.get("PASTAPROF_UVM_PLAN_DRY_RUN", "") not in ("", "0")
-        applier = UvmPlanApplier(load_plan(self.config.uvm_plan), dry_run=dry, rank=self.rank)
+        plan = load_plan(self.config.uvm_plan) if self.config.uvm_plan else {"schema": SCHEMA, "actions": []}
+        applier = UvmPlanApplier(plan, dry_run=dry, rank=self.rank)
         applier.start()
         self.handlers.append(applier)
-        self.status["uvm plan"] = f"applying {self.config.uvm_plan}" + (" (dry run)" if dry else "")
+        if self.config.uvm_plan:
+            self.status["uvm plan"] = f"applying {self.config.uvm_plan}" + (" (dry run)" if dry else "")
 
     def _enable_uvm(self, cupti: CuptiActivityHandler, device: int) -> None:
         if not self._uvm_pending:
