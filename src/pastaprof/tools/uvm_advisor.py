@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.processor.intervals import innermost_enclosing
+from pastaprof.processor.link import map_keys
 from pastaprof.tools.base import Finding, Report, Tool
 
 PLAN_SCHEMA = "pastaprof-uvm-plan/1"
@@ -159,19 +160,20 @@ class UvmAdvisor(Tool):
         def host_point(times: np.ndarray) -> np.ndarray:
             outp = np.full(len(times), "", dtype=object)
             z = np.zeros(len(times), np.int64)
-            if user.num_rows:
+            if user.num_rows:   # labels per range (few), taken per record
                 h = innermost_enclosing(np.zeros(user.num_rows, np.int64), _i64(user["start_ns"]), _i64(user["end_ns"]),
                                         z, times)
-                names = _str(user["name"])
-                outp = np.where(h >= 0, np.array([f"range:{names[x]}" for x in np.clip(h, 0, None)], dtype=object), outp)
+                labels = np.array([f"range:{n}" for n in _str(user["name"])], dtype=object)
+                outp = np.where(h >= 0, labels[np.clip(h, 0, None)], outp)
             if ops.num_rows:
                 top = ops.filter(pc.fill_null(pc.equal(ops["depth"], 0), True))
                 h = innermost_enclosing(np.zeros(top.num_rows, np.int64), _i64(top["start_ns"]), _i64(top["end_ns"]),
                                         z, times)
                 names, sites = _str(top["name"]), _str(top["call_site"])
-                opn = np.array([f"op:{names[x]}@{sites[x]}" if sites[x] else f"op:{names[x]}"
-                                for x in np.clip(h, 0, None)], dtype=object)
-                outp = np.where((outp == "") & (h >= 0), opn, outp)
+                used = np.unique(h[h >= 0])     # label only the ops some record falls in
+                labels = np.full(top.num_rows, "", dtype=object)
+                labels[used] = [f"op:{names[x]}@{sites[x]}" if sites[x] else f"op:{names[x]}" for x in used]
+                outp = np.where((outp == "") & (h >= 0), labels[np.clip(h, 0, None)], outp)
             return outp
 
         gpu = np.isin(kinds, GPU_SIDE)
@@ -183,11 +185,14 @@ class UvmAdvisor(Tool):
             # the kernel's launch time places it in the host program
             launch = ks.copy()
             if "op_id" in k.column_names and ops.num_rows:
-                op_start = dict(zip(_i64(ops["id"]).tolist(), _i64(ops["start_ns"]).tolist()))
-                launch = np.array([op_start.get(o, s) for o, s in zip(_i64(k["op_id"]).tolist(), ks.tolist())])
+                op_start = map_keys(_i64(k["op_id"]), _i64(ops["id"]), _i64(ops["start_ns"]))
+                launch = np.where(op_start >= 0, op_start, ks)
             pts = host_point(launch[np.clip(h, 0, None)])
             pts = np.where(h >= 0, pts, "")
-            pts = np.where((pts == "") & (h >= 0), np.array([f"kernel:{x}" for x in kname[gpu]], dtype=object), pts)
+            klabels = np.full(len(names), "", dtype=object)
+            used = np.unique(h[h >= 0])
+            klabels[used] = [f"kernel:{names[x]}" for x in used]
+            pts = np.where((pts == "") & (h >= 0), klabels[np.clip(h, 0, None)], pts)
             point[gpu] = pts
         cpu = ~gpu
         if cpu.any():
