@@ -151,3 +151,41 @@ def test_tools_on_a_vector_add_and_a_strided_kernel():
     assert pcs[0x40]["sectors_per_request"] == 32           # each lane 32 B apart: one sector per lane
     msgs = [f.title for f in r["coalescing"].findings]
     assert len(msgs) == 1 and msgs[0].startswith("strided pc 0x40: 32.0 sectors per request (ideal 4)")
+
+
+def test_heatmap_of_one_cta():
+    """CTA 1 of launch 9: 4 warps read 128 contiguous floats of A (every word of 16 sectors,
+    once), then all 4 warps read float 0 of each 32-byte sector of B (1 word of 8 used)."""
+    from pastaprof.processor.access import heatmap
+    from pastaprof.tools.base import RunInfo
+    from pastaprof.tools.heatmap import Heatmap
+
+    parts = []
+    for w in range(4):
+        r = _warp_requests(9, 0x10, READ, A + w * 128, 32)
+        r.cta, r.warp = np.array([1]), np.array([w])
+        parts.append(r)
+        s = _warp_requests(9, 0x20, READ, B, 32, stride_elems=8)   # lane i -> B + 32 i: word 0 of sector i
+        s.cta, s.warp = np.array([1]), np.array([w])
+        parts.append(s)
+    other = _warp_requests(9, 0x10, READ, A, 32)                    # another CTA: not in this heatmap
+    other.cta, other.warp = np.array([2]), np.array([0])
+    parts.append(other)
+    req = _cat(*parts)
+    req.cta = np.concatenate([p.cta for p in parts])
+    req.warp = np.concatenate([p.warp for p in parts])
+    h = heatmap(req, Objects(np.array([9, 9]), np.array([A, B], np.uint64), np.array([4096, 4096])), launch=9, cta=1)
+    rows = {r["sector_address"]: r for r in h.to_pylist()}
+    a_sec = [rows[A + 32 * i] for i in range(16)]
+    assert all(r["accesses"] == 8 and r["warps"] == 1 and r["word_counts"] == [1] * 8 for r in a_sec)
+    b_sec = [rows[B + 32 * i] for i in range(32)]
+    assert all(r["accesses"] == 4 and r["warps"] == 4 and r["word_counts"] == [4, 0, 0, 0, 0, 0, 0, 0] for r in b_sec)
+    assert len(rows) == 16 + 32
+    tool = Heatmap()
+    tool.begin(RunInfo({"ranks": [0]}))
+    for b in h.to_batches():
+        tool.on_batch("access_heatmap", b)
+    rep = tool.report()
+    util = {o["object_address"]: o["word_utilization"] for o in rep.tables["objects"].to_pylist()}
+    assert util == {A: 1.0, B: 1 / 8}
+    assert len(rep.findings) == 1 and "12% of the words" in rep.findings[0].title

@@ -157,6 +157,17 @@ _SPECIFIC: dict[str, list[pa.Field]] = {
         pa.field("page_counts", pa.list_(pa.int64())),
         pa.field("live_bytes", pa.int64()),
     ],
+    # One CTA of one launch, per 32-byte sector it touched (raw mode, processor/access.py).
+    "access_heatmap": [
+        pa.field("cta", pa.int64()),
+        pa.field("object_address", pa.uint64()),
+        pa.field("sector_address", pa.uint64()),
+        pa.field("accesses", pa.int64()),
+        pa.field("reads", pa.int64()),
+        pa.field("writes", pa.int64()),
+        pa.field("warps", pa.int64()),
+        pa.field("word_counts", pa.list_(pa.int64(), 8)),
+    ],
     # Per kernel launch x PC of a memory instruction: warp ``requests``, active ``lanes``,
     # lane ``bytes``, distinct 32-byte ``sectors`` over its requests (sectors / requests = coalescing).
     "access_pc": [

@@ -44,6 +44,8 @@ class Requests:
     size: np.ndarray        # int64 bytes per lane access
     active: np.ndarray      # uint32 active-lane mask
     addresses: np.ndarray   # uint64 (n, 32); inactive lanes ignored
+    cta: np.ndarray | None = None    # int64 flattened block index per request (heatmap)
+    warp: np.ndarray | None = None   # int64 warp index within the block (heatmap)
 
     def __len__(self) -> int:
         return len(self.launch)
@@ -80,6 +82,48 @@ def _live_bytes(o_launch: np.ndarray, o_bytes: np.ndarray, launches: np.ndarray)
     i = np.searchsorted(ul, launches)
     hit = (i < len(ul)) & (ul[np.clip(i, 0, max(len(ul) - 1, 0))] == launches) if len(ul) else np.zeros(len(launches), bool)
     return np.where(hit, tot[np.clip(i, 0, max(len(ul) - 1, 0))] if len(ul) else 0, 0)
+
+
+def heatmap(req: Requests, objs: Objects, launch: int, cta: int) -> pa.Table:
+    """Per 32-byte sector touched by one CTA of one launch (PASTA's heatmap_analysis,
+    cuThermo-style): lane accesses, reads, writes, distinct warps, and accesses per 4-byte
+    word of the sector (``word_counts``, 8 per sector).  ``object_address`` is the object the
+    sector lies in (null: in none)."""
+    if req.cta is None:
+        raise ValueError("the requests carry no CTA ids (raw mode records them for the heatmap)")
+    sel = (np.asarray(req.launch) == launch) & (np.asarray(req.cta) == cta)
+    mask = _lane_mask(np.asarray(req.active)[sel])
+    r, lane = np.nonzero(mask)
+    addr = np.asarray(req.addresses, np.uint64)[sel][r, lane]
+    flags = np.asarray(req.flags, np.int64)[sel][r]
+    warp = (np.asarray(req.warp, np.int64)[sel][r] if req.warp is not None else np.zeros(len(r), np.int64))
+    sector = (addr // np.uint64(SECTOR)).astype(np.int64)
+    us, sinv = np.unique(sector, return_inverse=True)
+    sinv = sinv.reshape(-1)
+    word = ((addr % np.uint64(SECTOR)) // np.uint64(4)).astype(np.int64)
+    words = np.bincount(sinv * 8 + word, minlength=len(us) * 8).reshape(len(us), 8)
+    wpairs, _ = _distinct_pairs(sinv.astype(np.int64), warp)
+    base = np.asarray(objs.base, np.uint64)[np.asarray(objs.launch) == launch]
+    size = np.asarray(objs.nbytes, np.int64)[np.asarray(objs.launch) == launch]
+    o = np.argsort(base)
+    base, size = base[o], size[o]
+    sec_addr = us.astype(np.uint64) * np.uint64(SECTOR)
+    cand = np.searchsorted(base, sec_addr, side="right") - 1
+    c = np.clip(cand, 0, max(len(base) - 1, 0))
+    inside = (cand >= 0) & (sec_addr - base[c] < size[c].astype(np.uint64)) if len(base) else np.zeros(len(us), bool)
+    return conform("access_heatmap", pa.table({
+        "start_ns": np.zeros(len(us), np.int64), "end_ns": np.zeros(len(us), np.int64),
+        "rank": np.zeros(len(us), np.int32),
+        "correlation": np.full(len(us), launch, np.int64), "cta": np.full(len(us), cta, np.int64),
+        "object_address": pa.array(np.where(inside, base[c] if len(base) else 0, 0).astype(np.uint64),
+                                   mask=~inside),
+        "sector_address": pa.array(sec_addr),
+        "accesses": np.bincount(sinv, minlength=len(us)).astype(np.int64),
+        "reads": np.bincount(sinv, weights=(flags & (READ | ATOMIC)) != 0, minlength=len(us)).astype(np.int64),
+        "writes": np.bincount(sinv, weights=(flags & (WRITE | ATOMIC)) != 0, minlength=len(us)).astype(np.int64),
+        "warps": np.bincount(wpairs, minlength=len(us)).astype(np.int64),
+        "word_counts": pa.FixedSizeListArray.from_arrays(pa.array(words.reshape(-1).astype(np.int64)), 8),
+    }))
 
 
 def reduce_requests(req: Requests, objs: Objects, page_bytes: int = DEFAULT_PAGE,
