@@ -450,7 +450,9 @@ class Session:
                 op = map_keys(corr, keys, vals)
                 tables[kind] = t.append_column("op_id", pa.array(op, pa.int64(), mask=op < 0))
                 unlinked = (op < 0) & (corr > 0)
-                if not final and kind in held_kinds:
+                # hold only where an op could still claim it: this process tags launches with
+                # op ids (else, e.g. CuPy programs, holding would only delay the write)
+                if not final and kind in held_kinds and self._ext is not None:
                     fresh = np.ones(len(op), dtype=bool)
                     if kind in held:
                         fresh[:held[kind].num_rows] = False
