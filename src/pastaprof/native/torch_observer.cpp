@@ -83,6 +83,7 @@ struct SeqSlot {
   int32_t site = -1;
 };
 std::vector<SeqSlot> g_seq(SEQ_SLOTS);
+std::mutex g_seq_mu;  // forward ops write, backward ops (other threads) read
 
 typedef int (*push_fn_t)(int kind, uint64_t id);
 typedef int (*pop_fn_t)(int kind, uint64_t* id);
@@ -304,7 +305,11 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   fr.bwd = fn.scope() == at::RecordScope::BACKWARD_FUNCTION || (parent && parent->bwd) ||
            (name[0] == 'a' && std::strncmp(name, kEvaluate, sizeof(kEvaluate) - 1) == 0);
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
-    const SeqSlot& s = g_seq[size_t(fr.seq) % SEQ_SLOTS];
+    SeqSlot s;
+    if (fr.seq >= 0) {
+      std::lock_guard<std::mutex> g(g_seq_mu);
+      s = g_seq[size_t(fr.seq) % SEQ_SLOTS];
+    }
     bool hit = fr.seq >= 0 && s.seq == fr.seq;
     fr.module = hit ? s.module : -1;
     fr.site = hit ? s.site : -1;
@@ -316,6 +321,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
     fr.site = g_sites ? call_site() : -1;
   }
   if (!fr.bwd && fr.seq >= 0) {
+    std::lock_guard<std::mutex> g(g_seq_mu);
     SeqSlot& s = g_seq[size_t(fr.seq) % SEQ_SLOTS];
     s.seq = fr.seq;
     s.module = fr.module;
