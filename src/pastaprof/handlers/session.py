@@ -285,6 +285,14 @@ class Session:
         return self.reports
 
     def _flush_loop(self) -> None:
+        # The periodic flush yields the CPU to the program: on a busy machine a flush landing
+        # in a CPU-bound region otherwise descheduled torch's OpenMP workers (2-core dev VM:
+        # an MLP training loop took 2-4x as long; docs/benchmarks.md).  Linux niceness is per
+        # thread; raising it is always allowed.
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
         while not self._stop.wait(self.config.flush_ms / 1000):
             try:
                 self.flush()

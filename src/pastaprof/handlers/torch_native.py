@@ -94,8 +94,8 @@ class NativeOps:
                 "depth": pa.array(cols["depth"].astype(np.int32)),
                 "sequence_id": pa.array(cols["sequence_id"], pa.int64(), mask=cols["sequence_id"] < 0),
                 "is_backward": pa.array(cols["is_backward"].astype(bool)),
-                "name": text(cols["name"], True), "input_shapes": text(cols["input_shapes"], False),
-                "input_dtypes": text(cols["input_dtypes"], False), "module": text(cols["module"], True),
+                "name": text(cols["name"], True), "input_shapes": text(cols["input_shapes"], True),
+                "input_dtypes": text(cols["input_dtypes"], True), "module": text(cols["module"], True),
                 "call_site": text(cols["call_site"], True),
             })
         if self.mem:
