@@ -458,3 +458,69 @@ def test_uvm_without_cupti_is_one_notice_and_the_run_goes_on(tmp_path, app):
     assert r.stderr.count("unified-memory counters not recorded") == 1
     status = json.loads((tmp_path / "run" / "run.json").read_text())["status"]
     assert any("unified-memory counters not recorded" in v for v in status.values())
+
+
+def test_gpu_work_arriving_before_its_correlation_record_is_held_and_linked(tmp_path):
+    """CUPTI delivers per-device and per-thread buffers independently, so a kernel's record can
+    reach a flush before the external-correlation record that names its op.  The session holds
+    such GPU work for one flush, links it then, and needs no re-link at compaction; what is still
+    unlinked at the final flush is stored without an op.  (Tables shaped as the CUPTI handler
+    drains them; no GPU here.)"""
+    import pyarrow as pa
+
+    from pastaprof.handlers.session import Session
+    from pastaprof.store.compact import compact
+
+    class Feed:  # a handler that hands the session prepared drains, one per flush
+        name = "feed"
+        status, records, dropped, sampled_out, kernels_seen = None, 0, 0, 0, 0
+
+        def __init__(self, drains):
+            self.drains = drains
+
+        def drain(self):
+            return self.drains.pop(0) if self.drains else {}
+
+        def stop(self):
+            pass
+
+    def kernels(corr, t0):
+        n = len(corr)
+        return pa.table({"start_ns": [t0 + i for i in range(n)], "end_ns": [t0 + i + 1 for i in range(n)],
+                         "device": [0] * n, "stream": [7] * n, "correlation": corr, "name": ["k"] * n,
+                         "rank": pa.array([0] * n, pa.int32())})
+
+    def ext(corr, ops):
+        return pa.table({"correlation": corr, "external_id": ops})
+
+    out = tmp_path / "run"
+    s = Session(CaptureConfig(out=str(out), flush_ms=100000), gpu=False)
+    s.start()
+    s.handlers.append(Feed([
+        {"external": ext([1, 2], [10, 20]), "kernel": kernels([1, 2, 3], 1000)},  # 3's record comes later
+        {"external": ext([3], [30]), "kernel": kernels([4], 2000)},               # 4: never gets one
+        {},
+    ]))
+    s.flush()                     # 1, 2 linked and stored; 3 held
+    s.flush()                     # 3 linked; 4 held
+    s.stop()                      # final: 4 stored without an op
+    meta = json.loads(next((out / "shards").glob("*.json")).read_text())
+    assert meta["relink_needed"] is False
+    compact(out)
+    k = pastaprof.load(out).table("kernel").sort_by("correlation").to_pylist()
+    assert [(x["correlation"], x["op_id"]) for x in k] == [(1, 10), (2, 20), (3, 30), (4, None)]
+
+    # A correlation record later than one flush: the kernel was stored without an op, the
+    # session says so, and compaction re-links it from the stored correlation records.
+    out2 = tmp_path / "run2"
+    s = Session(CaptureConfig(out=str(out2), flush_ms=100000), gpu=False)
+    s.start()
+    s.handlers.append(Feed([{"external": ext([1], [10]), "kernel": kernels([1, 5], 1000)}, {},
+                            {"external": ext([5], [50])}]))
+    s.flush(), s.flush(), s.flush()
+    s.stop()
+    meta = json.loads(next((out2 / "shards").glob("*.json")).read_text())
+    assert meta["relink_needed"] is True
+    compact(out2)
+    k = pastaprof.load(out2).table("kernel").sort_by("correlation").to_pylist()
+    assert [(x["correlation"], x["op_id"]) for x in k] == [(1, 10), (5, 50)]
