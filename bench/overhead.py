@@ -33,7 +33,9 @@ STEPS = {"tiny": 1, "resnet50": 1, "gpt2": 1}
 
 # pastaprof configurations measured: the (ops with shapes and call sites, kernels,
 # tensors) and a lean one without shapes and call sites.
-VARIANTS = {"pastaprof": {}, "pastaprof_lean": {"PASTAPROF_SHAPES": "0", "PASTAPROF_CALL_SITES": "0"}}
+# The third variant has no periodic flush inside the run: what the background flush costs.
+VARIANTS = {"pastaprof": {}, "pastaprof_lean": {"PASTAPROF_SHAPES": "0", "PASTAPROF_CALL_SITES": "0"},
+            "pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000"}}
 
 
 def _workload(name: str, mode: str, out: Path, wrap: list[str] | None = None, env: dict | None = None) -> dict:
@@ -87,6 +89,8 @@ def main() -> None:
         pp_region = statistics.median(r["pastaprof"]["seconds"] for r in rounds)
         lean = statistics.median(r["pastaprof_lean"]["seconds"] + r["pastaprof_lean"]["after_region_seconds"]
                                  for r in rounds)
+        noflush = statistics.median(r["pastaprof_noflush"]["seconds"] + r["pastaprof_noflush"]["after_region_seconds"]
+                                    for r in rounds)
         tp = statistics.median(r["torchprof"]["seconds"] for r in rounds)
         last = rounds[-1]
         stored, tk = last["pastaprof"]["kernels_stored"], last["torchprof"]["kernels"]
@@ -95,6 +99,7 @@ def main() -> None:
             "pastaprof_x": round(pp / bare, 3), "torchprof_x": round(tp / bare, 3),
             "pastaprof_region_s": round(pp_region, 4), "pastaprof_region_x": round(pp_region / bare, 3),
             "pastaprof_lean_s": round(lean, 4), "pastaprof_lean_x": round(lean / bare, 3),
+            "pastaprof_noflush_x": round(noflush / bare, 3),
             "mechanisms": last["pastaprof"]["mechanisms"],
             "kernels_pastaprof": stored, "kernels_torchprof": tk,
             "kernel_count_diff_pct": round(100 * abs(stored - tk) / tk, 3) if tk else None,
@@ -103,7 +108,7 @@ def main() -> None:
             and last["pastaprof"]["manifest"]["dropped_events"] == 0,
             "events": last["pastaprof"]["events"], "capture_overhead": last["pastaprof"]["manifest"]["capture_overhead"],
             "rounds": [{m: r[m]["seconds"] + r[m].get("after_region_seconds", 0)
-                        for m in ("bare", "pastaprof", "pastaprof_lean", "torchprof")} for r in rounds],
+                        for m in ("bare", *VARIANTS, "torchprof")} for r in rounds],
         }
         print(json.dumps({name: summary[name]}), flush=True)
     (out / f"overhead-steps{a.steps or 1}.json").write_text(json.dumps(summary, indent=1))
