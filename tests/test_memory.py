@@ -339,7 +339,7 @@ def test_categories_of_a_real_training_trace(tmp_path):
     subprocess.run([sys.executable, str(app), str(trace)], check=True, capture_output=True)
     rep = pastaprof.analyze(pastaprof.load(trace), ["memory"])[0]
     params = 2 * (256 * 256 + 256) * 4            # two Linear layers, float32
-    lt = rep.tables["lifetimes"]
+    lt = rep.details["lifetimes"]
     by_cat = {r["category"]: (r["bytes_sum"], r["bytes_count"])
               for r in lt.group_by("category").aggregate([("bytes", "sum"), ("bytes", "count")]).to_pylist()}
     assert by_cat["parameters"] == (params, 4)      # made in the trace before step0, live to the end

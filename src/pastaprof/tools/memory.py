@@ -210,7 +210,7 @@ class Memory(Tool):
         by_site = blocks.take(pa.array(np.concatenate(by_site_idx), pa.int64()))
         tables["live_at_peak_by_site"] = _group(by_site, SITE + ["pretrace"], ["bytes"])
         tables["peak_by_category"] = self._peak_by_category(by_site, dev_rows)
-        tables["lifetimes"] = blocks
+        details = {"lifetimes": blocks}  # one row per block: for programs, not the terminal
         never_tab = blocks.filter(pc.and_(pc.invert(blocks["pretrace"]), pc.is_null(blocks["free_ns"])))
         tables["never_freed"] = _group(never_tab, SITE, ["bytes"], [("alloc_ns", "min"), ("alloc_ns", "max")],
                                          {"alloc_ns_min": "first_alloc_ns", "alloc_ns_max": "last_alloc_ns"})
@@ -225,7 +225,7 @@ class Memory(Tool):
         summary["peak_by_category"] = {
             r["category"]: r["bytes"] for r in main.to_pylist()
             if f"{r['device_type']}:{r['device']}" == summary["peak_device"] and r["rank"] == summary["peak_rank"]}
-        return Report(self.name, tables=tables, findings=findings, summary=summary, display=DISPLAY)
+        return Report(self.name, tables=tables, findings=findings, summary=summary, display=DISPLAY, details=details)
 
     @staticmethod
     def _peak_by_category(live: pa.Table, dev_rows: list[dict]) -> pa.Table:

@@ -216,7 +216,7 @@ class UvmAdvisor(Tool):
         dur = np.clip(_i64(uvm["end_ns"]) - _i64(uvm["start_ns"]), 0, None)
         rec = pa.table({"alloc_id": aidx, "point": point, "kernel": kname, "uvm_kind": kinds, "cause": cause,
                         "bytes": nbytes, "count": count, "duration_ns": dur, "start_ns": _i64(uvm["start_ns"])})
-        tables["records"] = rec
+        details = {"records": rec}  # one row per unified-memory record, attributed
         plan, findings, per_point = self._plan(rec, allocs)
         tables["by_allocation_and_point"] = per_point
         # pa.array infers the struct type from every action (from_pylist would use the first only)
@@ -233,7 +233,7 @@ class UvmAdvisor(Tool):
                    "htod_bytes": int(nbytes[kinds == "htod"].sum()), "dtoh_bytes": int(nbytes[kinds == "dtoh"].sum()),
                    "actions": len(plan["actions"]),
                    "estimated_saving_ns": int(sum(a["estimated_saving_ns"] for a in plan["actions"]))}
-        return Report(self.name, tables=tables, findings=findings, summary=summary,
+        return Report(self.name, tables=tables, findings=findings, summary=summary, details=details,
                       display={"by_allocation_and_point": ["alloc_id", "point", "gpu_faults", "cpu_faults",
                                                            "htod_coherence_bytes", "dtoh_coherence_bytes",
                                                            "thrashing_bytes", "eviction_bytes"],
