@@ -28,7 +28,7 @@ class NativeOps:
     def __init__(self, lib: Any, rank: int) -> None:
         self.lib = lib
         self.rank = rank
-        self._strings: list[str] = []
+        self._strings = pa.array([], pa.string())  # all interned strings so far (ids index it)
         self._path_ids: dict[str, int] = {}
         self.mem = False
 
@@ -66,10 +66,13 @@ class NativeOps:
         return int(self.lib.pp_obs_dropped())
 
     def _strings_table(self) -> pa.Array:
+        """The interned strings, extended by the ones new since the last drain (only those
+        cross ctypes; the array is not rebuilt)."""
         n = self.lib.pp_obs_string_count()
-        for i in range(len(self._strings), n):
-            self._strings.append(self.lib.pp_obs_string(i).decode("utf-8", "replace"))
-        return pa.array(self._strings, pa.string())
+        if n > len(self._strings):
+            new = [self.lib.pp_obs_string(i).decode("utf-8", "replace") for i in range(len(self._strings), n)]
+            self._strings = pa.concat_arrays([self._strings, pa.array(new, pa.string())])
+        return self._strings
 
     def drain(self) -> dict[str, pa.Table]:
         out: dict[str, pa.Table] = {}
