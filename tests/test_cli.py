@@ -66,3 +66,14 @@ def test_import_then_export_perfetto(tmp_path):
     assert pf.stat().st_size > 1000
     nk = sum(1 for e in raw_events(DATA / "mlp_train_3steps.pt.trace.json.gz") if e.get("cat") == "kernel")
     assert f"kernel_slices={nk}" in r.stdout or str(nk) in r.stdout
+
+
+def test_build_native_says_what_it_built():
+    import pytest
+
+    pytest.importorskip("torch")
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "build-native"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split(": ", 1) for line in r.stdout.strip().splitlines())
+    assert set(lines) == {"cupti", "torch"}
+    assert lines["torch"].split(" ")[0].endswith("pastaprof_torch.so")   # the observer builds wherever torch is

@@ -230,6 +230,15 @@ def export(path: Path, fmt: str, dest: Path, ranks: str | None) -> None:
     _run_guarded(work)
 
 
+@cli.command("build-native")
+def build_native() -> None:
+    """Build the native capture libraries now (else the first profiled run does)."""
+    from pastaprof import native
+
+    for name, what in native.build_all().items():
+        click.echo(f"{name}: {what}")
+
+
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-t", "--tools", metavar="TOOL[,TOOL]", help="Tools whose reports print when the program exits.")
 @click.option("-o", "--out", type=click.Path(path_type=Path), help="Run directory to create.")

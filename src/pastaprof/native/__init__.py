@@ -12,8 +12,9 @@ pybind11 and a short build):
 
 Builds go to ``$PASTAPROF_CACHE`` (default ``~/.cache/pastaprof``), one directory per
 (source, compiler inputs) hash, written to a temporary name and renamed, under a
-file lock so concurrent ranks build once.  ``pastaprof run`` builds before starting
-the program; ``pastaprof build-native`` does it explicitly.  A failed build is
+file lock so concurrent ranks build once.  The profiled program builds them the first
+time it needs them (a one-line notice); ``pastaprof build-native`` builds them ahead
+of time and says what could not be built.  A failed build is
 remembered (``build.log`` next to it) and capture falls back to the pure-Python
 handlers, saying so in the run's status.
 """
@@ -156,6 +157,25 @@ def _torch_args() -> tuple[list[str], bool]:
 def build_torch() -> tuple[Path, bool]:
     args, cuda = _torch_args()
     return _build("pastaprof_torch", [HERE / "torch_observer.cpp"], args, cpp=True), cuda
+
+
+def build_all() -> dict[str, str]:
+    """Build every native library this machine can build; name -> path or reason."""
+    out: dict[str, str] = {}
+    try:
+        out["cupti"] = str(build_cupti())
+    except (OSError, RuntimeError) as e:
+        out["cupti"] = f"not built: {e}"
+    try:
+        import torch  # noqa: F401
+
+        path, cuda = build_torch()
+        out["torch"] = f"{path}" + (" (with the CUDA allocator tracker)" if cuda else "")
+    except ImportError:
+        out["torch"] = "not built: torch is not installed"
+    except (OSError, RuntimeError) as e:
+        out["torch"] = f"not built: {e}"
+    return out
 
 
 def copy_columns(copy: Any, names: tuple[str, ...], n: int) -> dict[str, Any]:
