@@ -525,3 +525,26 @@ def test_gpu_work_arriving_before_its_correlation_record_is_held_and_linked(tmp_
     compact(out2)
     k = pastaprof.load(out2).table("kernel").sort_by("correlation").to_pylist()
     assert [(x["correlation"], x["op_id"]) for x in k] == [(1, 10), (5, 50)]
+
+
+def test_torch_compile_with_dynamic_shapes_is_left_alone(tmp_path):
+    """torch.compile traces with FakeTensors and symbolic shapes; the op observer must not read
+    their sizes (each failed read would print a warning from RecordFunction on the program's
+    stderr).  Output, exit code and stderr stay the program's own."""
+    pytest.importorskip("torch")
+    app = tmp_path / "tc.py"
+    app.write_text(textwrap.dedent("""
+        import torch
+        def f(x):
+            return (x.sin() + x.cos()).sum(dim=-1)
+        cf = torch.compile(f, dynamic=True, backend="aot_eager")
+        for n in (8, 16, 33):
+            print(round(float(cf(torch.ones(4, n)).sum()), 3))
+    """))
+    bare = subprocess.run([sys.executable, str(app)], capture_output=True, text=True)
+    r = _run(tmp_path / "run", sys.executable, str(app))
+    assert r.returncode == bare.returncode == 0, r.stderr
+    assert r.stdout == bare.stdout
+    assert "Exception in RecordFunction callback" not in r.stderr
+    assert [ln for ln in r.stderr.splitlines() if not ln.startswith("pastaprof:")] == \
+        [ln for ln in bare.stderr.splitlines()]

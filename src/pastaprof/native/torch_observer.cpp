@@ -176,6 +176,14 @@ int32_t call_site() {
 }
 
 // ---- shapes and dtypes, as Kineto writes them ------------------------------------
+// Sizes are read only from plain tensors: a tensor subclass (FakeTensor, functional tensors
+// under torch.compile), a symbolic-shape or a nested tensor would dispatch back into Python
+// or throw, which inside a RecordFunction callback prints a warning per op.
+inline bool plain(const at::Tensor& t) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return !impl->is_python_dispatch() && !impl->has_symbolic_sizes_strides() && !impl->is_nested();
+}
+
 inline uint64_t mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
   return h;
@@ -192,15 +200,19 @@ uint64_t signature(const at::RecordFunction& fn) {
         h = mix(h, 2);
         continue;
       }
+      if (!plain(t)) {
+        h = mix(h, 0xabcd);
+        continue;
+      }
       h = mix(h, 3 + uint64_t(t.scalar_type()));
       for (int64_t d : t.sizes()) h = mix(h, uint64_t(d));
       h = mix(h, 0xfeed);
     } else if (v.isTensorList()) {
       h = mix(h, 5);
       for (const at::Tensor& t : v.toTensorList().vec()) {
-        if (t.defined())
+        if (t.defined() && plain(t))
           for (int64_t d : t.sizes()) h = mix(h, uint64_t(d));
-        h = mix(h, 0xbeef);
+        h = mix(h, t.defined() && !plain(t) ? 0xabcd : 0xbeef);
       }
     } else {
       h = mix(h, v.isScalar() ? 7 : (v.isList() ? 11 : 13));
@@ -229,7 +241,10 @@ void describe_inputs(const at::RecordFunction& fn, int32_t* shapes, int32_t* dty
     first = false;
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
-      if (t.defined()) {
+      if (t.defined() && !plain(t)) {
+        s += "[?]";  // a subclass or symbolic shape: not read (see plain())
+        d += "\"?\"";
+      } else if (t.defined()) {
         append_sizes(s, t.sizes());
         d += "\"";
         d += std::string(t.dtype().name());
@@ -244,7 +259,10 @@ void describe_inputs(const at::RecordFunction& fn, int32_t* shapes, int32_t* dty
       for (const at::Tensor& t : v.toTensorList().vec()) {
         if (!f2) s += ",";
         f2 = false;
-        append_sizes(s, t.defined() ? t.sizes() : c10::IntArrayRef());
+        if (t.defined() && !plain(t))
+          s += "[?]";
+        else
+          append_sizes(s, t.defined() ? t.sizes() : c10::IntArrayRef());
       }
       s += "]";
       d += "\"TensorList\"";
@@ -289,7 +307,21 @@ int32_t name_of(const at::RecordFunction& fn, const char* name) {
   return id;
 }
 
+std::atomic<int64_t> g_errors{0};
+
+std::unique_ptr<at::ObserverContext> on_enter_impl(const at::RecordFunction& fn);
+
+// RecordFunction prints a warning for every exception a callback throws: never throw.
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  try {
+    return on_enter_impl(fn);
+  } catch (...) {
+    g_errors.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+}
+
+std::unique_ptr<at::ObserverContext> on_enter_impl(const at::RecordFunction& fn) {
   if (!g_on.load(std::memory_order_relaxed) || fn.isAsync()) return nullptr;
   ThreadState& ts = t_state;
   if (ts.tid == 0) ts.tid = int64_t(syscall(SYS_gettid));
@@ -333,7 +365,17 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   return nullptr;
 }
 
+void on_exit_impl(const at::RecordFunction& fn);
+
 void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
+  try {
+    on_exit_impl(fn);
+  } catch (...) {
+    g_errors.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void on_exit_impl(const at::RecordFunction& fn) {
   int64_t end = now_ns();
   ThreadState& ts = t_state;
   if (ts.stack.empty() || ts.stack.back().rf != &fn) return;  // began before start(), or async
@@ -467,7 +509,7 @@ void pp_obs_stop() {
 
 void pp_obs_set_module(int32_t path_id) { t_state.module = path_id; }
 
-int64_t pp_obs_dropped() { return g_dropped.load(); }
+int64_t pp_obs_dropped() { return g_dropped.load() + g_errors.load(); }
 
 // Move the rows recorded so far aside; returns how many.  Then pp_obs_copy each
 // column and pp_obs_release.
