@@ -548,3 +548,50 @@ def test_torch_compile_with_dynamic_shapes_is_left_alone(tmp_path):
     assert "Exception in RecordFunction callback" not in r.stderr
     assert [ln for ln in r.stderr.splitlines() if not ln.startswith("pastaprof:")] == \
         [ln for ln in bare.stderr.splitlines()]
+
+
+def test_custom_functions_failing_ops_and_threads(tmp_path):
+    """A custom autograd.Function, an op that raises (caught by the program) and ops on a
+    thread pool: output unchanged; the failed op does not leave the observer's stack
+    unbalanced (later ops are top-level again); thread ops carry their own call site."""
+    pytest.importorskip("torch")
+    app = tmp_path / "rb.py"
+    app.write_text(textwrap.dedent("""
+        import torch
+        from concurrent.futures import ThreadPoolExecutor
+        class Square(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return x * x
+            @staticmethod
+            def backward(ctx, g):
+                (x,) = ctx.saved_tensors
+                return 2 * x * g
+        torch.manual_seed(0)
+        x = torch.randn(16, requires_grad=True)
+        Square.apply(x).sum().backward()
+        print("grad", round(float(x.grad.sum()), 4))
+        try:
+            torch.ones(2) @ torch.ones(3)
+        except RuntimeError as e:
+            print("caught", type(e).__name__)
+        torch.ones(5).neg()
+        def work(i):
+            t = torch.full((8, 8), float(i))
+            return float((t @ t).sum())
+        with ThreadPoolExecutor(3) as ex:
+            print(sorted(ex.map(work, range(6))))
+    """))
+    bare = subprocess.run([sys.executable, str(app)], capture_output=True, text=True)
+    r = _run(tmp_path / "run", sys.executable, str(app))
+    assert r.returncode == bare.returncode == 0, r.stderr
+    assert r.stdout == bare.stdout
+    run = pastaprof.load(tmp_path / "run")
+    neg = run.sql("SELECT depth, parent_id FROM op WHERE name = 'aten::neg'").fetchall()
+    assert neg == [(0, None)]  # the matmul that raised did not leave a frame behind
+    sites = {s for (s,) in run.sql("SELECT DISTINCT call_site FROM op WHERE name = 'aten::matmul'").fetchall()}
+    assert sites == {f"{app}(18): <module>", f"{app}(24): work"}  # the text starts with an empty line
+    assert run.sql("SELECT count(DISTINCT tid) FROM op WHERE call_site LIKE '%: work'").fetchall()[0][0] >= 1
+    sq = run.sql("SELECT is_backward, call_site FROM op WHERE name = 'SquareBackward'").fetchall()
+    assert sq == [(True, f"{app}(15): <module>")]  # backward op: its forward op's line
