@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from pastaprof.events.schema import conform
+from pastaprof.processor.link import map_keys
 
 LANES = 32
 SECTOR = 32
@@ -78,10 +79,8 @@ def _distinct_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarra
 def _live_bytes(o_launch: np.ndarray, o_bytes: np.ndarray, launches: np.ndarray) -> np.ndarray:
     """Bytes of all objects live at each of ``launches`` (the launch's footprint)."""
     ul, inv = np.unique(o_launch, return_inverse=True)
-    tot = np.bincount(inv, weights=o_bytes, minlength=len(ul)).astype(np.int64)
-    i = np.searchsorted(ul, launches)
-    hit = (i < len(ul)) & (ul[np.clip(i, 0, max(len(ul) - 1, 0))] == launches) if len(ul) else np.zeros(len(launches), bool)
-    return np.where(hit, tot[np.clip(i, 0, max(len(ul) - 1, 0))] if len(ul) else 0, 0)
+    tot = np.bincount(inv.reshape(-1), weights=o_bytes, minlength=len(ul)).astype(np.int64)
+    return np.maximum(map_keys(np.asarray(launches, np.int64), ul, tot), 0)
 
 
 def heatmap(req: Requests, objs: Objects, launch: int, cta: int) -> pa.Table:

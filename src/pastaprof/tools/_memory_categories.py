@@ -36,6 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pastaprof.processor.link import _np as _i64
+
 CATEGORIES = ("optimizer_state", "gradients", "parameters", "activations", "temporaries", "unknown", "before_trace")
 OPTIMIZER_STEP = "Optimizer.step#"
 NEVER = np.iinfo(np.int64).max
@@ -103,7 +105,3 @@ def classify(alloc_ns: np.ndarray, free_ns: np.ndarray, alloc_bwd: np.ndarray, f
             (free_ns < step_ends[sc])
         assign(in_step & same_step & (alloc_bwd == free_bwd), "temporaries")
     return cat
-
-
-def _i64(col) -> np.ndarray:
-    return np.asarray(pc.fill_null(col, -1).to_numpy(zero_copy_only=False), dtype=np.int64)

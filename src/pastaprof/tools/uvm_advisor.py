@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 from pastaprof.processor.intervals import innermost_enclosing
 from pastaprof.processor.link import map_keys
 from pastaprof.tools.base import Finding, Report, Tool
+from pastaprof.tools.memory import _i64, _str
 
 PLAN_SCHEMA = "pastaprof-uvm-plan/1"
 NEVER = np.iinfo(np.int64).max
@@ -54,17 +55,9 @@ GPU_SIDE = ("gpu_page_fault", "htod")
 CPU_SIDE = ("cpu_page_fault", "dtoh")
 
 
-def _i64(col, fill: int = -1) -> np.ndarray:
-    return np.asarray(pc.fill_null(col, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
 def _addr(col) -> np.ndarray:
     """Addresses (uint64 columns) as int64: user-space virtual addresses are below 2**63."""
     return np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), dtype=np.uint64).astype(np.int64)
-
-
-def _str(col) -> np.ndarray:
-    return np.asarray(pc.fill_null(col.cast(pa.string()), "").to_numpy(zero_copy_only=False), dtype=object)
 
 
 class UvmAdvisor(Tool):
@@ -137,7 +130,8 @@ class UvmAdvisor(Tool):
         # Address reuse: several allocations may share a base over time; try each candidate
         # with the same base (few in practice) and keep the one live at the record's time.
         pos = np.searchsorted(b_sorted, addr, side="right") - 1
-        for back in range(int(np.max(np.bincount(np.searchsorted(b_sorted, b_sorted))) if len(b_sorted) else 1)):
+        most_per_base = int(np.unique(b_sorted, return_counts=True)[1].max())
+        for back in range(most_per_base):
             k = pos - back
             ok = (k >= 0) & (out < 0)
             idx = order[np.clip(k, 0, None)]
