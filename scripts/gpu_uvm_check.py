@@ -22,7 +22,7 @@ APP = textwrap.dedent("""
     import ctypes, numpy as np, cupy as cp, pastaprof
     n = 16 << 20                                   # 64 MiB of float32
     mem = cp.cuda.malloc_managed(4 * n)
-    x = cp.ndarray((n,), cp.float32, cp.cuda.MemoryPointer(mem, 0))
+    x = cp.ndarray((n,), cp.float32, mem)
     host = np.ctypeslib.as_array(ctypes.cast(mem.ptr, ctypes.POINTER(ctypes.c_float)), (n,))
     for it in range(3):
         with pastaprof.range("cpu_write"):

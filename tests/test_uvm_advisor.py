@@ -223,3 +223,23 @@ def test_run_with_a_plan_names_the_mismatch_at_exit(tmp_path):
     status = " ".join(m["status"].values())
     assert "range:never never entered" in status and "allocation app.py(5): <module>#0 never made" in status
     assert m["processes"][0]["uvm_plan"]["dry_run"] is True
+
+
+def test_allocation_without_a_device_takes_its_migrations_gpu_and_frees_end_lifetimes():
+    """The registry's rows (CuPy / cuda-bindings hooks) carry no device: the plan must
+    still name a real GPU (the HtoD destination), never device:-1; a free ends a lifetime."""
+    t = _program()
+    t["alloc"] = t["alloc"].set_column(t["alloc"].schema.get_field_index("device"), "device",
+                                       pa.nulls(2, pa.int32()))
+    t["uvm"] = t["uvm"].set_column(t["uvm"].schema.get_field_index("dst_device"), "dst_device",
+                                   pa.array(np.where(pc_eq(t["uvm"], "htod"), 3, -1), pa.int32()))
+    t["free"] = _table("free", start_ns=[300], address=pa.array([OTHER], pa.uint64()), bytes=[1 * MiB])
+    rep = _report(t)
+    allocs = rep.tables["allocations"].to_pylist()
+    assert [a["device"] for a in allocs] == [3, 0]        # 0: no migration to tell, the default GPU
+    assert allocs[1]["free_ns"] == 300 and allocs[0]["free_ns"] > 60_000
+    assert [a.get("to") for a in plan_of(rep)["actions"] if a["action"] == "prefetch"] == ["device:3", "cpu"]
+
+
+def pc_eq(t: pa.Table, kind: str) -> np.ndarray:
+    return np.asarray(t["uvm_kind"].to_pylist()) == kind

@@ -49,7 +49,7 @@ def main() -> None:
         pastaprof.apply_uvm_plan(a.plan)
     mem = cp.cuda.malloc_managed(nbytes)
     n = nbytes // 4
-    x = cp.ndarray((n,), cp.float32, cp.cuda.MemoryPointer(mem, 0))
+    x = cp.ndarray((n,), cp.float32, mem)
     host = np.ctypeslib.as_array(ctypes.cast(mem.ptr, ctypes.POINTER(ctypes.c_float)), (n,))
     total = 0.0
     t0 = time.perf_counter()

@@ -253,11 +253,15 @@ def build_native() -> None:
 @click.option("--uvm", is_flag=True, default=None, help="Record unified-memory counters (PASTAPROF_UVM).")
 @click.option("--apply-uvm-plan", "uvm_plan", metavar="FILE",
               help="Apply a uvm_advisor plan in the program (PASTAPROF_UVM_PLAN).")
+@click.option("--process", metavar="gpu|cpu",
+              help="Reduce instruction-level accesses on the GPU (default) or on the CPU from raw records "
+                   "(PASTAPROF_PROCESS).")
+@click.option("--page-bytes", metavar="N", help="Page size of access hotness histograms (PASTAPROF_PAGE, 4096).")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | None, sample: str | None,
         steps: str | None, ranks_: str | None, shapes: bool | None, call_sites: bool | None, uvm: bool | None,
-        uvm_plan: str | None, force: bool,
+        uvm_plan: str | None, process: str | None, page_bytes: str | None, force: bool,
         command: tuple[str, ...]) -> None:
     """Profile a program without changing it:  pastaprof run [OPTIONS] -- python train.py ARGS
 
@@ -272,7 +276,8 @@ def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | 
 
     flags = {"TOOLS": tools, "RANGES": ranges, "KERNELS": kernels, "SAMPLE": sample, "STEPS": steps,
              "RANKS": ranks_, "SHAPES": onoff(shapes), "CALL_SITES": onoff(call_sites), "UVM": onoff(uvm),
-             "UVM_PLAN": str(Path(uvm_plan).resolve()) if uvm_plan else None}
+             "UVM_PLAN": str(Path(uvm_plan).resolve()) if uvm_plan else None, "PROCESS": process,
+             "PAGE": page_bytes}
     code = _run_guarded(lambda: launch(list(command), out, flags, force))
     sys.exit(code)
 

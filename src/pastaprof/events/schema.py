@@ -75,7 +75,9 @@ _SPECIFIC: dict[str, list[pa.Field]] = {
         pa.field("api_kind", NAME),
         pa.field("op_id", pa.int64()),
     ],
-    # A framework operator (e.g. aten::mm). ``id`` is unique within a rank.
+    # A framework operator (e.g. aten::mm). ``id`` is unique within a rank.  ``input_ptrs``: the
+    # data pointer of each argument in order, 0 (or null) for a non-tensor; a tensor list gives one
+    # entry per tensor.  Null for the whole op where not recorded (imports, older runs).
     "op": [
         pa.field("id", pa.int64(), nullable=False),
         pa.field("parent_id", pa.int64()),
@@ -85,6 +87,7 @@ _SPECIFIC: dict[str, list[pa.Field]] = {
         pa.field("is_backward", pa.bool_()),
         pa.field("input_shapes", NAME),
         pa.field("input_dtypes", NAME),
+        pa.field("input_ptrs", pa.list_(pa.int64())),
         pa.field("module", NAME),
         pa.field("call_site", NAME),
     ],
@@ -148,6 +151,7 @@ _SPECIFIC: dict[str, list[pa.Field]] = {
     "access_summary": [
         pa.field("object_address", pa.uint64()),
         pa.field("object_bytes", pa.int64()),
+        pa.field("object_kind", NAME),  # tensor (allocator block) or allocation (driver); null: none
         pa.field("reads", pa.int64()),
         pa.field("writes", pa.int64()),
         pa.field("bytes_read", pa.int64()),
@@ -170,6 +174,32 @@ _SPECIFIC: dict[str, list[pa.Field]] = {
     ],
     # Per kernel launch x PC of a memory instruction: warp ``requests``, active ``lanes``,
     # lane ``bytes``, distinct 32-byte ``sectors`` over its requests (sectors / requests = coalescing).
+    # One instrumented kernel launch of the sanitizer handler (``correlation`` = its launch
+    # sequence in the process; access_summary / access_pc rows carry the same value).
+    # Totals that belong to no object: shared / local lanes, cp.async lanes, and what the
+    # patches cannot see lane by lane -- TMA / bulk copies and warpgroup MMAs are counted as
+    # *uncovered* instructions, never silently dropped.  ``*_dropped`` say what a bounded
+    # table could not hold; ``device_bytes`` is the handler's device memory at the launch.
+    "access_launch": [
+        pa.field("grid_x", pa.int32()), pa.field("grid_y", pa.int32()), pa.field("grid_z", pa.int32()),
+        pa.field("block_x", pa.int32()), pa.field("block_y", pa.int32()), pa.field("block_z", pa.int32()),
+        pa.field("process", NAME),
+        pa.field("requests", pa.int64()),
+        pa.field("lanes", pa.int64()),
+        pa.field("unattributed_lanes", pa.int64()),
+        pa.field("shared_lanes", pa.int64()),
+        pa.field("local_lanes", pa.int64()),
+        pa.field("async_copy_lanes", pa.int64()),
+        pa.field("uncovered_bulk_copies", pa.int64()),
+        pa.field("uncovered_wgmma", pa.int64()),
+        pa.field("pc_dropped", pa.int64()),
+        pa.field("page_dropped", pa.int64()),
+        pa.field("raw_requests", pa.int64()),
+        pa.field("raw_stored", pa.int64()),
+        pa.field("objects", pa.int64()),
+        pa.field("live_bytes", pa.int64()),
+        pa.field("device_bytes", pa.int64()),
+    ],
     "access_pc": [
         pa.field("pc", pa.uint64()),
         pa.field("requests", pa.int64()),

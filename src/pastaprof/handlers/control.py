@@ -18,6 +18,10 @@ PASTAPROF_CALL_SITES --no-call-sites         ops without Python call sites (defa
 PASTAPROF_UVM       --uvm                    unified-memory counters (faults, migrations); also
                                              on when a chosen tool consumes them (uvm_advisor)
 PASTAPROF_UVM_PLAN  --apply-uvm-plan FILE    apply a uvm_advisor plan (prefetch/advise) in the program
+PASTAPROF_PROCESS   --process gpu|cpu        where instruction-level accesses are reduced (tools
+                                             working_set, hotness, coalescing, heatmap): on the
+                                             GPU (default) or, from raw records, on the CPU
+PASTAPROF_PAGE      --page-bytes N           page size of the access hotness histograms (4096)
 PASTAPROF_TOOLS     -t kernels,ops           tools whose reports print at exit
 PASTAPROF_OUT       -o DIR                   the run directory
 ==================  =======================  ==========================================
@@ -95,11 +99,17 @@ class CaptureConfig:
     call_sites: bool = True
     uvm: bool = False
     uvm_plan: str | None = None
+    process: str = "gpu"
+    page_bytes: int = 4096
     _kernel_re: re.Pattern | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.sample < 1:
             raise UsageError(f"PASTAPROF_SAMPLE={self.sample}: must be a positive integer")
+        if self.process not in ("gpu", "cpu"):
+            raise UsageError(f"PASTAPROF_PROCESS={self.process!r}: expected gpu or cpu")
+        if self.page_bytes < 32 or self.page_bytes & (self.page_bytes - 1):
+            raise UsageError(f"PASTAPROF_PAGE={self.page_bytes}: must be a power of two, at least 32")
         if self.flush_ms < 10:
             raise UsageError(f"PASTAPROF_FLUSH_MS={self.flush_ms}: must be at least 10")
         if self.uvm_plan is not None:
@@ -148,7 +158,8 @@ class CaptureConfig:
             steps=parse_steps(get("STEPS")) if get("STEPS") else None,  # type: ignore[arg-type]
             ranks=parse_rank_list(get("RANKS")) if get("RANKS") else None,  # type: ignore[arg-type]
             flush_ms=integer("FLUSH_MS", 1000), shapes=boolean("SHAPES"), call_sites=boolean("CALL_SITES"),
-            uvm=boolean("UVM", False), uvm_plan=get("UVM_PLAN"),
+            uvm=boolean("UVM", False), uvm_plan=get("UVM_PLAN"), process=(get("PROCESS") or "gpu").lower(),
+            page_bytes=integer("PAGE", 4096),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -156,7 +167,8 @@ class CaptureConfig:
         env = {"TOOLS": ",".join(self.tools), "RANGES": ",".join(self.ranges), "KERNELS": self.kernels or "",
                "SAMPLE": str(self.sample), "FLUSH_MS": str(self.flush_ms), "OUT": self.out or "",
                "SHAPES": "" if self.shapes else "0", "CALL_SITES": "" if self.call_sites else "0",
-               "UVM": "1" if self.uvm else "", "UVM_PLAN": self.uvm_plan or ""}
+               "UVM": "1" if self.uvm else "", "UVM_PLAN": self.uvm_plan or "", "PROCESS": self.process,
+               "PAGE": str(self.page_bytes)}
         if self.steps is not None:
             env["STEPS"] = f"{self.steps[0]}:{'' if self.steps[1] is None else self.steps[1]}"
         if self.ranks is not None:

@@ -70,6 +70,20 @@ def current_rank() -> int:
     return 0
 
 
+def _consumed_kinds(tools: list[Any], names: tuple[str, ...]) -> set[str]:
+    """Event kinds the live tools and the tools named for the report (PASTAPROF_TOOLS,
+    run by the launcher at exit) consume: they decide which handlers start."""
+    kinds = {k for t in tools for k in getattr(t, "consumes", ())}
+    if names:
+        try:
+            from pastaprof.tools.registry import resolve
+
+            kinds |= {k for cls in resolve(list(names)) for k in cls.consumes}
+        except Exception:  # an unknown tool is the launcher's error to report, not ours
+            pass
+    return kinds
+
+
 class Session:
     """Capture in this process.  Use through ``pastaprof.profile()`` / ``start()``."""
 
@@ -106,7 +120,10 @@ class Session:
         self._relink_needed = False
         self._held: dict[str, pa.Table] = {}
         self._reattach_flushes = 0
-        self._uvm_pending = bool(config.uvm or any("uvm" in getattr(t, "consumes", ()) for t in (tools or [])))
+        consumed = _consumed_kinds(tools or [], config.tools)
+        self._uvm_pending = bool(config.uvm or "uvm" in consumed)
+        self._uvm_wanted = self._uvm_pending  # _uvm_pending clears once the counters are configured
+        self._access_wanted = any(k.startswith("access_") for k in consumed)
         self._launches = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # recent (correlation, launch ns)
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -127,6 +144,8 @@ class Session:
             self.status["session"] = f"rank {self.rank} not selected (PASTAPROF_RANKS): nothing recorded"
             self._write_meta()
             return self
+        if self.gpu and self._access_wanted:  # before anything initializes CUDA
+            self._start_sanitizer()
         cupti = None
         if self.gpu:  # not in forked children: no CUDA after fork, so no CUPTI import either
             cupti = CuptiActivityHandler(self.config, self.rank)
@@ -141,7 +160,7 @@ class Session:
             if cupti.native_status and cupti.status is None:
                 self.status["cupti native"] = cupti.native_status
                 _notice(cupti.native_status)
-        if self.config.uvm_plan or self._uvm_pending:
+        if self.config.uvm_plan or self._uvm_wanted:
             self._start_uvm_plan()
         self._start_torch(cupti)
         if not self._gpu_present():
@@ -185,6 +204,20 @@ class Session:
             begin()
         else:
             after_import("torch", begin)
+
+    def _start_sanitizer(self) -> None:
+        """Instruction-level accesses (tools consuming access_* events): the Compute
+        Sanitizer tool, loaded before CUDA initializes."""
+        from pastaprof.handlers.sanitizer import SanitizerHandler
+
+        san = SanitizerHandler(self.config, self.rank)
+        san.start()
+        if san.lib is None:
+            self.status["sanitizer"] = san.status or "not available"
+            _notice(self.status["sanitizer"])
+            return
+        self.handlers.append(san)
+        self.status["sanitizer"] = "ok"
 
     def _start_uvm_plan(self) -> None:
         """The managed-allocation registry (names allocations by call site, for uvm_advisor and
@@ -333,6 +366,10 @@ class Session:
             elif not self._gate() and self._gate_open_since is not None:
                 self._windows.append((self._gate_open_since, now))
                 self._gate_open_since = None
+        for h in self.handlers:  # handlers that gate at the source (the sanitizer)
+            set_gate = getattr(h, "set_gate", None)
+            if set_gate is not None:
+                set_gate(self._gate())
 
     def _close_gate(self) -> None:
         with self._lock:
@@ -486,8 +523,8 @@ class Session:
             self._launches = (np.concatenate([old[0], new[0]])[-EXT_KEEP:], np.concatenate([old[1], new[1]])[-EXT_KEEP:])
         out = {}
         for kind, t in tables.items():
-            if kind == "range" or t.num_rows == 0:
-                out[kind] = t
+            if kind == "range" or kind.startswith("access_") or t.num_rows == 0:
+                out[kind] = t  # access_*: gated at the source (only selected launches are instrumented)
                 continue
             when = _np_i64(t["start_ns"])
             if kind != "api" and len(self._launches[0]) and "correlation" in t.column_names:
@@ -528,6 +565,7 @@ class Session:
             "config": self.config.to_env(), "steps_seen": self.step, "versions": _versions(),
             "relink_needed": self._relink_needed or not self._stopped, "devices": _devices(),
             "uvm_plan": next((h.summary() for h in self.handlers if getattr(h, "name", "") == "uvm_plan"), None),
+            "sanitizer": next((h.summary() for h in self.handlers if getattr(h, "name", "") == "sanitizer"), None),
         }
         path = self.out / SHARDS / f"rank-{self.rank}-pid-{self.pid}.json"
         tmp = path.with_name("." + path.name + ".tmp")

@@ -43,16 +43,18 @@ def _compiler(cpp: bool) -> str:
     return os.environ.get("CXX" if cpp else "CC") or ("g++" if cpp else "gcc")
 
 
-def _build(name: str, sources: list[Path], args: list[str], cpp: bool) -> Path:
-    """Compile ``sources`` into ``<cache>/<hash>/<name>.so`` unless it is there; returns
-    its path.  Raises RuntimeError with the compiler's last lines on failure."""
+def _build(name: str, sources: list[Path], args: list[str], cpp: bool, suffix: str = ".so",
+           command: list[str] | None = None) -> Path:
+    """Compile ``sources`` into ``<cache>/<hash>/<name><suffix>`` unless it is there; returns
+    its path.  ``command`` replaces the default ``cc -O2 -shared -fPIC`` (e.g. nvcc for the
+    sanitizer patches).  Raises RuntimeError with the compiler's last lines on failure."""
     h = hashlib.sha256()
     for s in sources:
         h.update(s.read_bytes())
     h.update(" ".join(args).encode())
-    h.update(_compiler(cpp).encode())
+    h.update(" ".join(command or [_compiler(cpp)]).encode())
     d = cache_dir() / f"{name}-{h.hexdigest()[:16]}"
-    lib = d / f"{name}.so"
+    lib = d / f"{name}{suffix}"
     if lib.exists():
         return lib
     d.mkdir(parents=True, exist_ok=True)
@@ -63,9 +65,9 @@ def _build(name: str, sources: list[Path], args: list[str], cpp: bool) -> Path:
         failed = d / "build.log"
         if failed.exists():
             raise RuntimeError(f"an earlier build failed (see {failed})")
-        tmp = d / f".{name}.{os.getpid()}.so"
+        tmp = d / f".{name}.{os.getpid()}{suffix}"
         sys.stderr.write(f"pastaprof: building native capture library {name} (once; cached in {d})\n")
-        cmd = [_compiler(cpp), "-O2", "-shared", "-fPIC", "-o", str(tmp), *map(str, sources), *args]
+        cmd = [*(command or [_compiler(cpp), "-O2", "-shared", "-fPIC"]), "-o", str(tmp), *map(str, sources), *args]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             failed.write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
@@ -159,6 +161,83 @@ def build_torch() -> tuple[Path, bool]:
     return _build("pastaprof_torch", [HERE / "torch_observer.cpp"], args, cpp=True), cuda
 
 
+# ---- Compute Sanitizer ---------------------------------------------------------------
+
+def sanitizer_home() -> Path | None:
+    """The Compute Sanitizer API's directory (``include/sanitizer.h`` and
+    ``libsanitizer-public.so``): ``$PASTAPROF_SANITIZER_HOME``, the CUDA toolkit's
+    ``compute-sanitizer``, or the ``nvidia-cuda-sanitizer-api`` wheel."""
+    cands: list[Path] = []
+    if os.environ.get("PASTAPROF_SANITIZER_HOME"):
+        cands.append(Path(os.environ["PASTAPROF_SANITIZER_HOME"]))
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            cands.append(Path(os.environ[env]) / "compute-sanitizer")
+    cands += [Path("/usr/local/cuda/compute-sanitizer"), *sorted(Path("/usr/local").glob("cuda-*/compute-sanitizer"))]
+    for sp in sys.path:
+        cands += [Path(sp) / "nvidia" / "cu13" / "compute-sanitizer", Path(sp) / "nvidia" / "cuda_sanitizer_api"]
+    for c in cands:
+        lib = next((p for p in (c / "libsanitizer-public.so", c / "lib" / "libsanitizer-public.so") if p.exists()), None)
+        if lib is not None and (c / "include" / "sanitizer.h").exists():
+            return c
+    return None
+
+
+def _nvcc() -> str | None:
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env) and (Path(os.environ[env]) / "bin" / "nvcc").exists():
+            return str(Path(os.environ[env]) / "bin" / "nvcc")
+    return shutil.which("nvcc") or (str(Path("/usr/local/cuda/bin/nvcc")) if Path("/usr/local/cuda/bin/nvcc").exists()
+                                    else None)
+
+
+def gpu_archs() -> list[str]:
+    """Compute capabilities of this machine's GPUs, from nvidia-smi (it does not create a
+    CUDA context in this process, which must stay uninitialized for the sanitizer)."""
+    env = os.environ.get("PASTAPROF_SANITIZER_ARCH")
+    if env:
+        return [a.strip().replace(".", "") for a in env.split(",") if a.strip()]
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                           text=True, timeout=20)
+        archs = sorted({ln.strip().replace(".", "") for ln in r.stdout.splitlines() if ln.strip()})
+        return archs or ["90"]
+    except (OSError, subprocess.SubprocessError):
+        return ["90"]
+
+
+def build_sanitizer() -> tuple[Path, Path]:
+    """The sanitizer host library and its device patches (fatbin, one cubin per GPU arch)."""
+    home = sanitizer_home()
+    if home is None:
+        raise RuntimeError("Compute Sanitizer API not found (CUDA toolkit's compute-sanitizer, "
+                           "nvidia-cuda-sanitizer-api, or PASTAPROF_SANITIZER_HOME)")
+    nvcc = _nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found: the sanitizer's device patches are CUDA code")
+    cuda_inc = next((d for d in [*(Path(os.environ[e]) / "include" for e in ("CUDA_HOME", "CUDA_PATH")
+                                   if os.environ.get(e)),
+                                 Path(nvcc).resolve().parent.parent / "include", Path("/usr/local/cuda/include")]
+                     if (d / "cuda.h").exists()), None)
+    if cuda_inc is None:
+        raise RuntimeError("cuda.h not found (CUDA toolkit)")
+    libdir = home if (home / "libsanitizer-public.so").exists() else home / "lib"
+    inc = [f"-I{home / 'include'}", f"-I{cuda_inc}", f"-I{HERE}"]
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in gpu_archs()]
+    patch = _build("pastaprof_sanitizer_patch", [HERE / "sanitizer_patch.cu"],
+                   [*inc, *gencode, f"-DPP_SHARED_HASH={_hash(HERE / 'sanitizer_shared.h')}"], cpp=True,
+                   suffix=".fatbin", command=[nvcc, "-fatbin", "--keep-device-functions", "-Xptxas",
+                                              "--compile-as-tools-patch"])
+    lib = _build("pastaprof_sanitizer", [HERE / "sanitizer_tool.cpp"],
+                 [*inc, "-std=c++17", f"-DPP_SHARED_HASH={_hash(HERE / 'sanitizer_shared.h')}", f"-L{libdir}",
+                  f"-Wl,-rpath,{libdir}", "-lsanitizer-public", "-lpthread"], cpp=True)
+    return lib, patch
+
+
+def _hash(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()[:12]
+
+
 def build_all() -> dict[str, str]:
     """Build every native library this machine can build; name -> path or reason."""
     out: dict[str, str] = {}
@@ -175,6 +254,11 @@ def build_all() -> dict[str, str]:
         out["torch"] = "not built: torch is not installed"
     except (OSError, RuntimeError) as e:
         out["torch"] = f"not built: {e}"
+    try:
+        lib, patch = build_sanitizer()
+        out["sanitizer"] = f"{lib} (patches {patch})"
+    except (OSError, RuntimeError) as e:
+        out["sanitizer"] = f"not built: {e}"
     return out
 
 
@@ -194,7 +278,7 @@ _LIBS: dict[str, Any] = {}
 
 
 def load(name: str) -> Any:
-    """The ctypes library ``name`` ("cupti" or "torch"), building it if needed; raises
+    """The ctypes library ``name`` ("cupti", "torch" or "sanitizer"), building it if needed; raises
     RuntimeError with a one-line reason when it cannot be had."""
     if name in _LIBS:
         if isinstance(_LIBS[name], Exception):
@@ -205,11 +289,17 @@ def load(name: str) -> Any:
         _LIBS[name] = err
         raise err
     try:
-        if shutil.which(_compiler(name == "torch")) is None:
-            raise RuntimeError(f"no C/C++ compiler ({_compiler(name == 'torch')}) to build native capture")
+        if shutil.which(_compiler(name != "cupti")) is None:
+            raise RuntimeError(f"no C/C++ compiler ({_compiler(name != 'cupti')}) to build native capture")
         if name == "cupti":
             lib = ctypes.CDLL(str(build_cupti()))
             _declare_cupti(lib)
+        elif name == "sanitizer":
+            path, patch = build_sanitizer()
+            # RTLD_GLOBAL: the torch observer finds pp_san_tensor with dlsym(RTLD_DEFAULT)
+            lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            _declare_sanitizer(lib)
+            lib.patch_path = str(patch)
         else:
             path, cuda = build_torch()
             lib = ctypes.CDLL(str(path))
@@ -243,6 +333,33 @@ def _declare_torch(lib: Any) -> None:
     lib.pp_mem_stop.restype = None
     lib.pp_mem_take.restype = c.c_int64
     lib.pp_mem_copy.argtypes = [c.c_int, c.c_void_p]
+
+
+def _declare_sanitizer(lib: Any) -> None:
+    c = ctypes
+    lib.pp_san_configure.argtypes = [c.c_int, c.c_char_p, c.c_char_p, c.c_long, c.c_int, c.c_long, c.c_long,
+                                     c.c_long, c.c_int]
+    lib.pp_san_configure.restype = c.c_int
+    lib.InitializeInjection.restype = c.c_int
+    lib.pp_san_set_enabled.argtypes = [c.c_int]
+    lib.pp_san_set_enabled.restype = None
+    lib.pp_san_tensor.argtypes = [c.c_uint64, c.c_uint64, c.c_int]
+    lib.pp_san_tensor.restype = None
+    lib.pp_san_error.restype = c.c_char_p
+    lib.pp_san_notes.restype = c.c_int64
+    lib.pp_san_note.argtypes = [c.c_int64]
+    lib.pp_san_note.restype = c.c_char_p
+    lib.pp_san_stat.argtypes = [c.c_int]
+    lib.pp_san_stat.restype = c.c_int64
+    lib.pp_san_take.argtypes = [c.c_void_p]
+    lib.pp_san_take.restype = None
+    lib.pp_san_copy.argtypes = [c.c_int, c.c_int, c.c_void_p]
+    lib.pp_san_copy.restype = None
+    lib.pp_san_copy_addresses.argtypes = [c.c_void_p]
+    lib.pp_san_copy_addresses.restype = None
+    lib.pp_san_name_count.restype = c.c_int64
+    lib.pp_san_name.argtypes = [c.c_int64]
+    lib.pp_san_name.restype = c.c_char_p
 
 
 def _declare_cupti(lib: Any) -> None:

@@ -22,6 +22,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/ArrayRef.h>
 #ifdef PP_CUDA
+#include <dlfcn.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -414,11 +415,19 @@ std::mutex g_mem_mu;
 std::vector<int64_t> g_mem[M_NCOLS], g_mem_taken[M_NCOLS];
 std::atomic<bool> g_mem_on{false};
 bool g_mem_attached = false;
+// The sanitizer tool's live-tensor table (sanitizer_tool.cpp), when it is loaded: tensors
+// are its finest objects.  Fed even while recording is gated, so that accesses inside a
+// range are attributed to tensors allocated before it.
+void (*g_san_tensor)(uint64_t, uint64_t, int) = nullptr;
 
 void on_alloc_event(const c10::cuda::CUDACachingAllocator::TraceEntry& e) {
   // Runs under the allocator's mutex: no Python, no GIL, nothing that allocates on the GPU.
-  if (!g_mem_on.load(std::memory_order_relaxed)) return;
   using A = c10::cuda::CUDACachingAllocator::TraceEntry::Action;
+  if (g_san_tensor) {
+    if (e.action_ == A::ALLOC) g_san_tensor(uint64_t(e.addr_), uint64_t(e.size_), 1);
+    else if (e.action_ == A::FREE_COMPLETED) g_san_tensor(uint64_t(e.addr_), 0, 0);
+  }
+  if (!g_mem_on.load(std::memory_order_relaxed)) return;
   int64_t sign;
   switch (e.action_) {
     case A::ALLOC: sign = 1; break;
@@ -552,6 +561,7 @@ int32_t pp_obs_intern(const char* s) { return intern(std::string(s)); }
 int pp_mem_start() {
 #ifdef PP_CUDA
   if (!g_mem_attached) {
+    g_san_tensor = reinterpret_cast<void (*)(uint64_t, uint64_t, int)>(dlsym(RTLD_DEFAULT, "pp_san_tensor"));
     c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&on_alloc_event);
     g_mem_attached = true;  // trackers cannot be detached; g_mem_on gates them
   }

@@ -54,11 +54,19 @@ class Requests:
 
 @dataclass
 class Objects:
-    """Objects live at each launch: (launch, base, bytes) rows, any order."""
+    """Objects live at each launch: (launch, base, bytes) rows, any order.
+
+    ``level`` (optional) nests two kinds of object, as the GPU path does: level 0
+    (tensors, the allocator's blocks) is searched first, and an address in no level-0
+    object is then looked up among level 1 (driver allocations, e.g. the allocator's
+    segments).  Objects of one level must not overlap."""
 
     launch: np.ndarray
     base: np.ndarray
     nbytes: np.ndarray
+    level: np.ndarray | None = None
+
+OBJECT_KINDS = ("tensor", "allocation")
 
 
 def _lane_mask(active: np.ndarray) -> np.ndarray:
@@ -140,8 +148,9 @@ def reduce_requests(req: Requests, objs: Objects, page_bytes: int = DEFAULT_PAGE
     launch_r = np.asarray(req.launch, np.int64)
     o_launch, o_base, o_bytes = (np.asarray(objs.launch, np.int64), np.asarray(objs.base, np.uint64),
                                  np.asarray(objs.nbytes, np.int64))
-    order = np.lexsort((o_base, o_launch))
-    o_launch, o_base, o_bytes = o_launch[order], o_base[order], o_bytes[order]
+    o_level = np.zeros(len(o_base), np.int64) if objs.level is None else np.asarray(objs.level, np.int64)
+    order = np.lexsort((o_base, o_level, o_launch))
+    o_launch, o_base, o_bytes, o_level = o_launch[order], o_base[order], o_bytes[order], o_level[order]
     n_obj = len(o_base)
     # ---- attribution (per launch: its objects' sorted bases; both ends checked)
     obj = np.full((n, LANES), -1, np.int64)
@@ -157,12 +166,19 @@ def reduce_requests(req: Requests, objs: Objects, page_bytes: int = DEFAULT_PAGE
             if j >= len(ol) or ol[j] != lv:
                 continue
             rows = by_l[rb[i]:rb[i + 1]]
-            s0, e0 = obounds[j], obounds[j + 1]
             a = addr[rows]
-            cand = s0 + np.searchsorted(o_base[s0:e0], a, side="right") - 1
-            c = np.clip(cand, s0, e0 - 1)
-            ok = (cand >= s0) & (a >= o_base[c]) & (a - o_base[c] < o_bytes[c].astype(np.uint64))
-            obj[rows] = np.where(ok, c, -1)
+            hit = np.full(a.shape, -1, np.int64)
+            lo, hi = obounds[j], obounds[j + 1]
+            cuts = lo + np.searchsorted(o_level[lo:hi], np.unique(o_level[lo:hi]), side="right")
+            s0 = lo
+            for e0 in cuts:                              # level 0 first, then level 1
+                miss = hit < 0
+                cand = s0 + np.searchsorted(o_base[s0:e0], a, side="right") - 1
+                c = np.clip(cand, s0, e0 - 1)
+                ok = miss & (cand >= s0) & (a >= o_base[c]) & (a - o_base[c] < o_bytes[c].astype(np.uint64))
+                hit = np.where(ok, c, hit)
+                s0 = e0
+            obj[rows] = hit
     # ---- dense group index per lane: (launch, object), object -1 = none
     width = n_obj + 1
     group = lidx[:, None] * width + (obj + 1)
@@ -226,6 +242,9 @@ def reduce_requests(req: Requests, objs: Objects, page_bytes: int = DEFAULT_PAGE
                                    mask=g_obj < 0),
         "object_bytes": pa.array(np.where(g_obj >= 0, o_bytes[np.clip(g_obj, 0, None)], 0), pa.int64(),
                                  mask=g_obj < 0),
+        "object_kind": pa.DictionaryArray.from_arrays(
+            pa.array(np.where(g_obj >= 0, np.clip(o_level[np.clip(g_obj, 0, None)], 0, 1), 0), pa.int32(),
+                     mask=g_obj < 0), pa.array(OBJECT_KINDS)),
         "reads": reads, "writes": writes, "bytes_read": b_read, "bytes_written": b_write, "sectors": sectors,
         "page_bytes": pa.array(np.full(len(ug), page_bytes, np.int64)),
         "page_counts": page_counts,

@@ -152,7 +152,8 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
         "versions": metas[0].get("versions", {}) if metas else {},
         "ranks": sorted(ranks) or [0],
         "processes": [{k: m.get(k) for k in ("rank", "pid", "argv", "events", "handlers", "status", "steps_seen",
-                                              "filtered_out", "filtered_by_kind", "capture_overhead", "uvm_plan")}
+                                              "filtered_out", "filtered_by_kind", "capture_overhead", "uvm_plan",
+                                              "sanitizer")}
                       for m in metas],
         "clock": {"domain": "unix_epoch_ns", "anchors": {f"{m.get('rank')}/{m.get('pid')}": m.get("started_ns")
                                                          for m in metas}},

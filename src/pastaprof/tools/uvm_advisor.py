@@ -85,7 +85,7 @@ class UvmAdvisor(Tool):
         base, size, t0 = _addr(a["address"]), _i64(a["bytes"], 0), _i64(a["start_ns"])
         t1 = np.full(len(base), NEVER)
         if f.num_rows:  # a free at the same address after the alloc ends it
-            fb, ft = _addr(f["address"]), _i64(f["start_ns"])
+            fb, ft = _addr(f["address"]), _i64(f["start_ns"]).copy()
             for i in np.argsort(t0, kind="stable"):
                 later = np.flatnonzero((fb == base[i]) & (ft >= t0[i]))
                 if len(later):
@@ -204,6 +204,8 @@ class UvmAdvisor(Tool):
                                                              "actions": 0})
         uvm = uvm.sort_by("start_ns")
         aidx = self._attribute(uvm, allocs)
+        allocs = self._devices_from_migrations(allocs, uvm, aidx)
+        tables["allocations"] = allocs
         point, kname = self._points(uvm)
         kinds, cause = _str(uvm["uvm_kind"]), _str(uvm["cause"])
         nbytes, count = _i64(uvm["bytes"], 0), _i64(uvm["count"], 0)
@@ -233,6 +235,22 @@ class UvmAdvisor(Tool):
                                                            "thrashing_bytes", "eviction_bytes"],
                                "plan": ["allocation", "action", "to", "before", "estimated_saving_ns"],
                                "allocations": ["alloc_id", "name", "bytes"]})
+
+    @staticmethod
+    def _devices_from_migrations(allocs: pa.Table, uvm: pa.Table, aidx: np.ndarray) -> pa.Table:
+        """An allocation whose record has no device (the registry's hooks and managed
+        MEMORY2 records do not say) takes the GPU its pages migrated to (HtoD destination,
+        else DtoH source), so a plan never names device -1."""
+        dev = _i64(allocs["device"]).copy()
+        if not (dev < 0).any():
+            return allocs
+        kinds = _str(uvm["uvm_kind"])
+        dst, src = _i64(uvm["dst_device"]), _i64(uvm["src_device"])
+        gpu = np.where(kinds == "htod", dst, np.where(kinds == "dtoh", src, -1))
+        for i in np.flatnonzero(dev < 0):
+            cand = gpu[(aidx == i) & (gpu >= 0)]
+            dev[i] = int(np.bincount(cand).argmax()) if len(cand) else 0
+        return allocs.set_column(allocs.schema.get_field_index("device"), "device", pa.array(dev))
 
     def _plan(self, rec: pa.Table, allocs: pa.Table) -> tuple[dict[str, Any], list[Finding], pa.Table]:
         att = rec.filter(pc.greater_equal(rec["alloc_id"], 0))

@@ -1,0 +1,173 @@
+"""Issue D on the GPU: fidelity of the sanitizer handler, GPU vs CPU reduction, tool cost.
+
+    python bench/access_gpu.py [--out DIR] [--n N] [--big N]
+
+1. Fidelity (asserts): bench/access_apps.py ``known`` under ``pastaprof run -t
+   working_set,coalescing`` with ``--process gpu`` and again with ``--process cpu``:
+   vector add = 2N reads + N writes (N per input, N on the output), copy = N + N,
+   strided reads = min(32, 4 S) sectors per request; the two paths agree row for row
+   (reads, writes, bytes, sectors, page histograms).  PyTorch ``a + b``: bytes per
+   tensor = 4N, attributed to tensors (the caching allocator's blocks).
+2. Reduction speed: the same vector add at ``--big`` elements, GPU path vs CPU path.
+   GPU path time = the instrumented launch (kernel with the reduction inside, sync,
+   summary copy); CPU path = the instrumented launch in raw mode (kernel storing records,
+   sync, copy of the records) + the NumPy reduction.  Target: >= 1000x.
+3. Counting tools' cost (working_set, hotness, --process gpu) vs bare, wall time of the
+   measured region: an elementwise suite and a ResNet-50 forward.  Target: <= 20x.
+   Also GEMM coverage: TMA / wgmma instructions reported as uncovered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+APPS = HERE / "access_apps.py"
+
+
+def app(name: str, out: Path, tag: str, extra: list[str], pp: list[str] | None) -> tuple[dict, Path | None]:
+    js = out / f"{tag}.json"
+    run_dir = out / f"run-{tag}" if pp is not None else None
+    cmd = [sys.executable, str(APPS), name, *extra, "--json", str(js)]
+    if pp is not None:
+        cmd = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(run_dir), "--force", *pp, "--", *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    (out / f"{tag}.stderr.txt").write_text(r.stderr)
+    if r.returncode != 0:
+        raise RuntimeError(f"{tag} failed ({r.returncode}): {r.stderr[-3000:]}")
+    info = json.loads(js.read_text())
+    info["pastaprof_lines"] = [ln for ln in r.stderr.splitlines() if ln.startswith("pastaprof")][-6:]
+    return info, run_dir
+
+
+def launches(run_dir: Path):
+    import pastaprof
+
+    run = pastaprof.load(run_dir)
+    return run
+
+
+def fidelity(out: Path, n: int) -> dict:
+    import numpy as np
+
+    res: dict = {}
+    rows = {}
+    for proc in ("gpu", "cpu"):
+        info, rd = app("known", out, f"known-{proc}", ["--n", str(n)],
+                       ["-t", "working_set,coalescing", "--process", proc])
+        run = launches(rd)
+        rows[proc] = run.sql(
+            "SELECT a.name, l.correlation, CAST(a.object_kind AS VARCHAR) AS kind, a.object_address, a.object_bytes,"
+            " a.reads, a.writes, a.bytes_read, a.bytes_written, a.sectors, a.page_counts "
+            "FROM access_summary a JOIN access_launch l USING (correlation) "
+            "WHERE a.name IN ('vadd', 'copy', 'strided') ORDER BY l.correlation, a.object_address").fetchall()
+        res[f"launch_{proc}"] = run.sql("SELECT CAST(name AS VARCHAR), requests, lanes, unattributed_lanes, raw_requests,"
+                                        " raw_stored, device_bytes FROM access_launch ORDER BY correlation").fetchall()
+        res[f"manifest_{proc}"] = {k: run.manifest["processes"][0].get(k) for k in ("sanitizer", "status")}
+        res[f"kernels_{proc}"] = run.table("kernel").num_rows
+        arrays = info["arrays"]
+    addr = {v[0]: k for k, v in arrays.items()}
+    g = [(r[0], addr.get(r[3], r[3]), *r[5:10]) for r in rows["gpu"]]
+    c = [(r[0], addr.get(r[3], r[3]), *r[5:10]) for r in rows["cpu"]]
+    res["gpu_rows"], res["cpu_rows"] = g, c
+    res["paths_agree"] = g == c and [r[10] for r in rows["gpu"]] == [r[10] for r in rows["cpu"]]
+    # analytical checks on the GPU path
+    res["pastaprof_lines"] = info["pastaprof_lines"]
+
+    def one(name, arr, i=0):
+        m = [r for r in g if r[0] == name and r[1] == arr]
+        return m[i] if i < len(m) else (name, arr, -1, -1, -1, -1, -1)
+    checks = {
+        "vadd a reads = N": one("vadd", "a")[2] == n, "vadd b reads = N": one("vadd", "b")[2] == n,
+        "vadd c writes = N": one("vadd", "c")[3] == n and one("vadd", "c")[2] == 0,
+        "vadd sectors a = N/8": one("vadd", "a")[6] == n // 8,
+        "copy reads a = N, writes out = N": one("copy", "a")[2] == n and one("copy", "out")[3] == n,
+    }
+    for i, s in enumerate(info["strides"]):
+        r = one("strided", "x", i)
+        checks[f"strided S={s} sectors = (N/32)*min(32,4S)"] = r[6] == (n // 32) * min(32, 4 * s) and r[2] == n
+    res["checks"] = checks
+    # PyTorch tensors
+    info, rd = app("torch_add", out, "torch-add", ["--n", str(n)], ["-t", "working_set", "--ranges", "measure"])
+    run = launches(rd)
+    t = run.sql("SELECT object_address, CAST(object_kind AS VARCHAR), bytes_read, bytes_written, reads, writes "
+                "FROM access_summary WHERE object_address IS NOT NULL").fetchall()
+    by = {r[0]: r for r in t}
+    arr = info["arrays"]
+    res["torch_add"] = {k: by.get(v[0]) for k, v in arr.items()}
+    checks["torch a+b: 4N bytes read from each input tensor, 4N written"] = all(
+        by.get(arr[k][0]) is not None and by[arr[k][0]][1] == "tensor" and by[arr[k][0]][2] == 4 * n for k in ("a", "b")) \
+        and by.get(arr["c"][0]) is not None and by[arr["c"][0]][3] == 4 * n
+    res["all_ok"] = all(checks.values()) and res["paths_agree"]
+    _ = np
+    return res
+
+
+def speed(out: Path, big: int) -> dict:
+    res = {}
+    for proc in ("gpu", "cpu"):
+        info, rd = app("known", out, f"big-{proc}", ["--n", str(big)],
+                       ["-t", "working_set", "--process", proc, "--ranges", "vadd"])
+        run = launches(rd)
+        lr = run.sql("SELECT end_ns - start_ns, requests, lanes, raw_requests, raw_stored, device_bytes "
+                     "FROM access_launch WHERE name = 'vadd'").fetchall()
+        san = run.manifest["processes"][0].get("sanitizer") or {}
+        res[proc] = {"launch_ns": lr[0][0] if lr else None, "launch": lr, "sanitizer": san, "region_s": info["seconds"],
+                     "pastaprof_lines": info["pastaprof_lines"]}
+    g, c = res["gpu"], res["cpu"]
+    if g["launch_ns"] and c["launch_ns"]:
+        cpu_total = c["launch_ns"] / 1e9 + c["sanitizer"].get("cpu_reduce_seconds", 0)
+        res["gpu_path_s"] = g["launch_ns"] / 1e9
+        res["cpu_path_s"] = cpu_total
+        res["speedup"] = cpu_total / res["gpu_path_s"]
+    return res
+
+
+def cost(out: Path, repeat: int) -> dict:
+    res = {}
+    for name, extra in (("elementwise", ["--n", str(1 << 24), "--iters", "10"]), ("resnet50", ["--iters", "1"]),
+                        ("gemm", ["--iters", "3"])):
+        bare, tools = [], []
+        for i in range(repeat):
+            bare.append(app(name, out, f"{name}-bare-{i}", extra, None)[0]["seconds"])
+            info, rd = app(name, out, f"{name}-pp-{i}", extra, ["-t", "working_set,hotness", "--ranges", "measure"])
+            tools.append(info["seconds"])
+        run = launches(rd)
+        cov = run.sql("SELECT count(*), sum(requests), sum(uncovered_bulk_copies), sum(uncovered_wgmma), "
+                      "sum(unattributed_lanes), max(device_bytes) FROM access_launch").fetchall()[0]
+        res[name] = {"bare_s": sorted(bare)[len(bare) // 2], "tools_s": sorted(tools)[len(tools) // 2],
+                     "launches_requests_tma_wgmma_unattributed_devbytes": cov,
+                     "sanitizer": run.manifest["processes"][0].get("sanitizer")}
+        res[name]["x"] = res[name]["tools_s"] / res[name]["bare_s"]
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp())
+    ap.add_argument("--n", type=int, default=1 << 16)
+    ap.add_argument("--big", type=int, default=1 << 22)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--parts", default="fidelity,speed,cost")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = {}
+    for part in a.parts.split(","):
+        try:
+            res[part] = {"fidelity": lambda: fidelity(out, a.n), "speed": lambda: speed(out, a.big),
+                         "cost": lambda: cost(out, a.repeat)}[part]()
+        except Exception as e:  # report and go on to the next part
+            res[part] = {"error": f"{type(e).__name__}: {e}"[-3000:]}
+        print(json.dumps({part: res[part]}, indent=1, default=str), flush=True)
+    (out / "access_gpu.json").write_text(json.dumps(res, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

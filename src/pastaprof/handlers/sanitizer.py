@@ -1,0 +1,238 @@
+"""Instruction-level memory accesses through the Compute Sanitizer API (issue D).
+
+The native tool (``native/sanitizer_tool.cpp`` + device patches ``sanitizer_patch.cu``)
+patches every loaded CUDA module.  Launches that issue B's vocabulary selects (ranges
+and steps through the session's gate, ``--kernels`` regex, ``--sample`` every Nth) get
+per-launch callback data; the others see a null pointer and return at once.
+
+* ``--process gpu`` (default): accesses are reduced on the device -- binary search of
+  the live tensors, then of the driver allocations, both ends checked; atomic counters
+  per object; distinct 32-byte sectors per warp request; per-page histograms; a per-PC
+  table -- and only those fixed-size tables come back per launch.
+* ``--process cpu``: the patches store every warp request (PC, flags, size, mask, CTA,
+  warp, 32 addresses) in a bounded device buffer; the host reduces them with
+  ``processor.access.reduce_requests``, the same attribution vectorized with NumPy.  The
+  time it takes is recorded, so the two paths can be compared on the same launches.
+
+Either way the handler emits ``access_launch``, ``access_summary`` and ``access_pc`` rows
+(raw mode also keeps the requests of the launches the ``heatmap`` tool asks for).  It must
+start before the program initializes CUDA: the sanitizer has one subscriber, and it
+sees modules only as they load.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pastaprof.events.schema import conform
+from pastaprof.handlers.control import CaptureConfig
+
+T_LAUNCH, T_OBJ, T_PAGE, T_PC, T_RAW, T_SNAP = range(6)
+LAUNCH_COLS = ("correlation", "start_ns", "end_ns", "device", "stream", "name_id", "grid_x", "grid_y", "grid_z",
+               "block_x", "block_y", "block_z", "mode", "requests", "lanes", "unattributed_lanes", "shared_lanes",
+               "local_lanes", "async_copy_lanes", "uncovered_bulk_copies", "uncovered_wgmma", "pc_dropped",
+               "page_dropped", "raw_requests", "raw_stored", "objects", "live_bytes", "function_pc", "device_bytes",
+               "space_bytes")
+OBJ_COLS = ("correlation", "object_address", "object_bytes", "kind", "reads", "writes", "bytes_read",
+            "bytes_written", "sectors", "page_start", "page_len")
+PC_COLS = ("correlation", "pc", "requests", "lanes", "bytes", "sectors", "reads", "writes")
+RAW_COLS = ("correlation", "pc", "flags", "size", "active", "cta", "warp", "pad")
+SNAP_COLS = ("correlation", "base", "bytes", "level")
+NCOLS = (len(LAUNCH_COLS), len(OBJ_COLS), 1, len(PC_COLS), len(RAW_COLS), len(SNAP_COLS))
+INSTRUCTIONS = {"shared": 1, "local": 2, "async": 4, "bulk": 8, "wgmma": 16}
+
+
+def _env_int(name: str, default: int) -> int:
+    v = os.environ.get(name, "")
+    try:
+        return int(v) if v else default
+    except ValueError:
+        return default
+
+
+class SanitizerHandler:
+    """Loads and drives the native sanitizer tool; drains its tables as Arrow batches."""
+
+    name = "sanitizer"
+
+    def __init__(self, config: CaptureConfig, rank: int = 0) -> None:
+        self.config = config
+        self.rank = rank
+        self.process = config.process
+        self.lib: Any = None
+        self.status: str | None = None
+        self.notes: list[str] = []
+        self.reduce_seconds = 0.0      # CPU path: time in reduce_requests
+        self.drain_seconds = 0.0
+        self.requests_reduced = 0
+        self._names: list[str] = []
+        self.pid = os.getpid()
+
+    # -- what the manifest's handler table reads ------------------------------------
+    @property
+    def records(self) -> int:
+        return int(self.lib.pp_san_stat(1)) if self.lib is not None else 0
+
+    dropped = 0          # bounded tables report their overflow per launch (access_launch *_dropped)
+    sampled_out = 0
+    kernels_seen = 0
+
+    @property
+    def mechanism(self) -> str:
+        return f"compute sanitizer ({self.process} reduction)"
+
+    # -- session protocol -------------------------------------------------------
+    def start(self) -> None:
+        from pastaprof import native
+
+        try:
+            lib = native.load("sanitizer")
+        except RuntimeError as e:
+            self.status = f"instruction-level accesses not recorded: {e}"
+            return
+        page_shift = int(np.log2(self.config.page_bytes))
+        # table sizes (entries): per-PC hash slots, page counters, raw requests (288 B each)
+        pc_cap = _env_int("PASTAPROF_SAN_PCS", 4096)
+        page_cap = _env_int("PASTAPROF_SAN_PAGES", 1 << 22)
+        raw_cap = _env_int("PASTAPROF_SAN_RAW_MB", 1024) * (1 << 20) // 288
+        flags = sum(INSTRUCTIONS.values())
+        if lib.pp_san_configure(2 if self.process == "cpu" else 1, lib.patch_path.encode(),
+                                (self.config.kernels or "").encode(), self.config.sample, page_shift, pc_cap,
+                                page_cap, raw_cap, flags) != 0:
+            self.status = f"instruction-level accesses not recorded: {lib.pp_san_error().decode()}"
+            return
+        if lib.InitializeInjection() != 0:
+            self.status = f"instruction-level accesses not recorded: {lib.pp_san_error().decode()}"
+            return
+        self.lib = lib
+
+    def set_gate(self, on: bool) -> None:
+        if self.lib is not None:
+            self.lib.pp_san_set_enabled(int(on))
+
+    def flush(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        if self.lib is not None:
+            self.lib.pp_san_set_enabled(0)
+
+    # -- draining -----------------------------------------------------------------
+    def _take(self) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
+        n = np.zeros(6, np.int64)
+        self.lib.pp_san_take(n.ctypes.data_as(ctypes.c_void_p))
+        tables = []
+        for t, ncol in enumerate(NCOLS):
+            cols = {}
+            for c in range(ncol):
+                a = np.empty(int(n[t]), np.int64)
+                if n[t]:
+                    self.lib.pp_san_copy(t, c, a.ctypes.data_as(ctypes.c_void_p))
+                cols[c] = a
+            tables.append(cols)
+        addrs = np.empty((int(n[T_RAW]), 32), np.uint64)
+        if n[T_RAW]:
+            self.lib.pp_san_copy_addresses(addrs.ctypes.data_as(ctypes.c_void_p))
+        return tables, addrs
+
+    def _name_array(self, ids: np.ndarray) -> pa.Array:
+        count = self.lib.pp_san_name_count()
+        for i in range(len(self._names), count):
+            self._names.append(self.lib.pp_san_name(i).decode("utf-8", "replace"))
+        return pa.DictionaryArray.from_arrays(pa.array(ids.astype(np.int32)), pa.array(self._names, pa.string()))
+
+    def drain(self) -> dict[str, pa.Table]:
+        if self.lib is None:
+            return {}
+        t0 = time.perf_counter()
+        tables, addrs = self._take()
+        lc = dict(zip(LAUNCH_COLS, tables[T_LAUNCH].values()))
+        n = len(lc["correlation"])
+        if n == 0:
+            return {}
+        out: dict[str, pa.Table] = {}
+        common = {"rank": np.full(n, self.rank, np.int32), "pid": np.full(n, self.pid, np.int64)}
+        launch = {k: lc[k] for k in LAUNCH_COLS if k not in ("name_id", "mode", "function_pc", "space_bytes")}
+        launch["name"] = self._name_array(lc["name_id"])
+        launch["process"] = pa.array(np.where(lc["mode"] == 2, "cpu", "gpu"))
+        out["access_launch"] = conform("access_launch", pa.table({**launch, **common}))
+        name_of = dict(zip(lc["correlation"].tolist(), range(n)))
+        if self.process == "gpu":
+            out.update(self._gpu_tables(tables, lc, name_of))
+        else:
+            out.update(self._cpu_tables(tables, addrs, lc, name_of))
+        self.drain_seconds += time.perf_counter() - t0
+        return out
+
+    def _rows_of(self, corr: np.ndarray, lc: dict, name_of: dict) -> dict[str, Any]:
+        idx = np.array([name_of[int(c)] for c in corr], np.int64) if len(corr) else np.zeros(0, np.int64)
+        return {"start_ns": lc["start_ns"][idx], "end_ns": lc["end_ns"][idx], "device": lc["device"][idx],
+                "stream": lc["stream"][idx], "rank": np.full(len(idx), self.rank, np.int32),
+                "pid": np.full(len(idx), self.pid, np.int64), "correlation": corr,
+                "name": self._name_array(lc["name_id"][idx])}
+
+    def _gpu_tables(self, tables: list, lc: dict, name_of: dict) -> dict[str, pa.Table]:
+        o = dict(zip(OBJ_COLS, tables[T_OBJ].values()))
+        pages = tables[T_PAGE][0]
+        none = o["kind"] < 0
+        start, length = o["page_start"], o["page_len"]
+        offsets = np.zeros(len(start) + 1, np.int64)
+        offsets[1:] = np.cumsum(np.where(start >= 0, length, 0))
+        flat_idx = np.concatenate([np.arange(s, s + ln) for s, ln in zip(start, length) if s >= 0]) \
+            if (start >= 0).any() else np.zeros(0, np.int64)
+        page_counts = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(pages[flat_idx]),
+                                               mask=pa.array(start < 0))
+        summary = {**self._rows_of(o["correlation"], lc, name_of),
+                   "object_address": pa.array(o["object_address"].astype(np.uint64), mask=none),
+                   "object_bytes": pa.array(o["object_bytes"], mask=none),
+                   "object_kind": pa.DictionaryArray.from_arrays(pa.array(np.clip(o["kind"], 0, 1).astype(np.int32),
+                                                                          mask=none),
+                                                                 pa.array(["tensor", "allocation"])),
+                   "reads": o["reads"], "writes": o["writes"], "bytes_read": o["bytes_read"],
+                   "bytes_written": o["bytes_written"], "sectors": o["sectors"],
+                   "page_bytes": np.full(len(none), self.config.page_bytes, np.int64), "page_counts": page_counts}
+        live = dict(zip(lc["correlation"].tolist(), lc["live_bytes"].tolist()))
+        summary["live_bytes"] = np.array([live[int(c)] for c in o["correlation"]], np.int64)
+        p = dict(zip(PC_COLS, tables[T_PC].values()))
+        pcs = {**self._rows_of(p["correlation"], lc, name_of), "pc": p["pc"].astype(np.uint64),
+               **{k: p[k] for k in ("requests", "lanes", "bytes", "sectors", "reads", "writes")}}
+        return {"access_summary": conform("access_summary", pa.table(summary)),
+                "access_pc": conform("access_pc", pa.table(pcs))}
+
+    def _cpu_tables(self, tables: list, addrs: np.ndarray, lc: dict, name_of: dict) -> dict[str, pa.Table]:
+        from pastaprof.processor.access import Objects, Requests, reduce_requests
+
+        r = dict(zip(RAW_COLS, tables[T_RAW].values()))
+        s = dict(zip(SNAP_COLS, tables[T_SNAP].values()))
+        req = Requests(launch=r["correlation"], pc=r["pc"].astype(np.uint64), flags=r["flags"], size=r["size"],
+                       active=r["active"].astype(np.uint32), addresses=addrs, cta=r["cta"], warp=r["warp"])
+        objs = Objects(launch=s["correlation"], base=s["base"].astype(np.uint64), nbytes=s["bytes"], level=s["level"])
+        t0 = time.perf_counter()
+        res = reduce_requests(req, objs, page_bytes=self.config.page_bytes) if len(req) else {}
+        self.reduce_seconds += time.perf_counter() - t0
+        self.requests_reduced += len(req)
+        out = {}
+        for kind, tab in res.items():
+            cols = {c: tab[c] for c in tab.column_names}
+            cols.update(self._rows_of(tab["correlation"].to_numpy(), lc, name_of))
+            out[kind] = conform(kind, pa.table(cols))
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        if self.lib is None:
+            return {"status": self.status}
+        lib = self.lib
+        notes = [lib.pp_san_note(i).decode() for i in range(lib.pp_san_notes())]
+        err = lib.pp_san_error().decode()
+        return {"mechanism": f"compute sanitizer, reduced on the {self.process.upper()}",
+                "launches_seen": lib.pp_san_stat(0), "launches_instrumented": lib.pp_san_stat(1),
+                "launches_skipped_busy": lib.pp_san_stat(2), "device_bytes": lib.pp_san_stat(3),
+                "live_tensors": lib.pp_san_stat(4), "live_allocations": lib.pp_san_stat(5),
+                "cpu_reduce_seconds": round(self.reduce_seconds, 6), "requests_reduced": self.requests_reduced,
+                "drain_seconds": round(self.drain_seconds, 6), "notes": notes, "error": err or None}

@@ -1,0 +1,202 @@
+// Device patches of pastaprof's sanitizer tool (issue D): called by the Compute
+// Sanitizer before each patched instruction, once per active lane, converged per warp.
+//
+// GPU mode reduces right here: each lane finds its object by binary search over the
+// sorted live tables (both ends checked: an address in a gap is "unattributed", never
+// credited to a neighbour), then the warp aggregates with __match_any_sync so that one
+// lane per (object) adds reads/writes/bytes, one lane per distinct (object, 32-byte
+// sector) adds a sector, one lane per page adds to the page histogram, and the warp's
+// first lane updates the per-PC hash table.  Only these fixed-size tables go back to the
+// host.  Raw mode stores each warp request (PC, flags, size, mask, CTA, warp, 32
+// addresses) into a bounded buffer instead; requests beyond it are counted, not stored.
+//
+// Built with: nvcc -cubin -arch=sm_90 --keep-device-functions -Xptxas --compile-as-tools-patch
+#include <sanitizer_patching.h>
+
+#include "sanitizer_shared.h"
+
+static __device__ __forceinline__ unsigned lane_id() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(r));
+  return r;
+}
+
+static __device__ __forceinline__ int find(const PPObj* t, unsigned n, unsigned long long a) {
+  unsigned lo = 0, hi = n;
+  while (lo < hi) {  // first entry with base > a
+    unsigned mid = (lo + hi) >> 1;
+    if (t[mid].base <= a) lo = mid + 1; else hi = mid;
+  }
+  if (lo == 0) return -1;
+  return a < t[lo - 1].end ? (int)(lo - 1) : -1;
+}
+
+static __device__ __forceinline__ void pc_add(PPState* s, unsigned long long pc, unsigned long long lanes,
+                                              unsigned long long bytes, unsigned long long sectors,
+                                              unsigned long long reads, unsigned long long writes) {
+  unsigned cap = s->pc_cap;
+  if (cap == 0) return;
+  unsigned h = (unsigned)((pc >> 4) * 2654435761u) & (cap - 1);
+  for (unsigned probe = 0; probe < 32; ++probe) {
+    PPPc* e = &s->pcs[(h + probe) & (cap - 1)];
+    unsigned long long old = atomicCAS(&e->pc, 0ull, pc);
+    if (old == 0ull || old == pc) {
+      atomicAdd(&e->requests, 1ull);
+      atomicAdd(&e->lanes, lanes);
+      atomicAdd(&e->bytes, bytes);
+      atomicAdd(&e->sectors, sectors);
+      if (reads) atomicAdd(&e->reads, reads);
+      if (writes) atomicAdd(&e->writes, writes);
+      return;
+    }
+  }
+  atomicAdd(&s->misc[PP_M_PC_DROPPED], 1ull);
+}
+
+static __device__ __forceinline__ void raw_store(PPState* s, unsigned mask, unsigned lane, unsigned long long pc,
+                                                 unsigned long long a, unsigned size, unsigned flags) {
+  unsigned leader = __ffs(mask) - 1;
+  unsigned long long slot = 0;
+  if (lane == leader) slot = atomicAdd(&s->misc[PP_M_RAW_COUNT], 1ull);
+  slot = __shfl_sync(mask, slot, leader);
+  if (slot >= s->raw_cap) return;
+  PPRaw* r = &s->raw[slot];
+  r->addr[lane] = a;
+  if (lane == leader) {
+    r->pc = pc;
+    r->flags = flags;
+    r->size = size;
+    r->active = mask;
+    r->cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    r->warp = (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) >> 5;
+    r->pad = 0;
+  }
+}
+
+// One global access of this lane, with the warp's active lanes at the same PC.
+static __device__ __forceinline__ void account(PPState* s, unsigned long long pc, unsigned long long a,
+                                               unsigned size, unsigned flags) {
+  unsigned mask = __activemask();
+  mask = __match_any_sync(mask, pc);  // lanes at this very instruction
+  unsigned lane = lane_id();
+  unsigned leader = __ffs(mask) - 1;
+  if (s->mode == PP_MODE_RAW) {
+    raw_store(s, mask, lane, pc, a, size, flags);
+    return;
+  }
+  int o = find(s->tensors, s->n_tensor, a);
+  if (o < 0) {
+    o = find(s->allocs, s->n_alloc, a);
+    if (o >= 0) o += (int)s->n_tensor;
+  }
+  unsigned n_obj = s->n_tensor + s->n_alloc;
+  unsigned oid = o < 0 ? n_obj : (unsigned)o;
+  bool rd = flags & (PP_READ | PP_ATOMIC), wr = flags & (PP_WRITE | PP_ATOMIC);
+  // distinct (object, sector) in this request: the same packing as the CPU path
+  unsigned long long key = ((unsigned long long)(oid + 1) << 44) | ((a >> 5) & ((1ull << 44) - 1));
+  unsigned same_sector = __match_any_sync(mask, key);
+  bool sector_leader = (__ffs(same_sector) - 1) == lane;
+  unsigned sector_leaders = __ballot_sync(mask, sector_leader);
+  unsigned same_obj = __match_any_sync(mask, oid);
+  if ((__ffs(same_obj) - 1) == lane) {
+    unsigned long long n = __popc(same_obj);
+    PPCounters* c = &s->counters[oid];
+    if (rd) { atomicAdd(&c->reads, n); atomicAdd(&c->bytes_read, n * size); }
+    if (wr) { atomicAdd(&c->writes, n); atomicAdd(&c->bytes_written, n * size); }
+    atomicAdd(&c->sectors, (unsigned long long)__popc(sector_leaders & same_obj));
+    if (o < 0) atomicAdd(&s->misc[PP_M_UNATTRIBUTED], n);
+  }
+  // page histogram: one add per distinct page of the warp
+  unsigned long long slot = PP_NO_PAGES;
+  if (o >= 0) {
+    unsigned long long pb = s->page_base[o];
+    if (pb != PP_NO_PAGES) {
+      const PPObj* t = (unsigned)o < s->n_tensor ? &s->tensors[o] : &s->allocs[o - s->n_tensor];
+      slot = pb + ((a - t->base) >> s->page_shift);
+      if (slot >= s->n_pages) slot = PP_NO_PAGES;
+    }
+  }
+  unsigned same_page = __match_any_sync(mask, slot);
+  if ((__ffs(same_page) - 1) == lane) {
+    if (slot != PP_NO_PAGES) atomicAdd(&s->pages[slot], (unsigned long long)__popc(same_page));
+    else if (o >= 0) atomicAdd(&s->misc[PP_M_PAGE_DROPPED], (unsigned long long)__popc(same_page));
+  }
+  if (lane == leader) {
+    unsigned long long lanes = __popc(mask);
+    atomicAdd(&s->misc[PP_M_REQUESTS], 1ull);
+    atomicAdd(&s->misc[PP_M_LANES], lanes);
+    pc_add(s, pc, lanes, lanes * size, __popc(sector_leaders), rd ? lanes : 0, wr ? lanes : 0);
+  }
+}
+
+static __device__ __forceinline__ unsigned to_flags(uint32_t f) {
+  return ((f & SANITIZER_MEMORY_DEVICE_FLAG_READ) ? PP_READ : 0u) |
+         ((f & SANITIZER_MEMORY_DEVICE_FLAG_WRITE) ? PP_WRITE : 0u) |
+         ((f & SANITIZER_MEMORY_DEVICE_FLAG_ATOMSYS) ? PP_ATOMIC : 0u);
+}
+
+extern "C" __device__ __noinline__ SanitizerPatchResult pp_global(void* ud, uint64_t pc, void* ptr, uint32_t size,
+                                                                   uint32_t flags, const void* data) {
+  PPState* s = (PPState*)ud;
+  if (s && !(flags & SANITIZER_MEMORY_DEVICE_FLAG_PREFETCH)) account(s, pc, (unsigned long long)ptr, size, to_flags(flags));
+  return SANITIZER_PATCH_SUCCESS;
+}
+
+// Shared / local accesses: counted per launch (they belong to no allocation).
+static __device__ __forceinline__ void count_space(PPState* s, unsigned lanes_slot, unsigned bytes_slot,
+                                                   uint64_t pc, uint32_t size) {
+  unsigned mask = __match_any_sync(__activemask(), pc);
+  if ((__ffs(mask) - 1) == lane_id()) {
+    atomicAdd(&s->misc[lanes_slot], (unsigned long long)__popc(mask));
+    atomicAdd(&s->misc[bytes_slot], (unsigned long long)__popc(mask) * size);
+  }
+}
+
+extern "C" __device__ __noinline__ SanitizerPatchResult pp_shared(void* ud, uint64_t pc, void* ptr, uint32_t size,
+                                                                   uint32_t flags, const void* data) {
+  PPState* s = (PPState*)ud;
+  if (s && s->mode == PP_MODE_GPU) count_space(s, PP_M_SHARED_LANES, PP_M_SHARED_BYTES, pc, size);
+  return SANITIZER_PATCH_SUCCESS;
+}
+
+extern "C" __device__ __noinline__ SanitizerPatchResult pp_local(void* ud, uint64_t pc, void* ptr, uint32_t size,
+                                                                  uint32_t flags, const void* data) {
+  PPState* s = (PPState*)ud;
+  if (s && s->mode == PP_MODE_GPU) count_space(s, PP_M_LOCAL_LANES, PP_M_LOCAL_BYTES, pc, size);
+  return SANITIZER_PATCH_SUCCESS;
+}
+
+// cp.async global -> shared: a global read of `src` by this lane.
+extern "C" __device__ __noinline__ SanitizerPatchResult pp_memcpy_async(void* ud, uint64_t pc, void* src, uint32_t dst,
+                                                                        uint32_t size) {
+  PPState* s = (PPState*)ud;
+  if (s) {
+    if (s->mode == PP_MODE_GPU) {
+      unsigned mask = __match_any_sync(__activemask(), pc);
+      if ((__ffs(mask) - 1) == lane_id()) atomicAdd(&s->misc[PP_M_ASYNC_LANES], (unsigned long long)__popc(mask));
+    }
+    account(s, pc, (unsigned long long)src, size, PP_READ);
+  }
+  return SANITIZER_PATCH_SUCCESS;
+}
+
+// TMA / bulk copies and warpgroup MMAs: global traffic this tool does not see lane by
+// lane; counted per launch and reported as uncovered.
+extern "C" __device__ __noinline__ SanitizerPatchResult pp_bulk_copy(void* ud, uint64_t pc, uint64_t src, uint32_t dst,
+                                                                     uint32_t barrier, uint32_t data,
+                                                                     uint32_t multicast) {
+  PPState* s = (PPState*)ud;
+  if (s) atomicAdd(&s->misc[PP_M_BULK_COPIES], 1ull);
+  return SANITIZER_PATCH_SUCCESS;
+}
+
+extern "C" __device__ __noinline__ SanitizerPatchResult pp_wgmma(void* ud, uint64_t pc, uint32_t a, uint32_t sa,
+                                                                 uint32_t b, uint32_t sb, uint32_t flags,
+                                                                 uint32_t warp_mask) {
+  PPState* s = (PPState*)ud;
+  if (s) {
+    unsigned mask = __activemask();
+    if ((__ffs(mask) - 1) == lane_id()) atomicAdd(&s->misc[PP_M_WGMMA], 1ull);
+  }
+  return SANITIZER_PATCH_SUCCESS;
+}

@@ -1,0 +1,500 @@
+// pastaprof's Compute Sanitizer tool (issue D): patches CUDA modules for memory-access
+// callbacks and reduces the accesses of selected launches on the GPU (or, in raw mode,
+// hands every warp request to the host's CPU processor).
+//
+// Loaded by Python with ctypes (RTLD_GLOBAL) and started with InitializeInjection()
+// before the program initializes CUDA (capture.md section 5: the sanitizer has one
+// subscriber and must see the context and module loads).  Flow:
+//   RESOURCE  device allocations and frees -> the live allocation table (tensors come
+//             from PyTorch's allocator through pp_san_tensor, called by torch_observer);
+//   MODULE_LOADED  add the patch fatbin once per context, patch global / shared /
+//             local / cp.async / bulk-copy / wgmma instructions, patch the module;
+//   LAUNCH_BEGIN  if this launch is selected (enabled gate from Python's ranges and
+//             steps, kernel regex, every-Nth): upload the sorted object tables (only
+//             when they changed), zero the counters, set this launch's callback data;
+//             otherwise the patches see a null pointer and return at once;
+//   LAUNCH_END  synchronize the stream and copy the fixed-size tables back into
+//             host columns that Python drains (pp_san_take / pp_san_copy).
+// Instrumented launches never block: if one is in flight on another thread, the
+// launch is left uninstrumented and counted as skipped.
+#include <cuda.h>
+#include <regex.h>
+#include <sanitizer.h>
+#include <string.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "sanitizer_shared.h"
+
+namespace {
+
+enum Table { T_LAUNCH = 0, T_OBJ, T_PAGE, T_PC, T_RAW, T_SNAP, T_N };
+const int NCOLS[T_N] = {30, 11, 1, 8, 8, 4};
+
+struct Config {
+  unsigned mode = PP_MODE_GPU;
+  std::string patch;
+  regex_t re;
+  bool has_re = false;
+  long every = 1;
+  unsigned page_shift = 12;
+  unsigned pc_cap = 4096;
+  size_t page_cap = 1u << 22;   // page counters (8 B each)
+  size_t raw_cap = 1u << 20;    // raw requests (288 B each)
+  bool shared = true, local = true, async = true, bulk = true, wgmma = true;
+} cfg;
+
+struct Dev {
+  bool patches = false;
+  PPState* state = nullptr;
+  PPObj *t = nullptr, *a = nullptr;
+  PPCounters* c = nullptr;
+  unsigned long long *pb = nullptr, *pages = nullptr, *misc = nullptr;
+  PPPc* pcs = nullptr;
+  PPRaw* raw = nullptr;
+  size_t cap_obj = 0, cap_pages = 0, cap_raw = 0;
+  uint64_t version = 0;
+  std::atomic<bool> busy{false};
+  size_t bytes = 0;
+};
+
+struct Pending {
+  bool active = false;
+  Dev* dev = nullptr;
+  CUcontext ctx = nullptr;
+  int64_t seq = 0, start_ns = 0, name = 0, func_pc = 0, func_size = 0;
+  uint32_t grid[3] = {0, 0, 0}, block[3] = {0, 0, 0};
+  int64_t device = 0, stream = 0, live_bytes = 0;
+  std::vector<PPObj> objs;       // tensors then allocations, as uploaded
+  std::vector<uint64_t> page_base;
+  unsigned n_t = 0, n_a = 0;
+  size_t n_pages = 0;
+};
+
+Sanitizer_SubscriberHandle sub = nullptr;
+std::atomic<int> enabled{1};
+std::atomic<long> matched{0}, launches{0}, instrumented{0}, skipped_busy{0};
+std::mutex mu;  // tables, devices, output
+std::map<uint64_t, uint64_t> tensors, allocs;  // base -> end
+uint64_t version = 1;
+std::map<CUcontext, Dev*> devs;
+std::vector<std::vector<int64_t>> out[T_N], taken[T_N];
+std::vector<uint64_t> addrs, taken_addrs;
+std::vector<std::string> names;
+std::unordered_map<std::string, int64_t> name_ids;
+std::string error;
+std::vector<std::string> notes;
+thread_local Pending pend;
+thread_local bool own_alloc = false;
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+void fail(const char* what, SanitizerResult r) {
+  std::lock_guard<std::mutex> g(mu);
+  if (error.empty()) error = std::string(what) + " failed (SanitizerResult " + std::to_string(int(r)) + ")";
+}
+
+void note(const std::string& s) {
+  std::lock_guard<std::mutex> g(mu);
+  if (notes.size() < 32 && std::find(notes.begin(), notes.end(), s) == notes.end()) notes.push_back(s);
+}
+
+int64_t intern(const char* s) {  // under mu
+  std::string k(s ? s : "");
+  auto it = name_ids.find(k);
+  if (it != name_ids.end()) return it->second;
+  int64_t id = int64_t(names.size());
+  names.push_back(k);
+  name_ids.emplace(k, id);
+  return id;
+}
+
+void push(Table t, std::initializer_list<int64_t> v) {  // under mu
+  auto& cols = out[t];
+  if (cols.empty()) cols.resize(NCOLS[t]);
+  size_t i = 0;
+  for (int64_t x : v) cols[i++].push_back(x);
+}
+
+template <class T>
+bool dalloc(CUcontext ctx, T*& p, size_t n, size_t& bytes) {
+  void* q = nullptr;
+  own_alloc = true;
+  SanitizerResult r = sanitizerAlloc(ctx, &q, n * sizeof(T));
+  own_alloc = false;
+  if (r != SANITIZER_SUCCESS) { fail("sanitizerAlloc", r); return false; }
+  p = (T*)q;
+  bytes += n * sizeof(T);
+  return true;
+}
+
+template <class T>
+void dfree(CUcontext ctx, T*& p, size_t n, size_t& bytes) {
+  if (p) { sanitizerFree(ctx, (void*)p); bytes -= n * sizeof(T); }
+  p = nullptr;
+}
+
+// Device buffers big enough for n objects (grown, never silently short).
+bool ensure(CUcontext ctx, Dev* d, size_t n_obj) {
+  if (!d->state) {
+    if (!dalloc(ctx, d->state, 1, d->bytes) || !dalloc(ctx, d->misc, PP_M_SLOTS, d->bytes) ||
+        !dalloc(ctx, d->pcs, cfg.pc_cap, d->bytes))
+      return false;
+    if (cfg.mode == PP_MODE_GPU && !dalloc(ctx, d->pages, cfg.page_cap, d->bytes)) return false;
+    d->cap_pages = cfg.mode == PP_MODE_GPU ? cfg.page_cap : 0;
+    if (cfg.mode == PP_MODE_RAW && !dalloc(ctx, d->raw, cfg.raw_cap, d->bytes)) return false;
+    d->cap_raw = cfg.mode == PP_MODE_RAW ? cfg.raw_cap : 0;
+  }
+  if (n_obj + 1 > d->cap_obj) {
+    size_t cap = std::max<size_t>(n_obj + 1, std::max<size_t>(1024, d->cap_obj * 2));
+    dfree(ctx, d->t, d->cap_obj, d->bytes);
+    dfree(ctx, d->a, d->cap_obj, d->bytes);
+    dfree(ctx, d->c, d->cap_obj, d->bytes);
+    dfree(ctx, d->pb, d->cap_obj, d->bytes);
+    if (!dalloc(ctx, d->t, cap, d->bytes) || !dalloc(ctx, d->a, cap, d->bytes) || !dalloc(ctx, d->c, cap, d->bytes) ||
+        !dalloc(ctx, d->pb, cap, d->bytes))
+      return false;
+    d->cap_obj = cap;
+    d->version = 0;  // re-upload
+  }
+  return true;
+}
+
+bool selected(const char* name) {
+  launches++;
+  if (!enabled.load(std::memory_order_relaxed)) return false;
+  if (cfg.has_re && regexec(&cfg.re, name ? name : "", 0, nullptr, 0) != 0) return false;
+  long k = matched++;
+  return k % cfg.every == 0;
+}
+
+void launch_begin(const Sanitizer_LaunchData* ld) {
+  if (pend.active && pend.dev) pend.dev->busy = false;  // an END that never came
+  pend.active = false;
+  if (!selected(ld->functionName)) return;
+  Dev* d;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    Dev*& slot = devs[ld->context];
+    if (!slot) slot = new Dev();
+    d = slot;
+  }
+  bool expect = false;
+  if (!d->busy.compare_exchange_strong(expect, true)) { skipped_busy++; return; }
+  Pending& p = pend;
+  p.dev = d;
+  p.ctx = ld->context;
+  p.start_ns = now_ns();
+  {
+    std::lock_guard<std::mutex> g(mu);
+    p.name = intern(ld->functionName);
+    p.seq = instrumented++;
+    p.objs.clear();
+    for (auto& kv : tensors) p.objs.push_back({kv.first, kv.second});
+    p.n_t = unsigned(tensors.size());
+    p.live_bytes = 0;
+    for (auto& kv : allocs) { p.objs.push_back({kv.first, kv.second}); p.live_bytes += int64_t(kv.second - kv.first); }
+    p.n_a = unsigned(allocs.size());
+    if (!ensure(ld->context, d, p.objs.size())) { d->busy = false; return; }
+  }
+  p.grid[0] = ld->gridDim_x; p.grid[1] = ld->gridDim_y; p.grid[2] = ld->gridDim_z;
+  p.block[0] = ld->blockDim_x; p.block[1] = ld->blockDim_y; p.block[2] = ld->blockDim_z;
+  p.device = int64_t(ld->device);
+  p.stream = int64_t(uintptr_t(ld->stream));
+  uint64_t fpc = 0, fsize = 0;
+  if (ld->module && ld->functionName &&
+      sanitizerGetFunctionPcAndSize(ld->module, ld->functionName, &fpc, &fsize) == SANITIZER_SUCCESS) {
+    p.func_pc = int64_t(fpc); p.func_size = int64_t(fsize);
+  } else {
+    p.func_pc = p.func_size = 0;
+  }
+  size_t n_obj = p.objs.size();
+  // page histogram slots, in object order, while they last
+  p.page_base.assign(n_obj, PP_NO_PAGES);
+  p.n_pages = 0;
+  if (cfg.mode == PP_MODE_GPU) {
+    for (size_t i = 0; i < n_obj; ++i) {
+      size_t np = size_t(((p.objs[i].end - p.objs[i].base) + (1ull << cfg.page_shift) - 1) >> cfg.page_shift);
+      if (p.n_pages + np <= d->cap_pages) { p.page_base[i] = p.n_pages; p.n_pages += np; }
+    }
+  }
+  Sanitizer_StreamHandle hs = ld->hStream;
+  SanitizerResult r = SANITIZER_SUCCESS;
+  if (n_obj) {
+    if (p.n_t) r = sanitizerMemcpyHostToDeviceAsync(d->t, p.objs.data(), p.n_t * sizeof(PPObj), hs);
+    if (r == SANITIZER_SUCCESS && p.n_a)
+      r = sanitizerMemcpyHostToDeviceAsync(d->a, p.objs.data() + p.n_t, p.n_a * sizeof(PPObj), hs);
+    if (r == SANITIZER_SUCCESS)
+      r = sanitizerMemcpyHostToDeviceAsync(d->pb, p.page_base.data(), n_obj * sizeof(uint64_t), hs);
+  }
+  if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->c, 0, (n_obj + 1) * sizeof(PPCounters), hs);
+  if (r == SANITIZER_SUCCESS && p.n_pages) r = sanitizerMemset(d->pages, 0, p.n_pages * 8, hs);
+  if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->pcs, 0, cfg.pc_cap * sizeof(PPPc), hs);
+  if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->misc, 0, PP_M_SLOTS * 8, hs);
+  PPState st;
+  memset(&st, 0, sizeof st);
+  st.mode = cfg.mode; st.page_shift = cfg.page_shift; st.n_tensor = p.n_t; st.n_alloc = p.n_a;
+  st.tensors = d->t; st.allocs = d->a; st.counters = d->c; st.page_base = d->pb; st.pages = d->pages;
+  st.n_pages = p.n_pages; st.pcs = d->pcs; st.pc_cap = cfg.pc_cap; st.misc = d->misc; st.raw = d->raw;
+  st.raw_cap = d->cap_raw;
+  static thread_local PPState st_keep;  // must outlive the async copy
+  st_keep = st;
+  if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyHostToDeviceAsync(d->state, &st_keep, sizeof st_keep, hs);
+  if (r == SANITIZER_SUCCESS) r = sanitizerSetLaunchCallbackData(ld->hLaunch, ld->function, hs, d->state);
+  if (r != SANITIZER_SUCCESS) {
+    fail("launch setup", r);
+    d->busy = false;
+    return;
+  }
+  p.active = true;
+}
+
+void launch_end(const Sanitizer_LaunchData* ld) {
+  Pending& p = pend;
+  if (!p.active) return;
+  p.active = false;
+  Dev* d = p.dev;
+  Sanitizer_StreamHandle hs = ld->hStream;
+  SanitizerResult r = sanitizerStreamSynchronize(hs);
+  int64_t end_ns = now_ns();
+  size_t n_obj = p.objs.size();
+  unsigned long long misc[PP_M_SLOTS];
+  std::vector<PPCounters> cnt(n_obj + 1);
+  std::vector<PPPc> pcs(cfg.pc_cap);
+  if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(misc, d->misc, sizeof misc, hs);
+  if (r == SANITIZER_SUCCESS && cfg.mode == PP_MODE_GPU) {
+    r = sanitizerMemcpyDeviceToHost(cnt.data(), d->c, cnt.size() * sizeof(PPCounters), hs);
+    if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(pcs.data(), d->pcs, pcs.size() * sizeof(PPPc), hs);
+  }
+  std::vector<PPRaw> raw;
+  if (r == SANITIZER_SUCCESS && cfg.mode == PP_MODE_RAW) {
+    raw.resize(std::min<unsigned long long>(misc[PP_M_RAW_COUNT], d->cap_raw));
+    if (!raw.empty()) r = sanitizerMemcpyDeviceToHost(raw.data(), d->raw, raw.size() * sizeof(PPRaw), hs);
+  }
+  if (r != SANITIZER_SUCCESS) {
+    fail("launch read-back", r);
+    d->busy = false;
+    return;
+  }
+  // page slices of the objects this launch touched
+  std::vector<std::pair<size_t, std::vector<unsigned long long>>> page_rows;
+  if (cfg.mode == PP_MODE_GPU) {
+    for (size_t i = 0; i < n_obj; ++i) {
+      if ((cnt[i].reads | cnt[i].writes) == 0 || p.page_base[i] == PP_NO_PAGES) continue;
+      size_t np = size_t(((p.objs[i].end - p.objs[i].base) + (1ull << cfg.page_shift) - 1) >> cfg.page_shift);
+      std::vector<unsigned long long> v(np);
+      if (sanitizerMemcpyDeviceToHost(v.data(), d->pages + p.page_base[i], np * 8, hs) == SANITIZER_SUCCESS)
+        page_rows.emplace_back(i, std::move(v));
+    }
+  }
+  d->busy = false;
+  std::lock_guard<std::mutex> g(mu);
+  auto rel = [&](unsigned long long pc) -> int64_t {
+    return (p.func_pc && pc >= (unsigned long long)p.func_pc && pc < (unsigned long long)(p.func_pc + p.func_size))
+               ? int64_t(pc - p.func_pc) : int64_t(pc);
+  };
+  unsigned long long raw_n = misc[PP_M_RAW_COUNT];
+  push(T_LAUNCH, {p.seq, p.start_ns, end_ns, p.device, p.stream, p.name, p.grid[0], p.grid[1], p.grid[2],
+                  p.block[0], p.block[1], p.block[2], int64_t(cfg.mode), int64_t(misc[PP_M_REQUESTS]),
+                  int64_t(misc[PP_M_LANES]), int64_t(misc[PP_M_UNATTRIBUTED]), int64_t(misc[PP_M_SHARED_LANES]),
+                  int64_t(misc[PP_M_LOCAL_LANES]), int64_t(misc[PP_M_ASYNC_LANES]), int64_t(misc[PP_M_BULK_COPIES]),
+                  int64_t(misc[PP_M_WGMMA]), int64_t(misc[PP_M_PC_DROPPED]), int64_t(misc[PP_M_PAGE_DROPPED]),
+                  int64_t(raw_n), int64_t(raw.size()), int64_t(n_obj), p.live_bytes, p.func_pc,
+                  int64_t(d->bytes), int64_t(misc[PP_M_SHARED_BYTES] + misc[PP_M_LOCAL_BYTES])});
+  if (cfg.mode == PP_MODE_GPU) {
+    size_t pr = 0;
+    for (size_t i = 0; i <= n_obj; ++i) {
+      const PPCounters& c = cnt[i];
+      if ((c.reads | c.writes) == 0) continue;
+      int64_t page_start = -1, page_len = 0;
+      if (pr < page_rows.size() && page_rows[pr].first == i) {
+        auto& col = out[T_PAGE];
+        if (col.empty()) col.resize(NCOLS[T_PAGE]);
+        page_start = int64_t(col[0].size());
+        page_len = int64_t(page_rows[pr].second.size());
+        for (auto v : page_rows[pr].second) col[0].push_back(int64_t(v));
+        ++pr;
+      }
+      bool none = i == n_obj;
+      push(T_OBJ, {p.seq, none ? 0 : int64_t(p.objs[i].base), none ? 0 : int64_t(p.objs[i].end - p.objs[i].base),
+                   none ? -1 : (i < p.n_t ? 0 : 1), int64_t(c.reads), int64_t(c.writes), int64_t(c.bytes_read),
+                   int64_t(c.bytes_written), int64_t(c.sectors), page_start, page_len});
+    }
+    for (auto& e : pcs)
+      if (e.pc)
+        push(T_PC, {p.seq, rel(e.pc), int64_t(e.requests), int64_t(e.lanes), int64_t(e.bytes), int64_t(e.sectors),
+                    int64_t(e.reads), int64_t(e.writes)});
+  } else {
+    for (auto& q : raw) {
+      push(T_RAW, {p.seq, rel(q.pc), q.flags, q.size, q.active, q.cta, q.warp, 0});
+      addrs.insert(addrs.end(), q.addr, q.addr + 32);
+    }
+    for (size_t i = 0; i < n_obj; ++i)
+      push(T_SNAP, {p.seq, int64_t(p.objs[i].base), int64_t(p.objs[i].end - p.objs[i].base), i < p.n_t ? 0 : 1});
+  }
+}
+
+void module_loaded(const Sanitizer_ResourceModuleData* md) {
+  Dev* d;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    Dev*& slot = devs[md->context];
+    if (!slot) slot = new Dev();
+    d = slot;
+  }
+  if (!d->patches) {
+    SanitizerResult r = sanitizerAddPatchesFromFile(cfg.patch.c_str(), md->context);
+    if (r != SANITIZER_SUCCESS) { fail("sanitizerAddPatchesFromFile", r); return; }
+    d->patches = true;
+  }
+  struct { Sanitizer_InstructionId id; const char* fn; bool on; const char* what; } ins[] = {
+      {SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS, "pp_global", true, "global"},
+      {SANITIZER_INSTRUCTION_SHARED_MEMORY_ACCESS, "pp_shared", cfg.shared, "shared"},
+      {SANITIZER_INSTRUCTION_LOCAL_MEMORY_ACCESS, "pp_local", cfg.local, "local"},
+      {SANITIZER_INSTRUCTION_MEMCPY_ASYNC, "pp_memcpy_async", cfg.async, "cp.async"},
+      {SANITIZER_INSTRUCTION_BULK_COPY_GLOBAL_TO_SHARED, "pp_bulk_copy", cfg.bulk, "bulk copy (TMA)"},
+      {SANITIZER_INSTRUCTION_WARPGROUP_MMA_ASYNC, "pp_wgmma", cfg.wgmma, "wgmma"},
+  };
+  for (auto& i : ins) {
+    if (!i.on) continue;
+    SanitizerResult r = sanitizerPatchInstructions(i.id, md->module, i.fn);
+    if (r != SANITIZER_SUCCESS) {
+      if (i.id == SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS) { fail("sanitizerPatchInstructions(global)", r); return; }
+      note(std::string("cannot patch ") + i.what + " instructions (SanitizerResult " + std::to_string(int(r)) + ")");
+    }
+  }
+  SanitizerResult r = sanitizerPatchModule(md->module);
+  if (r != SANITIZER_SUCCESS) fail("sanitizerPatchModule", r);
+}
+
+void memory_event(Sanitizer_CallbackId cbid, const Sanitizer_ResourceMemoryData* m) {
+  if (own_alloc) return;
+  std::lock_guard<std::mutex> g(mu);
+  if (cbid == SANITIZER_CBID_RESOURCE_DEVICE_MEMORY_ALLOC || cbid == SANITIZER_CBID_RESOURCE_MEMORY_ALLOC_ASYNC) {
+    if (m->size) allocs[m->address] = m->address + m->size;
+  } else {
+    allocs.erase(m->address);
+  }
+  version++;
+}
+
+void SANITIZERAPI callback(void* ud, Sanitizer_CallbackDomain dom, Sanitizer_CallbackId cbid, const void* data) {
+  if (dom == SANITIZER_CB_DOMAIN_LAUNCH) {
+    if (cbid == SANITIZER_CBID_LAUNCH_BEGIN) launch_begin((const Sanitizer_LaunchData*)data);
+    else if (cbid == SANITIZER_CBID_LAUNCH_END) launch_end((const Sanitizer_LaunchData*)data);
+  } else if (dom == SANITIZER_CB_DOMAIN_RESOURCE) {
+    switch (cbid) {
+      case SANITIZER_CBID_RESOURCE_MODULE_LOADED:
+        module_loaded((const Sanitizer_ResourceModuleData*)data);
+        break;
+      case SANITIZER_CBID_RESOURCE_DEVICE_MEMORY_ALLOC:
+      case SANITIZER_CBID_RESOURCE_DEVICE_MEMORY_FREE:
+      case SANITIZER_CBID_RESOURCE_MEMORY_ALLOC_ASYNC:
+      case SANITIZER_CBID_RESOURCE_MEMORY_FREE_ASYNC:
+        memory_event(cbid, (const Sanitizer_ResourceMemoryData*)data);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// mode 1 = gpu, 2 = raw; regex may be empty; sizes in entries.
+int pp_san_configure(int mode, const char* patch, const char* regex, long every, int page_shift, long pc_cap,
+                     long page_cap, long raw_cap, int flags) {
+  cfg.mode = mode == 2 ? PP_MODE_RAW : PP_MODE_GPU;
+  cfg.patch = patch ? patch : "";
+  if (cfg.has_re) { regfree(&cfg.re); cfg.has_re = false; }
+  if (regex && *regex) {
+    if (regcomp(&cfg.re, regex, REG_EXTENDED | REG_NOSUB) != 0) { error = "bad kernel regex"; return 1; }
+    cfg.has_re = true;
+  }
+  cfg.every = every > 0 ? every : 1;
+  cfg.page_shift = unsigned(page_shift);
+  unsigned cap = 1;
+  while (cap < unsigned(pc_cap)) cap <<= 1;
+  cfg.pc_cap = cap;
+  cfg.page_cap = size_t(page_cap);
+  cfg.raw_cap = size_t(raw_cap);
+  cfg.shared = flags & 1; cfg.local = flags & 2; cfg.async = flags & 4; cfg.bulk = flags & 8; cfg.wgmma = flags & 16;
+  return 0;
+}
+
+int InitializeInjection() {
+  if (sub) return 0;
+  SanitizerResult r = sanitizerSubscribe(&sub, callback, nullptr);
+  if (r != SANITIZER_SUCCESS) { error = "sanitizerSubscribe failed (" + std::to_string(int(r)) + "): another sanitizer tool?"; return 1; }
+  if ((r = sanitizerEnableDomain(1, sub, SANITIZER_CB_DOMAIN_RESOURCE)) != SANITIZER_SUCCESS ||
+      (r = sanitizerEnableDomain(1, sub, SANITIZER_CB_DOMAIN_LAUNCH)) != SANITIZER_SUCCESS) {
+    error = "sanitizerEnableDomain failed (" + std::to_string(int(r)) + ")";
+    return 1;
+  }
+  return 0;
+}
+
+void pp_san_set_enabled(int on) { enabled = on; }
+
+// Tensors (PyTorch caching-allocator blocks): finer objects searched before allocations.
+void pp_san_tensor(uint64_t address, uint64_t size, int alive) {
+  std::lock_guard<std::mutex> g(mu);
+  if (alive && size) tensors[address] = address + size;
+  else tensors.erase(address);
+  version++;
+}
+
+const char* pp_san_error() { return error.c_str(); }
+
+int64_t pp_san_notes() { return int64_t(notes.size()); }
+const char* pp_san_note(int64_t i) { return i >= 0 && size_t(i) < notes.size() ? notes[i].c_str() : ""; }
+
+int64_t pp_san_stat(int i) {
+  switch (i) {
+    case 0: return launches.load();
+    case 1: return instrumented.load();
+    case 2: return skipped_busy.load();
+    case 3: { std::lock_guard<std::mutex> g(mu); int64_t b = 0; for (auto& kv : devs) b += int64_t(kv.second->bytes); return b; }
+    case 4: { std::lock_guard<std::mutex> g(mu); return int64_t(tensors.size()); }
+    case 5: { std::lock_guard<std::mutex> g(mu); return int64_t(allocs.size()); }
+    default: return -1;
+  }
+}
+
+// Move the collected rows aside; returns rows per table through n[T_N] and the raw address count.
+void pp_san_take(int64_t* n) {
+  std::lock_guard<std::mutex> g(mu);
+  for (int t = 0; t < T_N; ++t) {
+    taken[t].swap(out[t]);
+    out[t].clear();
+    n[t] = taken[t].empty() ? 0 : int64_t(taken[t][0].size());
+  }
+  taken_addrs.swap(addrs);
+  addrs.clear();
+}
+
+void pp_san_copy(int table, int col, int64_t* dst) {
+  auto& c = taken[table];
+  if (c.empty()) return;
+  memcpy(dst, c[col].data(), c[col].size() * sizeof(int64_t));
+}
+
+void pp_san_copy_addresses(uint64_t* dst) { memcpy(dst, taken_addrs.data(), taken_addrs.size() * 8); }
+
+int64_t pp_san_name_count() { std::lock_guard<std::mutex> g(mu); return int64_t(names.size()); }
+const char* pp_san_name(int64_t i) { return i >= 0 && size_t(i) < names.size() ? names[i].c_str() : ""; }
+
+}  // extern "C"
