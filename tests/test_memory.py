@@ -9,6 +9,7 @@ import json
 from itertools import accumulate
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
@@ -362,3 +363,263 @@ def test_peak_by_category_accounts_for_the_whole_peak():
     dev = next(d for d in rep.tables["devices"].to_pylist() if d["device_type"] == "cuda")
     assert cats["before_trace"] == dev["pretrace_at_peak_bytes"] > 0
     assert max(cats, key=cats.get) == "activations"
+
+
+# ---- use-based patterns (DrGPUM): a real CPU workload with planted patterns
+
+PLANTED_APP = '''
+import sys, time, torch
+import pastaprof
+from torch.profiler import profile, ProfilerActivity
+MiB = 1 << 20
+def floats(nbytes):
+    return nbytes // 4
+torch.manual_seed(0)
+keep = []
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    for i in range(4):
+        with pastaprof.range(f"step{i}"):
+            a = torch.randn(floats(4 * MiB))
+            b = a * 2
+            s = b.sum()
+            del a, b
+            keep.append(torch.ones(floats(2 * MiB)) + i)  # PLANT leak
+    unused = torch.empty(floats(3 * MiB))  # PLANT unused
+    early = torch.empty(floats(4 * MiB))  # PLANT early
+    time.sleep(0.15)
+    big = torch.randn(floats(16 * MiB))  # PEAK: early and unused are idle under it
+    big.sum()
+    del big
+    time.sleep(0.15)
+    early.fill_(1.0)  # FIRST USE early
+    early.sum()  # LAST USE early
+    del early, unused
+    late = torch.rand(floats(6 * MiB))  # PLANT late
+    late.sum()  # LAST USE late
+    time.sleep(0.3)
+    del late
+    n3 = torch.empty(floats(3 * MiB))  # NORMAL 3
+    n3.zero_()  # USE n3
+    del n3
+    n4 = torch.empty(floats(4 * MiB))  # NORMAL 4
+    n4.fill_(2.0)
+    n4.sum()
+    del n4
+    n6 = torch.rand(floats(6 * MiB))  # NORMAL 6
+    n6.sum()
+    del n6
+prof.export_chrome_trace(sys.argv[1])
+print("ok")
+'''
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """PLANTED_APP run under ``pastaprof run`` with the Python op mode (PASTAPROF_NATIVE=0: ops
+    with their input data pointers) and torch.profiler(profile_memory=True) inside it (the CPU
+    allocator's block events); the memory tool gets both, as recorded."""
+    pytest.importorskip("torch")
+    import os
+    import subprocess
+    import sys
+
+    from pastaprof.store.run import Run
+
+    d = tmp_path_factory.mktemp("planted")
+    app = d / "planted.py"
+    app.write_text(PLANTED_APP)
+    env = dict(os.environ, PASTAPROF_NATIVE="0", PASTAPROF_FLUSH_MS="200")
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(d / "run"), "-t", "ops", "--",
+                        sys.executable, str(app), str(d / "t.json")], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "ok\n"
+    ops_run, prof = pastaprof.load(d / "run"), pastaprof.load(d / "t.json")
+    assert ops_run.manifest["processes"][0]["handlers"]["torch"]["mechanism"] == "python"
+    run = Run(ops_run.manifest, tables={"op": ops_run.table("op"), "range": ops_run.table("range"),
+                                        "tensor": prof.table("tensor")})
+    doc = json.loads((d / "t.json").read_text())
+    base = doc.get("baseTimeNanoseconds", 0)
+    mem = [(round(e["ts"] * 1000) + base, e["args"]["Addr"], e["args"]["Bytes"], e["args"]["Total Allocated"])
+           for e in doc["traceEvents"] if e.get("name") == "[memory]"]
+    lines = {}  # marker comment -> its line number in the app
+    for i, text in enumerate(PLANTED_APP.splitlines(), 1):
+        if "# " in text:
+            lines[text.partition("# ")[2]] = i
+    return {"app": app, "run": run, "mem": sorted(mem), "line": lines, "ops": ops_run.table("op").to_pylist()}
+
+
+def _site(p, marker: str) -> str:
+    return f"{p['app']}({p['line'][marker]}): <module>"
+
+
+def _op(p, name: str, marker: str) -> dict:
+    (o,) = [o for o in p["ops"] if o["name"] == name and o["call_site"] == _site(p, marker)]
+    return o
+
+
+def _block(p, alloc_op: dict, nbytes: int) -> tuple[int, int | None]:
+    """From the profiler's raw events: (alloc ns, free ns or None) of the block of ``nbytes``
+    allocated inside ``alloc_op``."""
+    (a,) = [m for m in p["mem"] if m[2] == nbytes and alloc_op["start_ns"] <= m[0] <= alloc_op["end_ns"]]
+    frees = [m[0] for m in p["mem"] if m[1] == a[1] and m[2] == -nbytes and m[0] >= a[0]]
+    return a[0], min(frees, default=None)
+
+
+PATTERN_TITLES = ("never used", "before first use", "after last use")
+
+
+def test_planted_patterns_found_exactly(planted):
+    p = planted
+    (rep,) = pastaprof.analyze(p["run"], ["memory"])
+    assert rep.summary["use_data"] == "ops"
+    rows = rep.tables["memory_patterns"].to_pylist()
+    got = {(r["pattern"], r["op"], r["site"], r["blocks"], r["bytes"], r["peak_bytes_saved"]) for r in rows}
+    assert got == {
+        ("unused", "aten.empty.memory_format", _site(p, "PLANT unused"), 1, 3 * MiB, 3 * MiB),
+        ("early_allocation", "aten.empty.memory_format", _site(p, "PLANT early"), 1, 4 * MiB, 4 * MiB),
+        ("late_deallocation", "aten.rand.default", _site(p, "PLANT late"), 1, 6 * MiB, 0),
+    }
+    assert len(rows) == 3
+    assert rep.summary["pattern_bytes"] == {"unused": 3 * MiB, "early_allocation": 4 * MiB,
+                                            "late_deallocation": 6 * MiB}
+    # idle times, from the profiler's raw alloc/free events and the recorded ops
+    by = {r["pattern"]: r for r in rows}
+    e_alloc, e_free = _block(p, _op(p, "aten.empty.memory_format", "PLANT early"), 4 * MiB)
+    first = _op(p, "aten.fill_.Scalar", "FIRST USE early")["start_ns"]
+    assert by["early_allocation"]["idle_ns"] == first - e_alloc >= 300_000_000  # two 0.15 s sleeps
+    u_alloc, u_free = _block(p, _op(p, "aten.empty.memory_format", "PLANT unused"), 3 * MiB)
+    assert by["unused"]["idle_ns"] == u_free - u_alloc >= 300_000_000
+    l_alloc, l_free = _block(p, _op(p, "aten.rand.default", "PLANT late"), 6 * MiB)
+    last = _op(p, "aten.sum.default", "LAST USE late")["start_ns"]
+    assert by["late_deallocation"]["idle_ns"] == l_free - last >= 300_000_000
+    # the peak (the allocator's own maximum) falls while `big` is live: early and unused idle under it
+    (d,) = rep.tables["devices"].to_pylist()
+    assert d["peak_bytes"] == max(m[3] for m in p["mem"])
+    b_alloc, b_free = _block(p, _op(p, "aten.randn.default", "PEAK: early and unused are idle under it"), 16 * MiB)
+    assert b_alloc <= d["peak_ns"] < b_free and e_alloc < d["peak_ns"] < first
+    # one finding per planted site, naming it; nothing else about patterns
+    found = {f.evidence["pattern"]: f for f in rep.findings if f.evidence.get("pattern")}
+    assert set(found) == {"unused", "early_allocation", "late_deallocation"}
+    assert found["early_allocation"].location == f"aten.empty.memory_format @ {_site(p, 'PLANT early')}"
+    assert found["unused"].evidence["bytes"] == 3 * MiB and "never used" in found["unused"].title
+    assert found["late_deallocation"].location == f"aten.rand.default @ {_site(p, 'PLANT late')}"
+    # the leak is still found, at its site, and is no use pattern
+    (leak,) = [f for f in rep.findings if "grows" in f.title]
+    assert leak.evidence["growth_bytes_per_step"] == 2 * MiB and leak.evidence["steps"] == 4
+    assert leak.location == f"aten.add.Tensor @ {_site(p, 'PLANT leak')}"
+
+
+def test_planted_block_uses(planted):
+    """Per block: first and last use and the number of uses, against the recorded ops."""
+    p = planted
+    (rep,) = pastaprof.analyze(p["run"], ["memory"])
+    lt = {(b["call_site"], b["bytes"]): b for b in rep.details["lifetimes"].to_pylist() if b["bytes"] >= MiB
+          and b["call_site"] != _site(p, "PLANT leak")}
+    early = lt[_site(p, "PLANT early"), 4 * MiB]
+    assert (early["uses"], early["first_use_ns"], early["last_use_ns"]) == (
+        2, _op(p, "aten.fill_.Scalar", "FIRST USE early")["start_ns"], _op(p, "aten.sum.default", "LAST USE early")["start_ns"])
+    unused = lt[_site(p, "PLANT unused"), 3 * MiB]
+    assert (unused["uses"], unused["first_use_ns"], unused["last_use_ns"]) == (0, None, None)
+    late = lt[_site(p, "PLANT late"), 6 * MiB]   # made by rand (a use: it wrote it), read by sum
+    assert (late["uses"], late["first_use_ns"], late["last_use_ns"]) == (
+        2, late["alloc_ns"], _op(p, "aten.sum.default", "LAST USE late")["start_ns"])
+    n3 = lt[_site(p, "NORMAL 3"), 3 * MiB]       # factory, then zero_: one use, right away
+    assert (n3["uses"], n3["first_use_ns"]) == (1, _op(p, "aten.zero_.default", "USE n3")["start_ns"])
+    assert all(b["use_data_complete"] for b in rep.details["lifetimes"].to_pylist() if b["op_name"])
+    leak = [b for b in rep.details["lifetimes"].to_pylist() if b["call_site"] == _site(p, "PLANT leak")
+            and b["bytes"] == 2 * MiB]
+    made = [b for b in leak if b["op_name"] == "aten.add.Tensor"]   # kept, never freed, never read again
+    assert len(made) == 4 and all(b["free_ns"] is None and b["uses"] == 1 for b in made)
+    temps = [b for b in leak if b["op_name"] == "aten.ones.default"]  # the same size, read at once and freed
+    assert len(temps) == 4 and all(b["uses"] == 2 and b["free_ns"] is not None for b in temps)
+
+
+def test_planted_thresholds_are_applied(planted):
+    p = planted
+    (big,) = pastaprof.analyze(p["run"], [Memory(pattern_min_bytes=8 * MiB)])
+    assert big.summary["use_data"] == "ops" and big.tables["memory_patterns"].num_rows == 0
+    (slow,) = pastaprof.analyze(p["run"], [Memory(idle_min_ns=2_000_000_000)])  # idle must exceed 2 s
+    assert [r["pattern"] for r in slow.tables["memory_patterns"].to_pylist()] == ["unused"]
+
+
+def test_no_use_data_no_patterns(planted):
+    """Ops without input pointers (an import, an older run): said once, no pattern guessed."""
+    from pastaprof.store.run import Run
+
+    run = planted["run"]
+    ops = run.table("op").drop_columns(["input_ptrs"])
+    (rep,) = pastaprof.analyze(Run(run.manifest, tables={"op": ops, "range": run.table("range"),
+                                                         "tensor": run.table("tensor")}), ["memory"])
+    assert rep.summary["use_data"] == "none" and "pattern_bytes" not in rep.summary
+    assert rep.tables["memory_patterns"].num_rows == 0
+    assert not [f for f in rep.findings if f.evidence.get("pattern") or any(t in f.title for t in PATTERN_TITLES)]
+    assert rep.details["lifetimes"]["uses"].null_count == rep.details["lifetimes"].num_rows
+    assert [f for f in rep.findings if "grows" in f.title]  # the leak does not need uses
+    # dropped ops: an absence of uses proves nothing either
+    manifest = json.loads(json.dumps(run.manifest))
+    manifest["processes"][0]["handlers"]["torch"]["dropped"] = 7
+    (drop,) = pastaprof.analyze(Run(manifest, tables={k: run.table(k) for k in ("op", "range", "tensor")}), ["memory"])
+    assert drop.summary["use_data"] == "none" and "dropped" in drop.summary["use_data_note"]
+    assert drop.tables["memory_patterns"].num_rows == 0
+
+
+def test_recorded_traces_have_no_use_data():
+    for name in ALL:
+        r = report(name)
+        assert r.summary["use_data"] == "none" and r.tables["memory_patterns"].num_rows == 0
+
+
+def _kernel_use_run(extra_launch: bool = False):
+    """cuda:0 blocks used only by instrumented kernel launches (access_summary rows joined to
+    their kernels by correlation), times in ms from 1 s."""
+    from pastaprof.events.schema import conform
+    from pastaprof.store.run import Run
+
+    ms, t0, base = 1_000_000, 1_000_000_000, 0x7F00_0000_0000
+    a, b, c, d = base, base + 4 * MiB, base + 16 * MiB, base + 32 * MiB
+    blocks = [  # address, bytes, alloc ms, free ms
+        (a, 2 * MiB, 0, 900), (b, 4 * MiB, 5, 800), (c, 2 * MiB, 20, 950), (d, 2 * MiB, 0, 40), (d, 2 * MiB, 300, 330)]
+    evs = sorted([(t0 + al * ms, addr, n) for addr, n, al, _ in blocks] + [(t0 + fr * ms, addr, -n) for addr, n, _, fr in blocks])
+    total = list(accumulate(e[2] for e in evs))
+    tensor = conform("tensor", pa.table({
+        "start_ns": [e[0] for e in evs], "end_ns": [e[0] for e in evs], "rank": pa.array([0] * len(evs), pa.int32()),
+        "device": pa.array([0] * len(evs), pa.int32()), "pid": [1] * len(evs), "tid": [1] * len(evs),
+        "address": pa.array([e[1] for e in evs], pa.uint64()), "bytes": [e[2] for e in evs],
+        "total_allocated": total, "total_reserved": [64 * MiB] * len(evs), "device_type": ["cuda"] * len(evs)}))
+    launches = [  # correlation, start ms, object address, object bytes (None: accesses outside every object)
+        (1, 10, a, 2 * MiB), (1, 10, None, None), (2, 890, a, 2 * MiB), (3, 600, c + MiB, 4096), (4, 20, d, 2 * MiB),
+        (5, 310, d, 2 * MiB)]
+    kern = sorted({(k, t) for k, t, _, _ in launches} | ({(6, 700)} if extra_launch else set()))
+    kernel = conform("kernel", pa.table({
+        "start_ns": [t0 + t * ms for _, t in kern], "end_ns": [t0 + t * ms + 1000 for _, t in kern],
+        "rank": pa.array([0] * len(kern), pa.int32()), "device": pa.array([0] * len(kern), pa.int32()),
+        "pid": [1] * len(kern), "correlation": [k for k, _ in kern], "name": ["k"] * len(kern)}))
+    acc = conform("access_summary", pa.table({
+        "start_ns": [0] * len(launches), "end_ns": [0] * len(launches), "rank": pa.array([0] * len(launches), pa.int32()),
+        "correlation": [x[0] for x in launches], "object_address": pa.array([x[2] for x in launches], pa.uint64()),
+        "object_bytes": pa.array([x[3] for x in launches], pa.int64()), "reads": [1] * len(launches)}))
+    return Run({"ranks": [0]}, tables={"tensor": tensor, "kernel": kernel, "access_summary": acc}), (b, c)
+
+
+def test_kernel_access_uses():
+    run, (b, c) = _kernel_use_run()
+    (rep,) = pastaprof.analyze(run, ["memory"])
+    assert rep.summary["use_data"] == "kernels"
+    lt = {(x["address"], x["alloc_ns"]): x for x in rep.details["lifetimes"].to_pylist()}
+    ms, t0 = 1_000_000, 1_000_000_000
+    uses = sorted((x["address"] - 0x7F00_0000_0000, (x["alloc_ns"] - t0) // ms, x["uses"],
+                   None if x["first_use_ns"] is None else (x["first_use_ns"] - t0) // ms,
+                   None if x["last_use_ns"] is None else (x["last_use_ns"] - t0) // ms) for x in lt.values())
+    # the block at d is used by launch 4 in its first life and launch 5 in its second; c through a view inside it
+    assert uses == [(0, 0, 2, 10, 890), (4 * MiB, 5, 0, None, None), (16 * MiB, 20, 1, 600, 600),
+                    (32 * MiB, 0, 1, 20, 20), (32 * MiB, 300, 1, 310, 310)]
+    (d,) = rep.tables["devices"].to_pylist()
+    assert (d["peak_bytes"], d["peak_ns"]) == (10 * MiB, t0 + 20 * ms)   # a, b, c and d's first life
+    rows = {(r["pattern"], r["bytes"], r["idle_ns"], r["peak_bytes_saved"]) for r in rep.tables["memory_patterns"].to_pylist()}
+    # idle threshold: 5% of the 950 ms span = 47.5 ms
+    assert rows == {("unused", 4 * MiB, 795 * ms, 4 * MiB), ("early_allocation", 2 * MiB, 580 * ms, 2 * MiB),
+                    ("late_deallocation", 2 * MiB, 350 * ms, 0)}
+    # one launch without access rows: the kernel data is partial, so no pattern
+    (part,) = pastaprof.analyze(_kernel_use_run(extra_launch=True)[0], ["memory"])
+    assert part.summary["use_data"] == "none" and "access_summary" in part.summary["use_data_note"]
+    assert part.tables["memory_patterns"].num_rows == 0

@@ -18,7 +18,8 @@ Mechanisms (capture.md section 3):
 
 Per-op data goes into preallocated-growth Python lists of ints and interned
 string ids (no object per event beyond the list slots); ``drain`` turns them
-into Arrow columns.
+into Arrow columns.  Input data pointers (``input_ptrs``, what the memory tool's
+use patterns need) go into one flat list with a count per op.
 """
 
 from __future__ import annotations
@@ -54,16 +55,58 @@ class _Interner:
 def _shape_and_dtype(args: tuple, kwargs: dict) -> tuple[str, str]:
     shapes, dtypes = [], []
     for a in itertools.chain(args, kwargs.values()):
-        if hasattr(a, "shape") and hasattr(a, "dtype"):
-            shapes.append(list(a.shape))
-            dtypes.append(str(a.dtype).replace("torch.", ""))
-        elif isinstance(a, (list, tuple)) and a and hasattr(a[0], "shape"):
-            shapes.append([list(t.shape) for t in a if hasattr(t, "shape")])
-            dtypes.append("TensorList")
+        try:
+            if hasattr(a, "shape") and hasattr(a, "dtype"):
+                shapes.append(list(a.shape))
+                dtypes.append(str(a.dtype).replace("torch.", ""))
+            elif isinstance(a, (list, tuple)) and a and hasattr(a[0], "shape"):
+                shapes.append([list(t.shape) for t in a if hasattr(t, "shape")])
+                dtypes.append("TensorList")
+            else:
+                shapes.append([])
+                dtypes.append("Scalar" if isinstance(a, (int, float, bool)) else "")
+        except Exception:  # sizes that cannot be read (nested tensors: .shape throws)
+            del shapes[len(dtypes):]
+            shapes.append("?")
+            dtypes.append("")
+    return str(shapes).replace(" ", "").replace("'", '"'), str(dtypes).replace("'", '"')
+
+
+class _TensorKinds(dict):
+    """type -> 0: not a tensor, 1: a tensor with storage of its own, 2: a wrapper subclass
+    (FakeTensor, FunctionalTensor, ...: no data pointer; reading it warns or throws)."""
+
+    def __init__(self, tensor: type | None = None) -> None:
+        super().__init__()
+        self.tensor = tensor
+
+    def __missing__(self, t: type) -> int:
+        base = self.tensor
+        k = 0 if base is None or not issubclass(t, base) else 1 if t.__torch_dispatch__ is base.__torch_dispatch__ else 2
+        self[t] = k
+        return k
+
+
+def _ptr(t: Any) -> int:
+    try:
+        return t.data_ptr()
+    except Exception:  # nested, sparse, ...
+        return 0
+
+
+def _data_ptrs(args: tuple, kwargs: dict, out: list, kinds: _TensorKinds) -> int:
+    """Append the data pointer of each argument to ``out`` (0 for a non-tensor or one without
+    a pointer of its own; a tensor list gives one entry per element); return how many."""
+    n = len(out)
+    for a in itertools.chain(args, kwargs.values()):
+        k = kinds[type(a)]
+        if k == 1:
+            out.append(_ptr(a))
+        elif k == 0 and isinstance(a, (list, tuple)) and a and any(kinds[type(x)] for x in a):
+            out.extend(_ptr(x) if kinds[type(x)] == 1 else 0 for x in a)
         else:
-            shapes.append([])
-            dtypes.append("Scalar" if isinstance(a, (int, float, bool)) else "")
-    return str(shapes).replace(" ", ""), str(dtypes).replace("'", '"')
+            out.append(0)
+    return len(out) - n
 
 
 class TorchHandler:
@@ -99,6 +142,7 @@ class TorchHandler:
         self._module_names: dict[int, str] = {}
         self._class_counts: dict[str, int] = {}
         self._mode: Any = None
+        self._kinds = _TensorKinds()  # knows torch.Tensor once the dispatch mode is installed
         self._hooks: list[Any] = []
         self._mem_last_us = -1.0
         self._mem_on = False
@@ -107,7 +151,7 @@ class TorchHandler:
     @staticmethod
     def _empty() -> dict[str, list]:
         return {k: [] for k in ("start_ns", "end_ns", "tid", "id", "name", "shapes", "dtypes", "module", "site",
-                                "backward")}
+                                "backward", "ptrs", "nptrs")}
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> None:
@@ -166,6 +210,7 @@ class TorchHandler:
         from torch.utils._python_dispatch import TorchDispatchMode, _push_mode
 
         handler = self
+        self._kinds = _TensorKinds(torch.Tensor)
         graph_task = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 
         class _Mode(TorchDispatchMode):
@@ -324,6 +369,7 @@ class TorchHandler:
             c["module"].append(s(module) if module else -1)
             c["site"].append(s(site) if site else -1)
             c["backward"].append(backward)
+            c["nptrs"].append(_data_ptrs(args, kwargs, c["ptrs"], self._kinds))
 
     # -- flush thread ----------------------------------------------------------
     def drain(self) -> dict[str, pa.Table]:
@@ -349,11 +395,14 @@ class TorchHandler:
                 return vals.take(pa.array(idx, pa.int64(), mask=idx < 0))
 
             ids = pa.array(c["id"], pa.int64())
+            offsets = np.zeros(n + 1, np.int32)
+            np.cumsum(c["nptrs"], out=offsets[1:])
+            ptrs = pa.ListArray.from_arrays(pa.array(offsets), pa.array(c["ptrs"], pa.int64()))
             out["op"] = pa.table({
                 "start_ns": pa.array(c["start_ns"], pa.int64()), "end_ns": pa.array(c["end_ns"], pa.int64()),
                 "rank": pa.array(np.full(n, self.rank, np.int32)), "tid": pa.array(c["tid"], pa.int64()),
                 "id": ids, "external_id": ids, "name": self._names.decode(c["name"]),
-                "input_shapes": decode(c["shapes"]), "input_dtypes": decode(c["dtypes"]),
+                "input_shapes": decode(c["shapes"]), "input_dtypes": decode(c["dtypes"]), "input_ptrs": ptrs,
                 "module": decode(c["module"]), "call_site": decode(c["site"]),
                 "is_backward": pa.array(c["backward"], pa.bool_()), "depth": pa.array(np.zeros(n, np.int32)),
             })

@@ -13,6 +13,11 @@ are ``offset + replayed`` and are checked against the allocator's own column.
 Lifetimes: an alloc at address A is freed by the next event at A if that is a free
 (sort by (address, position) and match neighbours).  A free with no alloc before it
 is a pre-trace block: live from the trace start until that free.
+
+Uses and patterns (_memory_patterns): each block's first and last use and number of uses,
+from op input pointers (``op.input_ptrs``) or instrumented kernel accesses
+(``access_summary``); from them DrGPUM's unused / early-allocation / late-deallocation
+patterns, per allocation site.  Without use data the tool says ``use_data: none``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import pyarrow.compute as pc
 
 from pastaprof.processor.intervals import group_codes, innermost_enclosing
 from pastaprof.tools._memory_categories import CATEGORIES, classify, optimizer_ranges
+from pastaprof.tools._memory_patterns import block_uses, find_patterns
 from pastaprof.tools.base import Finding, Report, Tool
 
 DISPLAY = {  # what the terminal shows; JSON and programs get every table and column
@@ -35,6 +41,8 @@ DISPLAY = {  # what the terminal shows; JSON and programs get every table and co
     "never_freed": [],
     "steps": ["rank", "device", "device_type", "step", "allocated_at_end", "growth_bytes", "peak_bytes",
               "survivor_bytes"],
+    "memory_patterns": ["rank", "device", "device_type", "pattern", "op", "site", "blocks", "bytes", "max_idle_ns",
+                        "peak_bytes_saved"],
 }
 MAX_POINTS = 500            # footprint curve: points per device (max kept per time bucket)
 TOP_LIVE = 20               # largest live-at-peak blocks listed per device
@@ -96,8 +104,13 @@ def _group(t: pa.Table, keys: list[str], sums: list[str], extra: list | None = N
 
 class Memory(Tool):
     name = "memory"
-    description = "Allocator footprint over time, peak and what was live at it, never-freed blocks, per-step growth"
-    consumes = ("tensor", "alloc", "free", "op", "range")
+    description = "Allocator footprint over time, peak and what was live at it, never-freed blocks, per-step growth, unused / early / late blocks"
+    consumes = ("tensor", "alloc", "free", "op", "range", "access_summary", "kernel")
+    KERNEL_COLUMNS = ("start_ns", "end_ns", "rank", "device", "pid", "correlation")
+
+    def on_batch(self, kind: str, batch: pa.RecordBatch) -> None:
+        # kernels only time and place instrumented launches (access_summary): keep those columns
+        super().on_batch(kind, batch.select(list(self.KERNEL_COLUMNS)) if kind == "kernel" else batch)
 
     def report(self) -> Report:
         ev = self.table("tensor")
@@ -160,6 +173,9 @@ class Memory(Tool):
         })
         blocks = self._with_free_and_category(blocks, ev, rows, fpos, op_idx, rank, pid_tid=(
             _i64(ev["pid"]), _i64(ev["tid"])), t=t, key=key, seg=seg)
+        blocks, use_complete, use_info = block_uses(blocks, op_idx, _i64(ev["pid"])[rows], ops,
+                                                    self.table("access_summary"), self.table("kernel"),
+                                                    self.info.manifest)
         bkey = key[rows]                              # sorted: rows are in (key, time) order
         bseg = np.searchsorted(bkey, np.arange(len(seg) + 1))
         # ---- per device: peak, what was live at it, never freed
@@ -211,6 +227,11 @@ class Memory(Tool):
         tables["live_at_peak_by_site"] = _group(by_site, SITE + ["pretrace"], ["bytes"])
         tables["peak_by_category"] = self._peak_by_category(by_site, dev_rows)
         details = {"lifetimes": blocks}  # one row per block: for programs, not the terminal
+        at_peak = np.zeros(len(rows), bool)
+        at_peak[np.concatenate(by_site_idx)] = True
+        patterns, pat_findings, pat_summary = find_patterns(blocks, use_complete, at_peak, bkey, dev_rows,
+                                                            self._rank_spans(rank, t), self.options)
+        tables["memory_patterns"] = patterns
         never_tab = blocks.filter(pc.and_(pc.invert(blocks["pretrace"]), pc.is_null(blocks["free_ns"])))
         tables["never_freed"] = _group(never_tab, SITE, ["bytes"], [("alloc_ns", "min"), ("alloc_ns", "max")],
                                          {"alloc_ns_min": "first_alloc_ns", "alloc_ns_max": "last_alloc_ns"})
@@ -220,6 +241,10 @@ class Memory(Tool):
         tables["step_survivors"] = pa.concat_tables(surv_tabs) if surv_tabs else pa.table({"op_name": pa.array([], pa.string())})
         findings += self._findings(dev_rows, tables["never_freed"], leaks)
         summary = self._summary(dev_rows, leaks, step_rows)
+        summary.update(use_info)
+        if use_info["use_data"] != "none":  # never a pattern from missing data
+            findings += pat_findings
+            summary.update(pat_summary)
         pc_tab = tables["peak_by_category"]
         main = pc_tab.filter(pc.equal(pc_tab["device_type"], summary["peak_device"].split(":")[0]))
         summary["peak_by_category"] = {
@@ -281,6 +306,13 @@ class Memory(Tool):
         return blocks.append_column("category", labels.take(pa.array(cat.astype(np.int32))))
 
     # ------------------------------------------------------------------ helpers
+    def _rank_spans(self, rank: np.ndarray, t: np.ndarray) -> dict[int, tuple[int, int]]:
+        """Per rank: first and last time of its allocator events, ops and kernels."""
+        parts = [(rank, t, t)] + [(_i64(x["rank"], 0), _i64(x["start_ns"]), _i64(x["end_ns"]))
+                                  for x in (self.table("op"), self.table("kernel")) if x.num_rows]
+        r, lo, hi = (np.concatenate([p[i] for p in parts]) for i in range(3))
+        return {int(k): (int(lo[r == k].min()), int(hi[r == k].max())) for k in np.unique(rank)}
+
     def _allocating_op(self, rank, pid, tid, time) -> np.ndarray:
         """Index (into the op table) of the innermost op on the same thread around each time, or -1."""
         ops = self.table("op")
