@@ -71,12 +71,12 @@ def fidelity(out: Path, n: int) -> dict:
                                         " raw_stored, device_bytes FROM access_launch ORDER BY correlation").fetchall()
         res[f"manifest_{proc}"] = {k: run.manifest["processes"][0].get(k) for k in ("sanitizer", "status")}
         res[f"kernels_{proc}"] = run.table("kernel").num_rows
-        arrays = info["arrays"]
-    addr = {v[0]: k for k, v in arrays.items()}
-    g = [(r[0], addr.get(r[3], r[3]), *r[5:10]) for r in rows["gpu"]]
-    c = [(r[0], addr.get(r[3], r[3]), *r[5:10]) for r in rows["cpu"]]
+        addr = {v[0]: k for k, v in info["arrays"].items()}  # each run has its own addresses
+        rows[proc] = [(r[0], addr.get(r[3], r[3]), *r[5:10], r[10]) for r in rows[proc]]
+    g = [r[:7] for r in rows["gpu"]]
+    c = [r[:7] for r in rows["cpu"]]
     res["gpu_rows"], res["cpu_rows"] = g, c
-    res["paths_agree"] = g == c and [r[10] for r in rows["gpu"]] == [r[10] for r in rows["cpu"]]
+    res["paths_agree"] = g == c and [r[7] for r in rows["gpu"]] == [r[7] for r in rows["cpu"]]
     # analytical checks on the GPU path
     res["pastaprof_lines"] = info["pastaprof_lines"]
 

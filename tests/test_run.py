@@ -233,6 +233,8 @@ TORCH_APP = textwrap.dedent("""
         loss = net(torch.randn(8, 64)).sum()
         loss.backward()
         pastaprof.step()
+    with open(__file__ + ".ptrs", "w") as f:  # what input_ptrs must say of Linear_0's addmm
+        f.write(f"{net[0].bias.data_ptr()} {net[0].weight.data_ptr()}")
     print("ok")
 """)
 
@@ -260,6 +262,12 @@ def test_pytorch_ops_with_shapes_modules_and_call_sites(tmp_path, native):
     shapes = "[[64],[8,64],[64,64],[],[]]" if native == "1" else "[[64],[8,64],[64,64]]"  # Kineto lists scalars
     assert {o["input_shapes"] for o in addmm if o["module"].endswith("Linear_0")} == {shapes}
     assert all(not o["is_backward"] for o in addmm)
+    # input data pointers (the memory tool's tensor uses): bias, input, weight (t() is a view),
+    # and 0 for each scalar argument
+    bias, weight = map(int, Path(str(app) + ".ptrs").read_text().split())
+    ptrs = [o["input_ptrs"] for o in addmm if o["module"].endswith("Linear_0")]
+    assert all(p[0] == bias and p[2] == weight and p[1] not in (0, bias, weight) for p in ptrs), ptrs
+    assert all(len(p) == (5 if native == "1" else 3) and p[3:] == [0] * (len(p) - 3) for p in ptrs), ptrs
     bwd = [o for o in op if o["is_backward"]]
     mm = [o for o in bwd if o["name"] == mm_name]
     assert mm  # weight gradients

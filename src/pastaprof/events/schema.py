@@ -187,6 +187,7 @@ _SPECIFIC: dict[str, list[pa.Field]] = {
         pa.field("requests", pa.int64()),
         pa.field("lanes", pa.int64()),
         pa.field("unattributed_lanes", pa.int64()),
+        pa.field("unattributed_sample", pa.uint64()),  # one such address, to tell what it was
         pa.field("shared_lanes", pa.int64()),
         pa.field("local_lanes", pa.int64()),
         pa.field("async_copy_lanes", pa.int64()),

@@ -38,7 +38,7 @@ LAUNCH_COLS = ("correlation", "start_ns", "end_ns", "device", "stream", "name_id
                "block_x", "block_y", "block_z", "mode", "requests", "lanes", "unattributed_lanes", "shared_lanes",
                "local_lanes", "async_copy_lanes", "uncovered_bulk_copies", "uncovered_wgmma", "pc_dropped",
                "page_dropped", "raw_requests", "raw_stored", "objects", "live_bytes", "function_pc", "device_bytes",
-               "space_bytes")
+               "space_bytes", "unattributed_sample")
 OBJ_COLS = ("correlation", "object_address", "object_bytes", "kind", "reads", "writes", "bytes_read",
             "bytes_written", "sectors", "page_start", "page_len")
 PC_COLS = ("correlation", "pc", "requests", "lanes", "bytes", "sectors", "reads", "writes")
@@ -161,6 +161,8 @@ class SanitizerHandler:
         launch = {k: lc[k] for k in LAUNCH_COLS if k not in ("name_id", "mode", "function_pc", "space_bytes")}
         launch["name"] = self._name_array(lc["name_id"])
         launch["process"] = pa.array(np.where(lc["mode"] == 2, "cpu", "gpu"))
+        launch["unattributed_sample"] = pa.array(lc["unattributed_sample"].astype(np.uint64),
+                                                 mask=lc["unattributed_sample"] == 0)
         out["access_launch"] = conform("access_launch", pa.table({**launch, **common}))
         name_of = dict(zip(lc["correlation"].tolist(), range(n)))
         if self.process == "gpu":

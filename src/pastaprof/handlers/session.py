@@ -151,6 +151,12 @@ class Session:
             cupti = CuptiActivityHandler(self.config, self.rank)
             self.handlers.append(cupti)
             cupti.start()
+            if cupti.status and any(getattr(h, "name", "") == "sanitizer" for h in self.handlers):
+                # Measured on the H200 (driver 580): with the Compute Sanitizer subscribed,
+                # cuptiActivityRegisterCallbacks fails with 39 (MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED).
+                cupti.status = (f"{cupti.status}: CUPTI cannot run alongside the Compute Sanitizer (the driver "
+                                "allows one callback subscriber), so kernel GPU times, memcpy and memset are not "
+                                "recorded in this run; ops, tensors and instruction-level accesses are")
             self.status["cupti"] = cupti.status or "ok"
             if self._uvm_pending and cupti.status is None:
                 self._start_uvm(cupti)

@@ -9,6 +9,7 @@ with nothing per event in Python.  Python only drains whole columns.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from pastaprof.native import copy_columns
 
 # Column order of torch_observer.cpp's OpCol / MemCol.
 OP_COLS = ("start_ns", "end_ns", "tid", "id", "parent_id", "depth", "sequence_id", "is_backward", "name",
-           "input_shapes", "input_dtypes", "module", "call_site")
+           "input_shapes", "input_dtypes", "module", "call_site", "n_ptrs")
 MEM_COLS = ("start_ns", "device", "stream", "address", "bytes", "action")
 
 
@@ -80,7 +81,11 @@ class NativeOps:
         n = lib.pp_obs_take()
         if n:
             cols = copy_columns(lib.pp_obs_copy, OP_COLS, n)
+            ptrs = np.empty(lib.pp_obs_ptr_count(), np.int64)
+            lib.pp_obs_copy_ptrs(ptrs.ctypes.data_as(ctypes.c_void_p))
             lib.pp_obs_release()
+            offsets = np.zeros(n + 1, np.int32)
+            np.cumsum(cols["n_ptrs"], out=offsets[1:])
             strings = self._strings_table()
 
             def text(codes: np.ndarray, dictionary: bool) -> pa.Array:
@@ -100,6 +105,7 @@ class NativeOps:
                 "name": text(cols["name"], True), "input_shapes": text(cols["input_shapes"], True),
                 "input_dtypes": text(cols["input_dtypes"], True), "module": text(cols["module"], True),
                 "call_site": text(cols["call_site"], True),
+                "input_ptrs": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ptrs)),
             })
         if self.mem:
             m = lib.pp_mem_take()

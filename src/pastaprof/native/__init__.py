@@ -324,6 +324,9 @@ def _declare_torch(lib: Any) -> None:
     lib.pp_obs_take.restype = c.c_int64
     lib.pp_obs_copy.argtypes = [c.c_int, c.c_void_p]
     lib.pp_obs_release.restype = None
+    lib.pp_obs_ptr_count.restype = c.c_int64
+    lib.pp_obs_copy_ptrs.argtypes = [c.c_void_p]
+    lib.pp_obs_copy_ptrs.restype = None
     lib.pp_obs_string_count.restype = c.c_int64
     lib.pp_obs_string.argtypes = [c.c_int64]
     lib.pp_obs_string.restype = c.c_char_p

@@ -104,7 +104,10 @@ static __device__ __forceinline__ void account(PPState* s, unsigned long long pc
     if (rd) { atomicAdd(&c->reads, n); atomicAdd(&c->bytes_read, n * size); }
     if (wr) { atomicAdd(&c->writes, n); atomicAdd(&c->bytes_written, n * size); }
     atomicAdd(&c->sectors, (unsigned long long)__popc(sector_leaders & same_obj));
-    if (o < 0) atomicAdd(&s->misc[PP_M_UNATTRIBUTED], n);
+    if (o < 0) {
+      atomicAdd(&s->misc[PP_M_UNATTRIBUTED], n);
+      if (s->misc[PP_M_UNATTR_ADDR] == 0ull) atomicCAS(&s->misc[PP_M_UNATTR_ADDR], 0ull, a);
+    }
   }
   // page histogram: one add per distinct page of the warp
   unsigned long long slot = PP_NO_PAGES;

@@ -26,6 +26,7 @@ enum {
   PP_M_RAW_COUNT,        /* raw requests claimed (may exceed the buffer) */
   PP_M_SHARED_BYTES,
   PP_M_LOCAL_BYTES,
+  PP_M_UNATTR_ADDR,      /* one address that fell in no live object (diagnosis) */
   PP_M_SLOTS = 16
 };
 

@@ -36,7 +36,7 @@
 namespace {
 
 enum Table { T_LAUNCH = 0, T_OBJ, T_PAGE, T_PC, T_RAW, T_SNAP, T_N };
-const int NCOLS[T_N] = {30, 11, 1, 8, 8, 4};
+const int NCOLS[T_N] = {31, 11, 1, 8, 8, 4};
 
 struct Config {
   unsigned mode = PP_MODE_GPU;
@@ -311,7 +311,8 @@ void launch_end(const Sanitizer_LaunchData* ld) {
                   int64_t(misc[PP_M_LOCAL_LANES]), int64_t(misc[PP_M_ASYNC_LANES]), int64_t(misc[PP_M_BULK_COPIES]),
                   int64_t(misc[PP_M_WGMMA]), int64_t(misc[PP_M_PC_DROPPED]), int64_t(misc[PP_M_PAGE_DROPPED]),
                   int64_t(raw_n), int64_t(raw.size()), int64_t(n_obj), p.live_bytes, p.func_pc,
-                  int64_t(d->bytes), int64_t(misc[PP_M_SHARED_BYTES] + misc[PP_M_LOCAL_BYTES])});
+                  int64_t(d->bytes), int64_t(misc[PP_M_SHARED_BYTES] + misc[PP_M_LOCAL_BYTES]),
+                  int64_t(misc[PP_M_UNATTR_ADDR])});
   if (cfg.mode == PP_MODE_GPU) {
     size_t pr = 0;
     for (size_t i = 0; i <= n_obj; ++i) {
@@ -378,15 +379,32 @@ void module_loaded(const Sanitizer_ResourceModuleData* md) {
   if (r != SANITIZER_SUCCESS) fail("sanitizerPatchModule", r);
 }
 
-void memory_event(Sanitizer_CallbackId cbid, const Sanitizer_ResourceMemoryData* m) {
-  if (own_alloc) return;
+void set_alloc(bool alive, uint64_t address, uint64_t size) {
   std::lock_guard<std::mutex> g(mu);
-  if (cbid == SANITIZER_CBID_RESOURCE_DEVICE_MEMORY_ALLOC || cbid == SANITIZER_CBID_RESOURCE_MEMORY_ALLOC_ASYNC) {
-    if (m->size) allocs[m->address] = m->address + m->size;
-  } else {
-    allocs.erase(m->address);
-  }
+  if (alive && size) allocs[address] = address + size;
+  else allocs.erase(address);
   version++;
+}
+
+// Driver allocations, async (pool) allocations, pinned host memory (kernels reach it
+// through unified addressing) and virtual reservations (cuMemAddressReserve: PyTorch's
+// expandable segments map their memory inside one).
+void memory_event(Sanitizer_CallbackId cbid, const void* data) {
+  if (own_alloc) return;
+  switch (cbid) {
+    case SANITIZER_CBID_RESOURCE_VIRTUAL_RESERVE:
+    case SANITIZER_CBID_RESOURCE_VIRTUAL_RELEASE: {
+      auto* v = (const Sanitizer_ResourceVirtualRange*)data;
+      set_alloc(cbid == SANITIZER_CBID_RESOURCE_VIRTUAL_RESERVE, v->address, v->size);
+      break;
+    }
+    default: {
+      auto* m = (const Sanitizer_ResourceMemoryData*)data;
+      bool alive = cbid == SANITIZER_CBID_RESOURCE_DEVICE_MEMORY_ALLOC ||
+                   cbid == SANITIZER_CBID_RESOURCE_MEMORY_ALLOC_ASYNC || cbid == SANITIZER_CBID_RESOURCE_HOST_MEMORY_ALLOC;
+      set_alloc(alive, m->address, m->size);
+    }
+  }
 }
 
 void SANITIZERAPI callback(void* ud, Sanitizer_CallbackDomain dom, Sanitizer_CallbackId cbid, const void* data) {
@@ -402,7 +420,11 @@ void SANITIZERAPI callback(void* ud, Sanitizer_CallbackDomain dom, Sanitizer_Cal
       case SANITIZER_CBID_RESOURCE_DEVICE_MEMORY_FREE:
       case SANITIZER_CBID_RESOURCE_MEMORY_ALLOC_ASYNC:
       case SANITIZER_CBID_RESOURCE_MEMORY_FREE_ASYNC:
-        memory_event(cbid, (const Sanitizer_ResourceMemoryData*)data);
+      case SANITIZER_CBID_RESOURCE_HOST_MEMORY_ALLOC:
+      case SANITIZER_CBID_RESOURCE_HOST_MEMORY_FREE:
+      case SANITIZER_CBID_RESOURCE_VIRTUAL_RESERVE:
+      case SANITIZER_CBID_RESOURCE_VIRTUAL_RELEASE:
+        memory_event(cbid, data);
         break;
       default:
         break;

@@ -63,11 +63,16 @@ int32_t intern(const std::string& s) {
 }
 
 // ---- op columns --------------------------------------------------------------------
-enum OpCol { START, END, TID, ID, PARENT, DEPTH, SEQ, BWD, NAME, SHAPES, DTYPES, MODULE, SITE, NCOLS };
+enum OpCol { START, END, TID, ID, PARENT, DEPTH, SEQ, BWD, NAME, SHAPES, DTYPES, MODULE, SITE, NPTRS, NCOLS };
 
 struct Columns {
   std::vector<int64_t> c[NCOLS];
+  std::vector<int64_t> ptrs;  // input data pointers, NPTRS per op (the memory tool's "uses")
   size_t size() const { return c[ID].size(); }
+  void clear() {
+    for (auto& v : c) v.clear();
+    ptrs.clear();
+  }
 };
 
 std::mutex g_mu;
@@ -102,11 +107,13 @@ struct Frame {
   const void* rf;
   int64_t id, start, seq;
   int32_t name, shapes, dtypes, module, site;
+  uint32_t ptr_start, ptr_count;
   bool bwd;
 };
 
 struct ThreadState {
   std::vector<Frame> stack;
+  std::vector<int64_t> ptrs;  // input pointers of the open frames, in stack order
   int32_t module = -1;  // current module path (set by Python's module hooks)
   int64_t tid = 0;
 };
@@ -278,6 +285,25 @@ void describe_inputs(const at::RecordFunction& fn, int32_t* shapes, int32_t* dty
   *dtypes = intern(d);
 }
 
+// The data pointer of a plain tensor input (0 for anything else), read at op entry:
+// RecordFunction's inputs are the interpreter stack, gone by the op's exit.
+int64_t ptr_of(const at::Tensor& t) {
+  if (!t.defined() || !plain(t) || !t.has_storage()) return 0;
+  return int64_t(reinterpret_cast<uintptr_t>(t.const_data_ptr()));
+}
+
+void pointers_of(const at::RecordFunction& fn, std::vector<int64_t>& out) {
+  for (const c10::IValue& v : fn.inputs()) {
+    if (v.isTensor()) {
+      out.push_back(ptr_of(v.toTensor()));
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) out.push_back(ptr_of(t));
+    } else {
+      out.push_back(0);
+    }
+  }
+}
+
 struct Caches {
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> inputs;
   std::unordered_map<const char*, int32_t> op_names;  // FUNCTION scope: names owned by the dispatcher
@@ -333,7 +359,12 @@ std::unique_ptr<at::ObserverContext> on_enter_impl(const at::RecordFunction& fn)
   const char* name = fn.name();
   fr.name = name_of(fn, name);
   fr.shapes = fr.dtypes = -1;
-  if (g_shapes && fn.scope() == at::RecordScope::FUNCTION) inputs_of(fn, &fr.shapes, &fr.dtypes);
+  fr.ptr_start = uint32_t(ts.ptrs.size());
+  if (g_shapes && fn.scope() == at::RecordScope::FUNCTION) {
+    inputs_of(fn, &fr.shapes, &fr.dtypes);
+    pointers_of(fn, ts.ptrs);
+  }
+  fr.ptr_count = uint32_t(ts.ptrs.size()) - fr.ptr_start;
   const Frame* parent = ts.stack.empty() ? nullptr : &ts.stack.back();
   fr.bwd = fn.scope() == at::RecordScope::BACKWARD_FUNCTION || (parent && parent->bwd) ||
            (name[0] == 'a' && std::strncmp(name, kEvaluate, sizeof(kEvaluate) - 1) == 0);
@@ -382,6 +413,12 @@ void on_exit_impl(const at::RecordFunction& fn) {
   if (ts.stack.empty() || ts.stack.back().rf != &fn) return;  // began before start(), or async
   Frame fr = ts.stack.back();
   ts.stack.pop_back();
+  const int64_t* fptrs = ts.ptrs.data() + fr.ptr_start;
+  struct Truncate {  // the frame's pointers leave the thread's buffer however this returns
+    std::vector<int64_t>& v;
+    size_t n;
+    ~Truncate() { v.resize(n); }
+  } trunc{ts.ptrs, fr.ptr_start};
   if (g_pop) {
     uint64_t ignored;
     g_pop(g_ext_kind, &ignored);
@@ -406,6 +443,8 @@ void on_exit_impl(const at::RecordFunction& fn) {
   c[DTYPES].push_back(fr.dtypes);
   c[MODULE].push_back(fr.module);
   c[SITE].push_back(fr.site);
+  c[NPTRS].push_back(fr.ptr_count);
+  g_ops.ptrs.insert(g_ops.ptrs.end(), fptrs, fptrs + fr.ptr_count);
 }
 
 #ifdef PP_CUDA
@@ -471,8 +510,9 @@ void fork_parent() {
 }
 
 void fork_child() {
-  for (auto& v : g_ops.c) v.clear();
-  for (auto& v : g_taken.c) v.clear();
+  g_ops.clear();
+  g_taken.clear();
+  t_state.ptrs.clear();
   g_push = nullptr;
   g_pop = nullptr;
   t_state.stack.clear();
@@ -525,8 +565,15 @@ int64_t pp_obs_dropped() { return g_dropped.load() + g_errors.load(); }
 int64_t pp_obs_take() {
   std::lock_guard<std::mutex> g(g_mu);
   std::swap(g_ops, g_taken);
-  for (auto& v : g_ops.c) v.clear();
+  g_ops.clear();
   return int64_t(g_taken.size());
+}
+
+// Input pointers of the taken rows (sum of their NPTRS), then pp_obs_copy_ptrs.
+int64_t pp_obs_ptr_count() { return int64_t(g_taken.ptrs.size()); }
+
+void pp_obs_copy_ptrs(int64_t* dst) {
+  if (!g_taken.ptrs.empty()) std::memcpy(dst, g_taken.ptrs.data(), g_taken.ptrs.size() * sizeof(int64_t));
 }
 
 int pp_obs_copy(int col, int64_t* dst) {
@@ -541,6 +588,8 @@ void pp_obs_release() {
     v.clear();
     v.shrink_to_fit();
   }
+  g_taken.ptrs.clear();
+  g_taken.ptrs.shrink_to_fit();
 }
 
 int64_t pp_obs_string_count() {
