@@ -141,7 +141,13 @@ def cost(out: Path, repeat: int) -> dict:
         run = launches(rd)
         cov = run.sql("SELECT count(*), sum(requests), sum(uncovered_bulk_copies), sum(uncovered_wgmma), "
                       "sum(unattributed_lanes), max(device_bytes) FROM access_launch").fetchall()[0]
-        res[name] = {"bare_s": sorted(bare)[len(bare) // 2], "tools_s": sorted(tools)[len(tools) // 2],
+        worst = run.sql("SELECT CAST(name AS VARCHAR), unattributed_lanes, lanes, unattributed_sample FROM access_launch "
+                        "WHERE unattributed_lanes > 0 ORDER BY unattributed_lanes DESC LIMIT 4").fetchall()
+        span = run.sql("SELECT count(*), min(object_address), max(object_address + object_bytes) FROM access_summary "
+                       "WHERE object_address IS NOT NULL").fetchall()
+        res[name] = {"unattributed_worst": [(n[:80], u, ln, hex(a or 0)) for n, u, ln, a in worst],
+                     "attributed_span": [(c, hex(lo or 0), hex(hi or 0)) for c, lo, hi in span],
+                     "bare_s": sorted(bare)[len(bare) // 2], "tools_s": sorted(tools)[len(tools) // 2],
                      "launches_requests_tma_wgmma_unattributed_devbytes": cov,
                      "sanitizer": run.manifest["processes"][0].get("sanitizer")}
         res[name]["x"] = res[name]["tools_s"] / res[name]["bare_s"]

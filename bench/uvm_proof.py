@@ -1,6 +1,6 @@
 """Issue C's proof on the GPU: naive unified memory vs pastaprof's plan vs hand-tuned prefetch.
 
-    python bench/uvm_proof.py [--mib 1024] [--iters 5] [--repeat 3] [--out DIR]
+    python bench/uvm_proof.py [--mib 256] [--iters 5] [--repeat 3] [--out DIR]
 
 1. record: `pastaprof run --uvm -t uvm_advisor` on the naive program, then
    `pastaprof analyze -t uvm_advisor --uvm-plan plan.json` (the plan);
@@ -34,7 +34,7 @@ def run(args: list[str], wrap: list[str] | None = None) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mib", type=int, default=1024)
+    ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp())

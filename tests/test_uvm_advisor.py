@@ -243,3 +243,15 @@ def test_allocation_without_a_device_takes_its_migrations_gpu_and_frees_end_life
 
 def pc_eq(t: pa.Table, kind: str) -> np.ndarray:
     return np.asarray(t["uvm_kind"].to_pylist()) == kind
+
+
+def test_no_read_mostly_when_the_cpu_rewrites_what_the_gpu_read():
+    """The H200 run of examples/uvm/cupy_managed.py: the CPU writes the buffer every
+    iteration after the GPU read it; SetReadMostly there made the loop 11x slower."""
+    t = _program()
+    rows = t["uvm"].to_pylist()
+    later = [dict(r, start_ns=36_000 + i, end_ns=36_000 + i, cause="write")
+             for i, r in enumerate(r for r in rows if r["uvm_kind"] == "cpu_page_fault" and r["cause"] == "read")]
+    t["uvm"] = pa.concat_tables([t["uvm"], pa.Table.from_pylist(later, schema=t["uvm"].schema)])
+    acts = [a["action"] for a in plan_of(_report(t))["actions"]]
+    assert "advise" not in acts and acts.count("prefetch") == 2

@@ -195,6 +195,10 @@ class UvmPlanApplier:
                 loc.id = int(target.split(":", 1)[1])
             if what == "prefetch":
                 (err,) = rt.cudaMemPrefetchAsync(ptr, size, loc, 0, 0)
+                if int(err) == 0 and target == "cpu":
+                    # the CPU code of the range runs right after: without waiting, it faults
+                    # on pages still in flight (stream order only helps GPU work)
+                    (err,) = rt.cudaStreamSynchronize(0)
             else:
                 advice = getattr(rt.cudaMemoryAdvise, "cudaMemAdvise" + what.split(":", 1)[1])
                 (err,) = rt.cudaMemAdvise(ptr, size, advice, loc)
