@@ -59,9 +59,13 @@ def fidelity(out: Path, n: int) -> dict:
     res: dict = {}
     rows = {}
     for proc in ("gpu", "cpu"):
-        info, rd = app("known", out, f"known-{proc}", ["--n", str(n)],
-                       ["-t", "working_set,coalescing", "--process", proc])
+        tools = "working_set,coalescing" + (",heatmap" if proc == "cpu" else "")
+        info, rd = app("known", out, f"known-{proc}", ["--n", str(n)], ["-t", tools, "--process", proc])
         run = launches(rd)
+        if proc == "cpu":  # CTA 0 of vadd: 256 threads read a, b and write c, one float each
+            res["heatmap_vadd_cta0"] = run.sql(
+                "SELECT count(*), min(accesses), max(accesses), sum(reads), sum(writes), max(warps) "
+                "FROM access_heatmap h JOIN access_launch l USING (correlation) WHERE l.name = 'vadd'").fetchall()
         rows[proc] = run.sql(
             "SELECT a.name, l.correlation, CAST(a.object_kind AS VARCHAR) AS kind, a.object_address, a.object_bytes,"
             " a.reads, a.writes, a.bytes_read, a.bytes_written, a.sectors, a.page_counts "
@@ -89,6 +93,8 @@ def fidelity(out: Path, n: int) -> dict:
         "vadd sectors a = N/8": one("vadd", "a")[6] == n // 8,
         "copy reads a = N, writes out = N": one("copy", "a")[2] == n and one("copy", "out")[3] == n,
     }
+    checks["heatmap vadd CTA 0: 96 sectors x 8 accesses, 512 reads + 256 writes, 2 warps per sector"] = \
+        res.get("heatmap_vadd_cta0") == [(96, 8, 8, 512, 256, 2)]
     for i, s in enumerate(info["strides"]):
         r = one("strided", "x", i)
         checks[f"strided S={s} sectors = (N/32)*min(32,4S)"] = r[6] == (n // 32) * min(32, 4 * s) and r[2] == n

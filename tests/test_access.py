@@ -189,3 +189,17 @@ def test_heatmap_of_one_cta():
     util = {o["object_address"]: o["word_utilization"] for o in rep.tables["objects"].to_pylist()}
     assert util == {A: 1.0, B: 1 / 8}
     assert len(rep.findings) == 1 and "12% of the words" in rep.findings[0].title
+
+
+def test_default_tools_do_not_start_the_sanitizer_and_access_tools_do():
+    """The sanitizer excludes CUPTI (driver 580: one subscriber), so it must start only for
+    tools that need instruction-level accesses -- not for the memory tool, which merely
+    reads them when another tool had them captured."""
+    from pastaprof.handlers.session import _consumed_kinds
+    from pastaprof.tools.memory import Memory
+
+    default = _consumed_kinds([Memory()], ("kernels", "ops", "timeline", "memory"))
+    assert not any(k.startswith("access_") for k in default) and "uvm" not in default
+    for tool in ("working_set", "hotness", "coalescing"):
+        assert any(k.startswith("access_") for k in _consumed_kinds([], (tool,))), tool
+    assert "uvm" in _consumed_kinds([], ("uvm_advisor",))

@@ -73,6 +73,8 @@ class SanitizerHandler:
         self.requests_reduced = 0
         self._names: list[str] = []
         self.pid = os.getpid()
+        # the heatmap tool's CTA (raw records only: --process cpu)
+        self.heatmap_cta = _env_int("PASTAPROF_HEATMAP_CTA", 0) if "heatmap" in config.tools else None
 
     # -- what the manifest's handler table reads ------------------------------------
     @property
@@ -208,7 +210,7 @@ class SanitizerHandler:
                 "access_pc": conform("access_pc", pa.table(pcs))}
 
     def _cpu_tables(self, tables: list, addrs: np.ndarray, lc: dict, name_of: dict) -> dict[str, pa.Table]:
-        from pastaprof.processor.access import Objects, Requests, reduce_requests
+        from pastaprof.processor.access import Objects, Requests, heatmap, reduce_requests
 
         r = dict(zip(RAW_COLS, tables[T_RAW].values()))
         s = dict(zip(SNAP_COLS, tables[T_SNAP].values()))
@@ -219,6 +221,11 @@ class SanitizerHandler:
         res = reduce_requests(req, objs, page_bytes=self.config.page_bytes) if len(req) else {}
         self.reduce_seconds += time.perf_counter() - t0
         self.requests_reduced += len(req)
+        if self.heatmap_cta is not None and len(req):  # one CTA per launch, cuThermo-style
+            maps = [heatmap(req, objs, int(launch), self.heatmap_cta) for launch in np.unique(req.launch)]
+            maps = [m for m in maps if m.num_rows]
+            if maps:
+                res["access_heatmap"] = pa.concat_tables(maps)
         out = {}
         for kind, tab in res.items():
             cols = {c: tab[c] for c in tab.column_names}

@@ -73,12 +73,12 @@ def current_rank() -> int:
 def _consumed_kinds(tools: list[Any], names: tuple[str, ...]) -> set[str]:
     """Event kinds the live tools and the tools named for the report (PASTAPROF_TOOLS,
     run by the launcher at exit) consume: they decide which handlers start."""
-    kinds = {k for t in tools for k in getattr(t, "consumes", ())}
+    kinds = {k for t in tools for k in getattr(t, "consumes", ()) if k not in getattr(t, "optional", ())}
     if names:
         try:
             from pastaprof.tools.registry import resolve
 
-            kinds |= {k for cls in resolve(list(names)) for k in cls.consumes}
+            kinds |= {k for cls in resolve(list(names)) for k in cls.consumes if k not in cls.optional}
         except Exception:  # an unknown tool is the launcher's error to report, not ours
             pass
     return kinds
@@ -224,6 +224,10 @@ class Session:
             return
         self.handlers.append(san)
         self.status["sanitizer"] = "ok"
+        if "heatmap" in self.config.tools and self.config.process != "cpu":
+            self.status["heatmap"] = ("the heatmap tool needs raw access records: run with --process cpu "
+                                      "(PASTAPROF_PROCESS=cpu); PASTAPROF_HEATMAP_CTA picks the CTA (default 0)")
+            _notice(self.status["heatmap"])
 
     def _start_uvm_plan(self) -> None:
         """The managed-allocation registry (names allocations by call site, for uvm_advisor and

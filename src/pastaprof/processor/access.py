@@ -110,20 +110,26 @@ def heatmap(req: Requests, objs: Objects, launch: int, cta: int) -> pa.Table:
     word = ((addr % np.uint64(SECTOR)) // np.uint64(4)).astype(np.int64)
     words = np.bincount(sinv * 8 + word, minlength=len(us) * 8).reshape(len(us), 8)
     wpairs, _ = _distinct_pairs(sinv.astype(np.int64), warp)
-    base = np.asarray(objs.base, np.uint64)[np.asarray(objs.launch) == launch]
-    size = np.asarray(objs.nbytes, np.int64)[np.asarray(objs.launch) == launch]
-    o = np.argsort(base)
-    base, size = base[o], size[o]
+    here = np.asarray(objs.launch) == launch
+    level = np.zeros(int(here.sum()), np.int64) if objs.level is None else np.asarray(objs.level, np.int64)[here]
     sec_addr = us.astype(np.uint64) * np.uint64(SECTOR)
-    cand = np.searchsorted(base, sec_addr, side="right") - 1
-    c = np.clip(cand, 0, max(len(base) - 1, 0))
-    inside = (cand >= 0) & (sec_addr - base[c] < size[c].astype(np.uint64)) if len(base) else np.zeros(len(us), bool)
+    owner = np.zeros(len(us), np.uint64)
+    inside = np.zeros(len(us), bool)
+    for lv in np.unique(level):  # tensors first, then allocations (as the summaries do)
+        base = np.asarray(objs.base, np.uint64)[here][level == lv]
+        size = np.asarray(objs.nbytes, np.int64)[here][level == lv]
+        o = np.argsort(base)
+        base, size = base[o], size[o]
+        cand = np.searchsorted(base, sec_addr, side="right") - 1
+        c = np.clip(cand, 0, len(base) - 1)
+        hit = ~inside & (cand >= 0) & (sec_addr - base[c] < size[c].astype(np.uint64))
+        owner = np.where(hit, base[c], owner)
+        inside |= hit
     return conform("access_heatmap", pa.table({
         "start_ns": np.zeros(len(us), np.int64), "end_ns": np.zeros(len(us), np.int64),
         "rank": np.zeros(len(us), np.int32),
         "correlation": np.full(len(us), launch, np.int64), "cta": np.full(len(us), cta, np.int64),
-        "object_address": pa.array(np.where(inside, base[c] if len(base) else 0, 0).astype(np.uint64),
-                                   mask=~inside),
+        "object_address": pa.array(owner, mask=~inside),
         "sector_address": pa.array(sec_addr),
         "accesses": np.bincount(sinv, minlength=len(us)).astype(np.int64),
         "reads": np.bincount(sinv, weights=(flags & (READ | ATOMIC)) != 0, minlength=len(us)).astype(np.int64),

@@ -166,10 +166,14 @@ def _kernel_uses(acc: pa.Table, kernels: pa.Table):
     a_code[a_corr < 0] = -1
     k_code[k_corr < 0] = -1
     row = map_keys(a_code, k_code, np.arange(len(k_code)))
-    k_start = _i64(kernels["start_ns"])
+    k_start, k_pid = _i64(kernels["start_ns"]), _i64(kernels["pid"])
+    if len(k_start) == 0:  # access rows without kernel records (the sanitizer excludes CUPTI)
+        k_start, k_pid = np.full(1, -1, np.int64), np.full(1, -1, np.int64)
+    # Rows with their own launch time (the sanitizer handler's: its launch numbers are not
+    # CUPTI correlation ids) keep it; rows without one take their kernel's start.
     own = _i64(acc["start_ns"], 0)
-    t = np.where(row >= 0, k_start[np.maximum(row, 0)], np.where(own > 0, own, -1))
-    pid = np.where(row >= 0, _i64(kernels["pid"])[np.maximum(row, 0)], _i64(acc["pid"]))
+    t = np.where(own > 0, own, np.where(row >= 0, k_start[np.maximum(row, 0)], -1))
+    pid = np.where((own <= 0) & (row >= 0), k_pid[np.maximum(row, 0)], _i64(acc["pid"]))
     lo = np.asarray(acc["object_address"].to_numpy(zero_copy_only=False), dtype=np.uint64).astype(np.int64)
     hi = lo + np.maximum(_i64(acc["object_bytes"], 1), 1)
     ok = t >= 0

@@ -74,6 +74,10 @@ class Tool:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     consumes: ClassVar[tuple[str, ...]] = ()
+    #: Kinds in ``consumes`` the tool uses when a run has them but that are no reason to
+    #: capture them: a handler with a cost of its own (the sanitizer, UVM counters) starts
+    #: only for tools that need its kinds, not for ones that merely read them.
+    optional: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **options: Any) -> None:
         self.options = options

@@ -106,6 +106,7 @@ class Memory(Tool):
     name = "memory"
     description = "Allocator footprint over time, peak and what was live at it, never-freed blocks, per-step growth, unused / early / late blocks"
     consumes = ("tensor", "alloc", "free", "op", "range", "access_summary", "kernel")
+    optional = ("access_summary",)  # uses by kernels when instruction-level capture ran for another tool
     KERNEL_COLUMNS = ("start_ns", "end_ns", "rank", "device", "pid", "correlation")
 
     def on_batch(self, kind: str, batch: pa.RecordBatch) -> None:
