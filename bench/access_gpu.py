@@ -93,8 +93,8 @@ def fidelity(out: Path, n: int) -> dict:
         "vadd sectors a = N/8": one("vadd", "a")[6] == n // 8,
         "copy reads a = N, writes out = N": one("copy", "a")[2] == n and one("copy", "out")[3] == n,
     }
-    checks["heatmap vadd CTA 0: 96 sectors x 8 accesses, 512 reads + 256 writes, 2 warps per sector"] = \
-        res.get("heatmap_vadd_cta0") == [(96, 8, 8, 512, 256, 2)]
+    checks["heatmap vadd CTA 0: 96 sectors x 8 accesses, 512 reads + 256 writes, 1 warp per sector"] = \
+        res.get("heatmap_vadd_cta0") == [(96, 8, 8, 512, 256, 1)]
     for i, s in enumerate(info["strides"]):
         r = one("strided", "x", i)
         checks[f"strided S={s} sectors = (N/32)*min(32,4S)"] = r[6] == (n // 32) * min(32, 4 * s) and r[2] == n
