@@ -44,6 +44,7 @@ def main() -> None:
                         "-t", "uvm_advisor", "--", sys.executable, str(out / "uvm_app.py")],
                        capture_output=True, text=True)
     (out / "uvm-run.stderr.txt").write_text(r.stderr)
+    print("\n".join(ln for ln in r.stderr.splitlines() if "pastaprof" in ln or "Error" in ln)[-3000:])
     assert r.returncode == 0, r.stderr[-3000:]
     import pastaprof
 

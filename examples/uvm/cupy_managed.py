@@ -4,8 +4,9 @@
 
 Each iteration the CPU updates one value in every 4 KiB page of the buffer (range
 cpu_write: a table the host patches sparsely, so every page faults back to the CPU), the
-GPU scales it in place (range gpu_scale: every page faults back to the GPU) and the CPU
-reads a slice (range cpu_read).  The time goes to page faults, not to the work.  ``naive`` leaves all
+GPU doubles one value per page, 32 threads each walking a chunk in order (range gpu_scale:
+every page faults back to the GPU, 32 faults in flight at a time) and the CPU reads a
+slice (range cpu_read).  The time goes to page faults, not to the work.  ``naive`` leaves all
 migration to page faults; ``hand`` prefetches by hand: to the GPU before gpu_scale, to
 the CPU before cpu_write.  ``--plan`` applies a uvm_advisor plan instead
 (``pastaprof.apply_uvm_plan``, no capture).  Prints one JSON line with the loop's seconds.
@@ -38,6 +39,14 @@ def prefetch(ptr: int, size: int, device: int | None) -> None:
         raise RuntimeError(f"cudaMemPrefetchAsync: CUDA error {int(err)}")
 
 
+WALK = r"""
+extern "C" __global__ void walk(float* x, long n) {
+  long chunk = n / blockDim.x, lo = threadIdx.x * chunk;
+  for (long i = lo; i < lo + chunk; i += 1024) x[i] *= 2.0f;   // one float per 4 KiB page
+}
+"""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["naive", "hand"], default="naive")
@@ -52,6 +61,7 @@ def main() -> None:
     mem = cp.cuda.malloc_managed(nbytes)
     n = nbytes // 4
     x = cp.ndarray((n,), cp.float32, mem)
+    walk = cp.RawKernel(WALK, "walk")
     host = np.ctypeslib.as_array(ctypes.cast(mem.ptr, ctypes.POINTER(ctypes.c_float)), (n,))
     host[:] = 1.0  # first touch, outside the timed loop
     total = 0.0
@@ -65,7 +75,7 @@ def main() -> None:
         if a.mode == "hand":
             prefetch(mem.ptr, nbytes, cp.cuda.Device().id)
         with pastaprof.range("gpu_scale"):
-            x *= 2
+            walk((1,), (32,), (x, cp.int64(n)))
             cp.cuda.Device().synchronize()
         with pastaprof.range("cpu_read"):
             total += float(host[: 1 << 20].sum())
