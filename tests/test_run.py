@@ -603,3 +603,52 @@ def test_custom_functions_failing_ops_and_threads(tmp_path):
     assert run.sql("SELECT count(DISTINCT tid) FROM op WHERE call_site LIKE '%: work'").fetchall()[0][0] >= 1
     sq = run.sql("SELECT is_backward, call_site FROM op WHERE name = 'SquareBackward'").fetchall()
     assert sq == [(True, f"{app}(15): <module>")]  # backward op: its forward op's line
+
+
+def test_two_handlers_emitting_one_kind_in_one_flush_keep_all_events(tmp_path):
+    """Seen on the H200: CUPTI's MEMORY2 rows and the managed-allocation registry's rows are
+    both ``alloc`` with different columns; when they met in one flush, concatenation failed
+    and the flush lost every event of the run (ranges included).  (CUPTI-shaped drain; no
+    GPU here.  The registry is the real one.)"""
+    import pyarrow as pa
+
+    from pastaprof.handlers.session import Session
+    from pastaprof.handlers.uvm_plan import SCHEMA, UvmPlanApplier
+
+    class Feed:
+        name = "feed"
+        status, records, dropped, sampled_out, kernels_seen = None, 0, 0, 0, 0
+
+        done = False
+
+        def drain(self):
+            if self.done:
+                return {}
+            self.done = True
+            return {"alloc": pa.table({"start_ns": [5], "end_ns": [5], "rank": pa.array([0], pa.int32()),
+                                       "device": pa.array([0], pa.int32()), "correlation": [9],
+                                       "address": pa.array([4096], pa.uint64()), "bytes": [64],
+                                       "memory_kind": ["device_static"], "is_async": [False]})}
+
+        def stop(self):
+            pass
+
+    out = tmp_path / "run"
+    s = Session(CaptureConfig(out=str(out), flush_ms=100000), gpu=False)
+    s.start()
+    registry = UvmPlanApplier({"schema": SCHEMA, "actions": []})
+    registry.allocated(1 << 40, 1 << 20, "app.py(3): <module>")
+    s.handlers += [Feed(), registry]
+    s.range_end("r", s.range_begin("r"))
+    s.flush(final=True)
+    s.stop()
+    alloc = pq_rows(out / "alloc")
+    assert sorted((r["address"], r["bytes"], r["memory_kind"], r["name"]) for r in alloc) == \
+        [(4096, 64, "device_static", None), (1 << 40, 1 << 20, "managed", "app.py(3): <module>")]
+    assert len(pq_rows(out / "range")) == 1
+
+
+def pq_rows(d: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return [r for f in sorted(d.glob("*.parquet")) for r in pq.read_table(f).to_pylist()]

@@ -448,7 +448,11 @@ class Session:
             tables: dict[str, pa.Table] = {}
             for h in self.handlers:
                 for kind, t in h.drain().items():
-                    tables[kind] = pa.concat_tables([tables[kind], t]) if kind in tables else t
+                    # two handlers may emit one kind with different columns in one flush (CUPTI's
+                    # MEMORY2 and the managed-allocation registry both make "alloc" rows): columns
+                    # one lacks become nulls, instead of the flush failing and losing every event
+                    tables[kind] = (pa.concat_tables([tables[kind], t], promote_options="permissive")
+                                    if kind in tables else t)
             r = self._ranges
             if r["name"]:
                 n = len(r["name"])
