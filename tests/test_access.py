@@ -122,7 +122,7 @@ def _tools_on(out):
     for tool in (WorkingSet(), Hotness(), Coalescing()):
         tool.begin(RunInfo({"ranks": [0]}))
         for kind in tool.consumes:
-            for b in out[kind].to_batches():
+            for b in (out[kind].to_batches() if kind in out else []):
                 tool.on_batch(kind, b)
         reports[tool.name] = tool.report()
     return reports
@@ -203,3 +203,30 @@ def test_default_tools_do_not_start_the_sanitizer_and_access_tools_do():
     for tool in ("working_set", "hotness", "coalescing"):
         assert any(k.startswith("access_") for k in _consumed_kinds([], (tool,))), tool
     assert "uvm" in _consumed_kinds([], ("uvm_advisor",))
+
+
+def test_working_set_reports_what_the_patches_could_not_see():
+    """Numbers of the H200 run (bench/access_gpu.py): a cuBLAS bf16 GEMM issues warpgroup MMAs
+    whose operands arrive by TMA, so it has almost no lane accesses; the tool must say it is
+    uncovered rather than report a tiny working set as complete."""
+    import pyarrow as pa
+
+    from pastaprof.events.schema import conform
+
+    n = 32 * 1024
+    req = _cat(_warp_requests(1, 0x10, READ, A, n), _warp_requests(1, 0x30, WRITE, C, n))
+    out = reduce_requests(req, Objects(np.array([1, 1]), np.array([A, C], np.uint64), np.array([4 * n, 4 * n])),
+                          names={1: "vector_add"})
+    out["access_launch"] = conform("access_launch", pa.table({
+        "start_ns": [1, 2], "end_ns": [1, 2], "rank": pa.array([0, 0], pa.int32()), "correlation": [1, 3],
+        "name": ["vector_add", "gemm"], "lanes": [2 * n, 18240], "uncovered_wgmma": [0, 6291456],
+        "uncovered_bulk_copies": [0, 0], "unattributed_lanes": [0, 0], "shared_lanes": [0, 0],
+        "local_lanes": [0, 0], "async_copy_lanes": [0, 0], "pc_dropped": [0, 0], "page_dropped": [0, 0],
+        "raw_requests": [0, 0], "raw_stored": [0, 0]}))
+    ws = _tools_on(out)["working_set"]
+    cov = {r["kernel"]: r for r in ws.tables["coverage"].to_pylist()}
+    assert cov["gemm"]["uncovered_wgmma"] == 6291456 and cov["vector_add"]["uncovered_wgmma"] == 0
+    assert cov["vector_add"]["global_lanes"] == 2 * n
+    warn = [f for f in ws.findings if "uncovered" in f.title]
+    assert len(warn) == 1 and warn[0].title.startswith("gemm: 6291456 warpgroup MMAs") and warn[0].severity == "warning"
+    assert ws.summary["uncovered_kernels"] == 1

@@ -7,6 +7,11 @@ touched, PASTA's measure), **touched bytes** (pages it touched x page size, a ti
 measure), **footprint** (bytes of all objects live at the launch) and accesses that fell
 in no live object (reported, never credited to a neighbour).  Per kernel name: the same,
 summed over its launches, with the largest working set.
+
+Coverage (``access_launch``, from the sanitizer handler): what the patches cannot see lane
+by lane -- TMA / bulk copies and warpgroup MMAs (Hopper GEMMs load their operands that
+way) -- is counted per kernel and reported as **uncovered**: such a kernel's accesses
+and working set are lower bounds, never silently complete.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ LOW_MIN_FOOTPRINT = 1 << 30
 class WorkingSet(Tool):
     name = "working_set"
     description = "Per kernel launch: accesses, objects touched, working-set bytes vs footprint (PASTA app_analysis)"
-    consumes = ("access_summary",)
+    consumes = ("access_summary", "access_launch")
 
     def report(self) -> Report:
         s = self.table("access_summary")
@@ -47,7 +52,14 @@ class WorkingSet(Tool):
                    max(touched_bytes)::BIGINT AS max_touched_bytes, max(footprint_bytes)::BIGINT AS max_footprint_bytes,
                    sum(unattributed)::BIGINT AS unattributed
             FROM l GROUP BY kernel ORDER BY accesses DESC""").to_arrow_table()
+        coverage = self._coverage(con)
         findings = []
+        for k in coverage.to_pylist():
+            if k["uncovered_bulk_copies"] or k["uncovered_wgmma"]:
+                findings.append(Finding(
+                    "warning", f"{k['kernel']}: {k['uncovered_wgmma']} warpgroup MMAs and {k['uncovered_bulk_copies']} "
+                               "bulk/TMA copies are not seen lane by lane: its global loads through them are not "
+                               "counted (uncovered; accesses and working set are lower bounds)", k, location=k["kernel"]))
         for k in kernels.to_pylist():
             fp = k["max_footprint_bytes"] or 0
             if fp >= LOW_MIN_FOOTPRINT and k["max_working_set_bytes"] < LOW_SHARE * fp:
@@ -60,5 +72,25 @@ class WorkingSet(Tool):
         summary = {"launches": len(tot), "accesses": sum(r["accesses"] for r in tot),
                    "max_working_set_bytes": max((r["working_set_bytes"] for r in tot), default=0),
                    "max_footprint_bytes": max((r["footprint_bytes"] or 0 for r in tot), default=0),
-                   "unattributed": sum(r["unattributed"] for r in tot)}
-        return Report(self.name, tables={"kernels": kernels, "launches": launches}, findings=findings, summary=summary)
+                   "unattributed": sum(r["unattributed"] for r in tot),
+                   "uncovered_kernels": sum(1 for k in coverage.to_pylist()
+                                            if k["uncovered_bulk_copies"] or k["uncovered_wgmma"])}
+        return Report(self.name, tables={"kernels": kernels, "launches": launches, "coverage": coverage},
+                      findings=findings, summary=summary)
+
+    def _coverage(self, con: duckdb.DuckDBPyConnection):
+        """Per kernel: instrumented launches and what was not attributed or not seen."""
+        con.register("a", self.table("access_launch"))
+        return con.sql("""
+            SELECT * FROM (
+            SELECT CAST(name AS VARCHAR) AS kernel, count(*) AS launches,
+                   coalesce(sum(lanes), 0)::BIGINT AS global_lanes,
+                   coalesce(sum(uncovered_wgmma), 0)::BIGINT AS uncovered_wgmma,
+                   coalesce(sum(uncovered_bulk_copies), 0)::BIGINT AS uncovered_bulk_copies,
+                   coalesce(sum(unattributed_lanes), 0)::BIGINT AS unattributed_lanes,
+                   coalesce(sum(shared_lanes), 0)::BIGINT AS shared_lanes,
+                   coalesce(sum(local_lanes), 0)::BIGINT AS local_lanes,
+                   coalesce(sum(async_copy_lanes), 0)::BIGINT AS async_copy_lanes,
+                   coalesce(sum(pc_dropped + page_dropped), 0)::BIGINT AS dropped_in_tables,
+                   coalesce(sum(raw_requests - raw_stored), 0)::BIGINT AS raw_requests_dropped
+            FROM a GROUP BY 1) ORDER BY uncovered_wgmma + uncovered_bulk_copies DESC, global_lanes DESC""").to_arrow_table()
