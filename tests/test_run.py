@@ -652,3 +652,16 @@ def pq_rows(d: Path) -> list[dict]:
     import pyarrow.parquet as pq
 
     return [r for f in sorted(d.glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+
+
+def test_without_the_sanitizer_an_access_tool_is_one_notice_and_the_run_goes_on(tmp_path, app):
+    """Issue D's bad input: no Compute Sanitizer (gVisor, no toolkit): the instruction-level
+    tools say so once; the program's output and exit code are its own; the rest is recorded."""
+    r = _run(tmp_path / "run", sys.executable, str(app), "exit3", flags=("-t", "working_set"),
+             env={"PASTAPROF_SANITIZER_HOME": str(tmp_path / "nowhere")})
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.count("instruction-level accesses not recorded: Compute Sanitizer API not found") == 1
+    run = pastaprof.load(tmp_path / "run")
+    status = run.manifest["processes"][0]["status"]
+    assert status["sanitizer"].startswith("instruction-level accesses not recorded")
+    assert run.table("range").num_rows >= 1 and run.table("access_summary").num_rows == 0

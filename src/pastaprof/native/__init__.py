@@ -168,8 +168,11 @@ def sanitizer_home() -> Path | None:
     ``libsanitizer-public.so``): ``$PASTAPROF_SANITIZER_HOME``, the CUDA toolkit's
     ``compute-sanitizer``, or the ``nvidia-cuda-sanitizer-api`` wheel."""
     cands: list[Path] = []
-    if os.environ.get("PASTAPROF_SANITIZER_HOME"):
-        cands.append(Path(os.environ["PASTAPROF_SANITIZER_HOME"]))
+    if os.environ.get("PASTAPROF_SANITIZER_HOME"):  # authoritative when set
+        home = Path(os.environ["PASTAPROF_SANITIZER_HOME"])
+        ok = (home / "include" / "sanitizer.h").exists() and any(
+            (p / "libsanitizer-public.so").exists() for p in (home, home / "lib"))
+        return home if ok else None
     for env in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(env):
             cands.append(Path(os.environ[env]) / "compute-sanitizer")
@@ -223,7 +226,10 @@ def build_sanitizer() -> tuple[Path, Path]:
         raise RuntimeError("cuda.h not found (CUDA toolkit)")
     libdir = home if (home / "libsanitizer-public.so").exists() else home / "lib"
     inc = [f"-I{home / 'include'}", f"-I{cuda_inc}", f"-I{HERE}"]
-    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in gpu_archs()]
+    archs = gpu_archs()
+    # a cubin per GPU of this machine, plus PTX of the newest for GPUs the driver JIT-compiles for
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    gencode.append(f"-gencode=arch=compute_{max(archs, key=int)},code=compute_{max(archs, key=int)}")
     patch = _build("pastaprof_sanitizer_patch", [HERE / "sanitizer_patch.cu"],
                    [*inc, *gencode, f"-DPP_SHARED_HASH={_hash(HERE / 'sanitizer_shared.h')}"], cpp=True,
                    suffix=".fatbin", command=[nvcc, "-fatbin", "--keep-device-functions", "-Xptxas",
