@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from pastaprof.events.schema import conform
 from pastaprof.handlers.control import CaptureConfig
+from pastaprof.processor.link import map_keys
 
 T_LAUNCH, T_OBJ, T_PAGE, T_PC, T_RAW, T_SNAP = range(6)
 LAUNCH_COLS = ("correlation", "start_ns", "end_ns", "device", "stream", "name_id", "grid_x", "grid_y", "grid_z",
@@ -166,7 +167,7 @@ class SanitizerHandler:
         launch["unattributed_sample"] = pa.array(lc["unattributed_sample"].astype(np.uint64),
                                                  mask=lc["unattributed_sample"] == 0)
         out["access_launch"] = conform("access_launch", pa.table({**launch, **common}))
-        name_of = dict(zip(lc["correlation"].tolist(), range(n)))
+        name_of = (lc["correlation"], np.arange(n))  # launch number -> its row (map_keys)
         if self.process == "gpu":
             out.update(self._gpu_tables(tables, lc, name_of))
         else:
@@ -174,22 +175,24 @@ class SanitizerHandler:
         self.drain_seconds += time.perf_counter() - t0
         return out
 
-    def _rows_of(self, corr: np.ndarray, lc: dict, name_of: dict) -> dict[str, Any]:
-        idx = np.array([name_of[int(c)] for c in corr], np.int64) if len(corr) else np.zeros(0, np.int64)
+    def _rows_of(self, corr: np.ndarray, lc: dict, name_of: tuple) -> dict[str, Any]:
+        """The launch's columns for each row of a per-launch table (vectorized lookup)."""
+        idx = np.maximum(map_keys(np.asarray(corr, np.int64), *name_of), 0)
         return {"start_ns": lc["start_ns"][idx], "end_ns": lc["end_ns"][idx], "device": lc["device"][idx],
                 "stream": lc["stream"][idx], "rank": np.full(len(idx), self.rank, np.int32),
                 "pid": np.full(len(idx), self.pid, np.int64), "correlation": corr,
                 "name": self._name_array(lc["name_id"][idx])}
 
-    def _gpu_tables(self, tables: list, lc: dict, name_of: dict) -> dict[str, pa.Table]:
+    def _gpu_tables(self, tables: list, lc: dict, name_of: tuple) -> dict[str, pa.Table]:
         o = dict(zip(OBJ_COLS, tables[T_OBJ].values()))
         pages = tables[T_PAGE][0]
         none = o["kind"] < 0
         start, length = o["page_start"], o["page_len"]
         offsets = np.zeros(len(start) + 1, np.int64)
         offsets[1:] = np.cumsum(np.where(start >= 0, length, 0))
-        flat_idx = np.concatenate([np.arange(s, s + ln) for s, ln in zip(start, length) if s >= 0]) \
-            if (start >= 0).any() else np.zeros(0, np.int64)
+        has = start >= 0
+        ln = length[has]  # each row's slice of the flat page counts, gathered without a loop
+        flat_idx = np.repeat(start[has] - offsets[:-1][has], ln) + np.arange(int(ln.sum()))
         page_counts = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(pages[flat_idx]),
                                                mask=pa.array(start < 0))
         summary = {**self._rows_of(o["correlation"], lc, name_of),
@@ -201,15 +204,14 @@ class SanitizerHandler:
                    "reads": o["reads"], "writes": o["writes"], "bytes_read": o["bytes_read"],
                    "bytes_written": o["bytes_written"], "sectors": o["sectors"],
                    "page_bytes": np.full(len(none), self.config.page_bytes, np.int64), "page_counts": page_counts}
-        live = dict(zip(lc["correlation"].tolist(), lc["live_bytes"].tolist()))
-        summary["live_bytes"] = np.array([live[int(c)] for c in o["correlation"]], np.int64)
+        summary["live_bytes"] = lc["live_bytes"][np.maximum(map_keys(o["correlation"], *name_of), 0)]
         p = dict(zip(PC_COLS, tables[T_PC].values()))
         pcs = {**self._rows_of(p["correlation"], lc, name_of), "pc": p["pc"].astype(np.uint64),
                **{k: p[k] for k in ("requests", "lanes", "bytes", "sectors", "reads", "writes")}}
         return {"access_summary": conform("access_summary", pa.table(summary)),
                 "access_pc": conform("access_pc", pa.table(pcs))}
 
-    def _cpu_tables(self, tables: list, addrs: np.ndarray, lc: dict, name_of: dict) -> dict[str, pa.Table]:
+    def _cpu_tables(self, tables: list, addrs: np.ndarray, lc: dict, name_of: tuple) -> dict[str, pa.Table]:
         from pastaprof.processor.access import Objects, Requests, heatmap, reduce_requests
 
         r = dict(zip(RAW_COLS, tables[T_RAW].values()))

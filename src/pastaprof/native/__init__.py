@@ -354,6 +354,8 @@ def _declare_sanitizer(lib: Any) -> None:
     lib.pp_san_set_enabled.restype = None
     lib.pp_san_tensor.argtypes = [c.c_uint64, c.c_uint64, c.c_int]
     lib.pp_san_tensor.restype = None
+    lib.pp_san_objects.argtypes = [c.c_void_p, c.c_int64]
+    lib.pp_san_objects.restype = c.c_int64
     lib.pp_san_error.restype = c.c_char_p
     lib.pp_san_notes.restype = c.c_int64
     lib.pp_san_note.argtypes = [c.c_int64]

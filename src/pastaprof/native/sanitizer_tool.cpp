@@ -206,8 +206,10 @@ void launch_begin(const Sanitizer_LaunchData* ld) {
     p.live_bytes = 0;
     for (auto& kv : allocs) { p.objs.push_back({kv.first, kv.second}); p.live_bytes += int64_t(kv.second - kv.first); }
     p.n_a = unsigned(allocs.size());
-    if (!ensure(ld->context, d, p.objs.size())) { d->busy = false; return; }
   }
+  // Not under mu: sanitizerAlloc may wait for a driver lock that a thread inside a memory
+  // callback (which takes mu) holds.  The device's buffers are this launch's alone (busy).
+  if (!ensure(ld->context, d, p.objs.size())) { d->busy = false; return; }
   p.grid[0] = ld->gridDim_x; p.grid[1] = ld->gridDim_y; p.grid[2] = ld->gridDim_z;
   p.block[0] = ld->blockDim_x; p.block[1] = ld->blockDim_y; p.block[2] = ld->blockDim_z;
   p.device = int64_t(ld->device);
@@ -379,10 +381,24 @@ void module_loaded(const Sanitizer_ResourceModuleData* md) {
   if (r != SANITIZER_SUCCESS) fail("sanitizerPatchModule", r);
 }
 
+// Insert [address, address + size) into a table, dropping entries it overlaps (stale ones
+// whose free was not seen, or a reservation now mapped in pieces): the device's binary
+// search relies on the entries of a table being disjoint.  A free removes its entry.
+void put(std::map<uint64_t, uint64_t>& t, bool alive, uint64_t address, uint64_t size) {
+  if (!(alive && size)) {
+    t.erase(address);
+    return;
+  }
+  uint64_t end = address + size;
+  auto it = t.upper_bound(address);
+  if (it != t.begin() && std::prev(it)->second > address) --it;  // an entry starting before, reaching in
+  while (it != t.end() && it->first < end) it = t.erase(it);
+  t[address] = end;
+}
+
 void set_alloc(bool alive, uint64_t address, uint64_t size) {
   std::lock_guard<std::mutex> g(mu);
-  if (alive && size) allocs[address] = address + size;
-  else allocs.erase(address);
+  put(allocs, alive, address, size);
   version++;
 }
 
@@ -474,9 +490,20 @@ void pp_san_set_enabled(int on) { enabled = on; }
 // Tensors (PyTorch caching-allocator blocks): finer objects searched before allocations.
 void pp_san_tensor(uint64_t address, uint64_t size, int alive) {
   std::lock_guard<std::mutex> g(mu);
-  if (alive && size) tensors[address] = address + size;
-  else tensors.erase(address);
+  put(tensors, alive != 0, address, size);
   version++;
+}
+
+// The live tables as (base, end) pairs, tensors then allocations (for tests and diagnosis).
+int64_t pp_san_objects(uint64_t* out, int64_t cap) {
+  std::lock_guard<std::mutex> g(mu);
+  int64_t n = 0;
+  for (auto* t : {&tensors, &allocs})
+    for (auto& kv : *t) {
+      if (n < cap) { out[2 * n] = kv.first; out[2 * n + 1] = kv.second; }
+      ++n;
+    }
+  return n;
 }
 
 const char* pp_san_error() { return error.c_str(); }

@@ -1,0 +1,83 @@
+"""The sanitizer handler's host side without a GPU: the live-object tables of the native
+tool (real library, built from the nvidia-cuda-sanitizer-api wheel's headers) and the
+conversion of its per-launch columns into access events.  The device side -- patches,
+reduction, exact counts, GPU vs CPU paths -- is checked on the H200 by bench/access_gpu.py."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from pastaprof.handlers.control import CaptureConfig
+from pastaprof.handlers.sanitizer import LAUNCH_COLS, OBJ_COLS, PC_COLS, SanitizerHandler
+
+
+@pytest.fixture(scope="module")
+def lib():
+    from pastaprof import native
+
+    try:
+        return native.load("sanitizer")
+    except RuntimeError as e:
+        pytest.skip(f"sanitizer tool not buildable here: {e}")
+
+
+def _objects(lib) -> list[tuple[int, int]]:
+    buf = np.zeros(2 * 64, np.uint64)
+    n = lib.pp_san_objects(buf.ctypes.data_as(ctypes.c_void_p), 64)
+    return [(int(buf[2 * i]), int(buf[2 * i + 1])) for i in range(min(n, 64))]
+
+
+def test_live_tables_stay_disjoint(lib):
+    """The device's binary search needs disjoint entries: a tensor whose free was never seen,
+    or a block split differently, must not leave an overlapping entry behind."""
+    base = 0x7000_0000_0000
+    lib.pp_san_tensor(base, 4096, 1)
+    lib.pp_san_tensor(base + 8192, 4096, 1)
+    assert _objects(lib) == [(base, base + 4096), (base + 8192, base + 12288)]
+    lib.pp_san_tensor(base + 2048, 8192, 1)          # overlaps both: both stale entries go
+    assert _objects(lib) == [(base + 2048, base + 10240)]
+    lib.pp_san_tensor(base + 2048, 0, 0)             # its free
+    lib.pp_san_tensor(base + 10240, 1024, 1)         # touching, not overlapping: kept
+    lib.pp_san_tensor(base + 11264, 1024, 1)
+    assert _objects(lib) == [(base + 10240, base + 11264), (base + 11264, base + 12288)]
+    assert lib.pp_san_stat(4) == 2
+    for b in (base + 10240, base + 11264):
+        lib.pp_san_tensor(b, 0, 0)
+    assert _objects(lib) == [] and lib.pp_san_stat(4) == 0
+
+
+def test_launch_columns_become_access_events(lib):
+    """Columns laid out as sanitizer_tool.cpp's launch_end writes them (two launches, one with
+    a page histogram and an unattributed row) -> access_summary / access_pc rows."""
+    h = SanitizerHandler(CaptureConfig(page_bytes=4096), rank=3)
+    h.lib = lib
+    assert lib.pp_san_name_count() == 0          # no launch here: the names are the test's
+    h._names = ["vadd", "strided"]
+    launch = {c: np.zeros(2, np.int64) for c in LAUNCH_COLS}
+    launch.update(correlation=np.array([7, 8]), start_ns=np.array([100, 200]), end_ns=np.array([150, 260]),
+                  name_id=np.array([0, 1]), mode=np.array([1, 1]), live_bytes=np.array([12288, 4096]),
+                  lanes=np.array([96, 32]), unattributed_lanes=np.array([0, 32]),
+                  unattributed_sample=np.array([0, 0xDEAD0]))
+    obj = {"correlation": [8, 7, 7], "object_address": [0, 0x1000, 0x4000], "object_bytes": [0, 8192, 4096],
+           "kind": [-1, 0, 1], "reads": [32, 64, 0], "writes": [0, 0, 32], "bytes_read": [128, 256, 0],
+           "bytes_written": [0, 0, 128], "sectors": [32, 8, 4], "page_start": [-1, 0, 2], "page_len": [0, 2, 1]}
+    pages = np.array([40, 24, 32])
+    pc = {"correlation": [7], "pc": [0x90], "requests": [3], "lanes": [96], "bytes": [384], "sectors": [12],
+          "reads": [64], "writes": [32]}
+    tables = [dict(enumerate(launch[c] for c in LAUNCH_COLS)),
+              dict(enumerate(np.asarray(obj[c]) for c in OBJ_COLS)), {0: pages},
+              dict(enumerate(np.asarray(pc[c]) for c in PC_COLS))]
+    name_of = (launch["correlation"], np.arange(2))
+    lc = dict(zip(LAUNCH_COLS, tables[0].values()))
+    out = h._gpu_tables(tables, lc, name_of)
+    s = out["access_summary"].to_pylist()
+    assert [r["name"] for r in s] == ["strided", "vadd", "vadd"] and [r["rank"] for r in s] == [3, 3, 3]
+    assert [r["start_ns"] for r in s] == [200, 100, 100] and [r["live_bytes"] for r in s] == [4096, 12288, 12288]
+    assert s[0]["object_address"] is None and s[0]["object_kind"] is None and s[0]["page_counts"] is None
+    assert (s[1]["object_kind"], s[1]["page_counts"], s[1]["reads"]) == ("tensor", [40, 24], 64)
+    assert (s[2]["object_kind"], s[2]["page_counts"], s[2]["writes"]) == ("allocation", [32], 32)
+    p = out["access_pc"].to_pylist()
+    assert len(p) == 1 and p[0]["name"] == "vadd" and p[0]["pc"] == 0x90 and p[0]["sectors"] == 12
