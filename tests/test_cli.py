@@ -79,3 +79,13 @@ def test_build_native_says_what_it_built():
     assert lines["torch"].split(" ")[0].endswith("pastaprof_torch.so")   # the observer builds wherever torch is
     # the sanitizer tool needs the Compute Sanitizer API and nvcc: built, or one reason why not
     assert lines["sanitizer"].startswith("not built: ") or ".so (patches " in lines["sanitizer"]
+
+
+def test_terminal_report_does_not_turn_device_names_into_emoji(capsys):
+    """rich replaced ':-1:' in 'cpu:-1: ...' finding titles with a thumbs-down emoji."""
+    from pastaprof.report.terminal import print_reports
+    from pastaprof.tools.base import Finding, Report
+
+    print_reports([Report("memory", findings=[Finding("warning", "cpu:-1: memory grows 2.00 MiB per step", {})])])
+    out = capsys.readouterr().out
+    assert "cpu:-1: memory grows" in out and "\N{THUMBS DOWN SIGN}" not in out

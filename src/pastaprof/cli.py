@@ -184,7 +184,7 @@ def info(path: Path, ranks: str | None) -> None:
         with _progress(path, False) as progress:
             run = load(path, ranks=_parse_ranks(ranks), progress=progress)
         m = run.manifest
-        console = Console()
+        console = Console(emoji=False)
         console.print(f"[bold]{path}[/]  format={m.get('format', 'pastaprof')}  schema={m.get('schema_version', '-')}"
                       f"  ranks={run.ranks}")
         for d in m.get("devices", []):

@@ -85,9 +85,9 @@ def render_table(title: str, table: pa.Table, max_rows: int = MAX_ROWS) -> Table
 def print_reports(reports: list[Report], console: Console | None = None, max_rows: int = MAX_ROWS,
                   stderr: bool = False) -> None:
     if console is None:
-        console = Console(stderr=stderr)
+        console = Console(stderr=stderr, emoji=False)  # names like "cpu:-1:" are not emoji codes
         if not console.is_terminal:
-            console = Console(stderr=stderr, width=max(console.width, MIN_WIDTH))
+            console = Console(stderr=stderr, width=max(console.width, MIN_WIDTH), emoji=False)
     for rep in reports:
         console.rule(f"[bold]{escape(rep.tool)}")
         if rep.summary:
