@@ -81,3 +81,75 @@ def test_launch_columns_become_access_events(lib):
     assert (s[2]["object_kind"], s[2]["page_counts"], s[2]["writes"]) == ("allocation", [32], 32)
     p = out["access_pc"].to_pylist()
     assert len(p) == 1 and p[0]["name"] == "vadd" and p[0]["pc"] == 0x90 and p[0]["sectors"] == 12
+
+
+KERNELS = """extern "C" __global__ void strided(const float* x, float* out, long m, long s) {
+  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+  if (i < m)
+    out[i] = x[i * s];
+}
+
+extern "C" __global__ void vadd(const float* a, const float* b, float* c, long n) {
+  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+  if (i < n)
+    c[i] = a[i] + b[i];
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def cubin(tmp_path_factory):
+    """A real cubin with line info (nvcc -lineinfo), as the sanitizer hands module images over."""
+    import subprocess
+
+    pytest.importorskip("elftools")
+    from pastaprof.native import _nvcc
+
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("no nvcc")
+    d = tmp_path_factory.mktemp("cubin")
+    (d / "k.cu").write_text(KERNELS)
+    r = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-lineinfo", "-o", str(d / "k.cubin"), str(d / "k.cu")],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"nvcc failed: {r.stderr[-300:]}")
+    return d / "k.cubin"
+
+
+def test_pcs_get_their_source_lines_from_the_cubin(cubin):
+    from pastaprof.processor.lines import line_table, source_lines
+
+    src = str(cubin.with_name("k.cu"))
+    table = line_table(cubin.read_bytes())
+    assert set(table) == {"strided", "vadd"}
+    for fn, lines in (("strided", range(1, 6)), ("vadd", range(7, 12))):
+        offsets, where = table[fn]
+        assert offsets[0] == 0 and (np.diff(offsets) > 0).all()
+        assert {w for w in where} <= {f"{src}:{n}" for n in lines}          # each function its own lines
+        assert f"{src}:{lines[3]}" in where                                   # the load/store line
+        mid = (offsets[:-1] + offsets[1:]) // 2
+        assert source_lines(str(cubin), fn, mid) == where[:-1]                # a PC inside a line's range
+    assert source_lines(str(cubin), "nope", np.array([0])) == [None]
+    assert line_table(b"not an elf") == {} and line_table(cubin.read_bytes()[:200]) == {}
+
+
+def test_access_pc_rows_carry_the_source_line_of_a_kept_image(cubin, tmp_path, lib):
+    """The handler's lookup: the image kept as _cubins/<hash>.cubin, the launch's module hash and
+    function name -> access_pc.source."""
+    from pastaprof.processor.lines import line_table
+
+    h = SanitizerHandler(CaptureConfig(), rank=0, out=tmp_path)
+    h.lib = lib
+    h._names = ["vadd"]
+    h.cubins.mkdir()
+    (h.cubins / f"{0x1234:016x}.cubin").write_bytes(cubin.read_bytes())
+    offsets, where = line_table(cubin.read_bytes())["vadd"]
+    launch = {c: np.zeros(1, np.int64) for c in LAUNCH_COLS}
+    launch.update(correlation=np.array([5]), module_hash=np.array([0x1234]))
+    lc = dict(launch)
+    pcs = np.array([offsets[3], (offsets[3] + offsets[4]) // 2])
+    got = h._sources(np.array([5, 5]), pcs, lc, (lc["correlation"], np.arange(1))).to_pylist()
+    assert got == [where[3], where[3]]
+    lc["module_hash"] = np.array([0])
+    assert h._sources(np.array([5]), pcs[:1], lc, (lc["correlation"], np.arange(1))).to_pylist() == [None]

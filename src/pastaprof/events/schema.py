@@ -203,6 +203,7 @@ _SPECIFIC: dict[str, list[pa.Field]] = {
     ],
     "access_pc": [
         pa.field("pc", pa.uint64()),
+        pa.field("source", NAME),  # file:line of the PC, where the module carries line info
         pa.field("requests", pa.int64()),
         pa.field("lanes", pa.int64()),
         pa.field("bytes", pa.int64()),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ LAUNCH_COLS = ("correlation", "start_ns", "end_ns", "device", "stream", "name_id
                "block_x", "block_y", "block_z", "mode", "requests", "lanes", "unattributed_lanes", "shared_lanes",
                "local_lanes", "async_copy_lanes", "uncovered_bulk_copies", "uncovered_wgmma", "pc_dropped",
                "page_dropped", "raw_requests", "raw_stored", "objects", "live_bytes", "function_pc", "device_bytes",
-               "space_bytes", "unattributed_sample")
+               "space_bytes", "unattributed_sample", "module_hash")
 OBJ_COLS = ("correlation", "object_address", "object_bytes", "kind", "reads", "writes", "bytes_read",
             "bytes_written", "sectors", "page_start", "page_len")
 PC_COLS = ("correlation", "pc", "requests", "lanes", "bytes", "sectors", "reads", "writes")
@@ -62,8 +63,10 @@ class SanitizerHandler:
 
     name = "sanitizer"
 
-    def __init__(self, config: CaptureConfig, rank: int = 0) -> None:
+    def __init__(self, config: CaptureConfig, rank: int = 0, out: Path | None = None) -> None:
         self.config = config
+        # module images with line info, for PC -> source line (processor/lines.py)
+        self.cubins = Path(out) / "_cubins" if out is not None else None
         self.rank = rank
         self.process = config.process
         self.lib: Any = None
@@ -110,6 +113,12 @@ class SanitizerHandler:
                                 page_cap, raw_cap, flags) != 0:
             self.status = f"instruction-level accesses not recorded: {lib.pp_san_error().decode()}"
             return
+        if self.cubins is not None:
+            try:
+                self.cubins.mkdir(parents=True, exist_ok=True)
+                lib.pp_san_set_cubin_dir(str(self.cubins).encode())
+            except OSError:
+                pass  # no source lines, nothing else lost
         if lib.InitializeInjection() != 0:
             self.status = f"instruction-level accesses not recorded: {lib.pp_san_error().decode()}"
             return
@@ -207,9 +216,30 @@ class SanitizerHandler:
         summary["live_bytes"] = lc["live_bytes"][np.maximum(map_keys(o["correlation"], *name_of), 0)]
         p = dict(zip(PC_COLS, tables[T_PC].values()))
         pcs = {**self._rows_of(p["correlation"], lc, name_of), "pc": p["pc"].astype(np.uint64),
-               **{k: p[k] for k in ("requests", "lanes", "bytes", "sectors", "reads", "writes")}}
+               **{k: p[k] for k in ("requests", "lanes", "bytes", "sectors", "reads", "writes")},
+               "source": self._sources(p["correlation"], p["pc"], lc, name_of)}
         return {"access_summary": conform("access_summary", pa.table(summary)),
                 "access_pc": conform("access_pc", pa.table(pcs))}
+
+    def _sources(self, corr: np.ndarray, pcs: np.ndarray, lc: dict, name_of: tuple) -> pa.Array:
+        """file:line per (launch, PC) row, from the launch's module image when it was kept
+        (one lookup per launch, not per row)."""
+        from pastaprof.processor.lines import source_lines
+
+        out: list[str | None] = [None] * len(corr)
+        if self.cubins is None or len(corr) == 0:
+            return pa.array(out, pa.string())
+        row = np.maximum(map_keys(np.asarray(corr, np.int64), *name_of), 0)
+        for launch in np.unique(row):
+            h = int(lc["module_hash"][launch])
+            if not h:
+                continue
+            sel = np.flatnonzero(row == launch)
+            self._name_array(lc["name_id"][launch:launch + 1])  # make sure the name is fetched
+            fn = self._names[int(lc["name_id"][launch])]
+            for i, src in zip(sel, source_lines(str(self.cubins / f"{h:016x}.cubin"), fn, pcs[sel])):
+                out[i] = src
+        return pa.array(out, pa.string())
 
     def _cpu_tables(self, tables: list, addrs: np.ndarray, lc: dict, name_of: tuple) -> dict[str, pa.Table]:
         from pastaprof.processor.access import Objects, Requests, heatmap, reduce_requests
@@ -232,6 +262,9 @@ class SanitizerHandler:
         for kind, tab in res.items():
             cols = {c: tab[c] for c in tab.column_names}
             cols.update(self._rows_of(tab["correlation"].to_numpy(), lc, name_of))
+            if kind == "access_pc":
+                cols["source"] = self._sources(tab["correlation"].to_numpy(), tab["pc"].to_numpy().astype(np.int64),
+                                               lc, name_of)
             out[kind] = conform(kind, pa.table(cols))
         return out
 

@@ -216,7 +216,7 @@ class Session:
         Sanitizer tool, loaded before CUDA initializes."""
         from pastaprof.handlers.sanitizer import SanitizerHandler
 
-        san = SanitizerHandler(self.config, self.rank)
+        san = SanitizerHandler(self.config, self.rank, self.out)
         san.start()
         if san.lib is None:
             self.status["sanitizer"] = san.status or "not available"

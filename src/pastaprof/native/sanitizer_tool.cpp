@@ -23,6 +23,9 @@
 #include <string.h>
 #include <time.h>
 
+#include <stdio.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
 #include <map>
@@ -36,7 +39,7 @@
 namespace {
 
 enum Table { T_LAUNCH = 0, T_OBJ, T_PAGE, T_PC, T_RAW, T_SNAP, T_N };
-const int NCOLS[T_N] = {31, 11, 1, 8, 8, 4};
+const int NCOLS[T_N] = {32, 11, 1, 8, 8, 4};
 
 struct Config {
   unsigned mode = PP_MODE_GPU;
@@ -71,7 +74,7 @@ struct Pending {
   CUcontext ctx = nullptr;
   int64_t seq = 0, start_ns = 0, name = 0, func_pc = 0, func_size = 0;
   uint32_t grid[3] = {0, 0, 0}, block[3] = {0, 0, 0};
-  int64_t device = 0, stream = 0, live_bytes = 0;
+  int64_t device = 0, stream = 0, live_bytes = 0, module_hash = 0;
   std::vector<PPObj> objs;       // tensors then allocations, as uploaded
   std::vector<uint64_t> page_base;
   unsigned n_t = 0, n_a = 0;
@@ -91,6 +94,8 @@ std::vector<std::string> names;
 std::unordered_map<std::string, int64_t> name_ids;
 std::string error;
 std::vector<std::string> notes;
+std::string cubin_dir;                              // where images with line info are kept
+std::unordered_map<CUmodule, int64_t> module_hash;  // module -> hash of its saved image
 thread_local Pending pend;
 thread_local bool own_alloc = false;
 
@@ -206,6 +211,8 @@ void launch_begin(const Sanitizer_LaunchData* ld) {
     p.live_bytes = 0;
     for (auto& kv : allocs) { p.objs.push_back({kv.first, kv.second}); p.live_bytes += int64_t(kv.second - kv.first); }
     p.n_a = unsigned(allocs.size());
+    auto mh = module_hash.find(ld->module);
+    p.module_hash = mh == module_hash.end() ? 0 : mh->second;
   }
   // Not under mu: sanitizerAlloc may wait for a driver lock that a thread inside a memory
   // callback (which takes mu) holds.  The device's buffers are this launch's alone (busy).
@@ -314,7 +321,7 @@ void launch_end(const Sanitizer_LaunchData* ld) {
                   int64_t(misc[PP_M_WGMMA]), int64_t(misc[PP_M_PC_DROPPED]), int64_t(misc[PP_M_PAGE_DROPPED]),
                   int64_t(raw_n), int64_t(raw.size()), int64_t(n_obj), p.live_bytes, p.func_pc,
                   int64_t(d->bytes), int64_t(misc[PP_M_SHARED_BYTES] + misc[PP_M_LOCAL_BYTES]),
-                  int64_t(misc[PP_M_UNATTR_ADDR])});
+                  int64_t(misc[PP_M_UNATTR_ADDR]), p.module_hash});
   if (cfg.mode == PP_MODE_GPU) {
     size_t pr = 0;
     for (size_t i = 0; i <= n_obj; ++i) {
@@ -348,7 +355,33 @@ void launch_end(const Sanitizer_LaunchData* ld) {
   }
 }
 
+// A module image with line info (.debug_line) is kept as <cubin_dir>/<hash>.cubin, so
+// that PCs can be given their source line after the run (processor/lines.py).
+void save_image(const Sanitizer_ResourceModuleData* md) {
+  if (cubin_dir.empty() || !md->pCubin || md->cubinSize < 64 ||
+      !memmem(md->pCubin, md->cubinSize, ".debug_line", 11))
+    return;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (size_t i = 0; i < md->cubinSize; ++i) h = (h ^ (unsigned char)md->pCubin[i]) * 1099511628211ull;
+  int64_t id = int64_t(h & 0x7fffffffffffffffull);
+  char name[40];
+  snprintf(name, sizeof name, "%016llx.cubin", (unsigned long long)id);
+  std::string path = cubin_dir + "/" + name;
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    if (!f) return;
+    bool ok = fwrite(md->pCubin, 1, md->cubinSize, f) == md->cubinSize;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp.c_str(), path.c_str()) != 0) { remove(tmp.c_str()); return; }
+  }
+  std::lock_guard<std::mutex> g(mu);
+  module_hash[md->module] = id;
+}
+
 void module_loaded(const Sanitizer_ResourceModuleData* md) {
+  save_image(md);
   Dev* d;
   {
     std::lock_guard<std::mutex> g(mu);
@@ -486,6 +519,9 @@ int InitializeInjection() {
 }
 
 void pp_san_set_enabled(int on) { enabled = on; }
+
+// Keep module images that carry line info under `dir` (created by the caller); "" = none.
+void pp_san_set_cubin_dir(const char* dir) { cubin_dir = dir ? dir : ""; }
 
 // Tensors (PyTorch caching-allocator blocks): finer objects searched before allocations.
 void pp_san_tensor(uint64_t address, uint64_t size, int alive) {

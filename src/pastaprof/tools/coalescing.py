@@ -27,11 +27,12 @@ class Coalescing(Tool):
         con = duckdb.connect()
         con.register("p", self.table("access_pc"))
         pcs = con.sql("""
-            SELECT CAST(name AS VARCHAR) AS kernel, pc, sum(requests)::BIGINT AS requests, sum(lanes)::BIGINT AS lanes,
+            SELECT CAST(name AS VARCHAR) AS kernel, pc, any_value(CAST(source AS VARCHAR)) AS source,
+                   sum(requests)::BIGINT AS requests, sum(lanes)::BIGINT AS lanes,
                    sum(bytes)::BIGINT AS bytes, sum(sectors)::BIGINT AS sectors,
                    sum(sectors) / sum(requests) AS sectors_per_request,
                    ceil(sum(bytes) / sum(requests) / 32.0) AS ideal_sectors_per_request
-            FROM p GROUP BY ALL ORDER BY sectors DESC""").to_arrow_table()
+            FROM p GROUP BY kernel, pc ORDER BY sectors DESC""").to_arrow_table()
         rows = pcs.to_pylist()
         total = sum(r["sectors"] for r in rows) or 1
         findings = []
@@ -39,11 +40,12 @@ class Coalescing(Tool):
             ideal = max(r["ideal_sectors_per_request"] or 1, 1)
             if r["sectors_per_request"] >= EXCESS * ideal and r["sectors"] >= MIN_SHARE * total:
                 saved = int(r["sectors"] - ideal * r["requests"])
+                at = f" ({r['source']})" if r["source"] else ""
                 findings.append(Finding("warning" if r["sectors"] >= 0.1 * total else "info",
-                                        f"{r['kernel']} pc {hex(r['pc'])}: {r['sectors_per_request']:.1f} sectors per "
+                                        f"{r['kernel']} pc {hex(r['pc'])}{at}: {r['sectors_per_request']:.1f} sectors per "
                                         f"request (ideal {ideal:.0f}); coalescing saves {saved} sectors "
                                         f"({saved * 32} B)", {**r, "sectors_saved": saved},
-                                        location=f"{r['kernel']}+{hex(r['pc'])}"))
+                                        location=r["source"] or f"{r['kernel']}+{hex(r['pc'])}"))
         summary = {"pcs": len(rows), "requests": sum(r["requests"] for r in rows), "sectors": sum(r["sectors"] for r in rows),
                    "sectors_per_request": round(sum(r["sectors"] for r in rows) / max(1, sum(r["requests"] for r in rows)), 3)}
         return Report(self.name, tables={"pcs": pcs}, findings=findings, summary=summary)
