@@ -46,7 +46,7 @@ def known(n: int) -> dict:
     import cupy as cp
 
     cp.cuda.set_allocator(None)  # one cudaMalloc per array: one object per array
-    mod = cp.RawModule(code=KERNELS)
+    mod = cp.RawModule(code=KERNELS, options=("-lineinfo",))  # line info: coalescing names source lines
     vadd, copy, strided = mod.get_function("vadd"), mod.get_function("copy"), mod.get_function("strided")
     a = cp.arange(n, dtype=cp.float32)
     b = cp.ones(n, dtype=cp.float32)

@@ -62,6 +62,9 @@ def fidelity(out: Path, n: int) -> dict:
         tools = "working_set,coalescing" + (",heatmap" if proc == "cpu" else "")
         info, rd = app("known", out, f"known-{proc}", ["--n", str(n)], ["-t", tools, "--process", proc])
         run = launches(rd)
+        if proc == "gpu":
+            rows_src = run.sql("SELECT DISTINCT CAST(p.source AS VARCHAR) FROM access_pc p JOIN access_launch l "
+                               "USING (correlation) WHERE l.name = 'strided' AND p.source IS NOT NULL").fetchall()
         if proc == "cpu":  # CTA 0 of vadd: 256 threads read a, b and write c, one float each
             res["heatmap_vadd_cta0"] = run.sql(
                 "SELECT count(*), min(accesses), max(accesses), sum(reads), sum(writes), max(warps) "
@@ -93,6 +96,12 @@ def fidelity(out: Path, n: int) -> dict:
         "vadd sectors a = N/8": one("vadd", "a")[6] == n // 8,
         "copy reads a = N, writes out = N": one("copy", "a")[2] == n and one("copy", "out")[3] == n,
     }
+    # coalescing's source lines (module images kept by the sanitizer tool, DWARF line table)
+    from access_apps import KERNELS
+
+    load_line = KERNELS.splitlines().index("  if (i < m) out[i] = x[i * s];") + 1
+    res["strided_sources"] = sorted({str(r[0]) for r in rows_src})
+    checks[f"strided's PCs name source line {load_line}"] = any(s.endswith(f":{load_line}") for s in res["strided_sources"])
     checks["heatmap vadd CTA 0: 96 sectors x 8 accesses, 512 reads + 256 writes, 1 warp per sector"] = \
         res.get("heatmap_vadd_cta0") == [(96, 8, 8, 512, 256, 1)]
     for i, s in enumerate(info["strides"]):
