@@ -36,30 +36,16 @@ from pastaprof.events.schema import SCHEMA_VERSION, conform
 from pastaprof.handlers.control import CaptureConfig
 from pastaprof.handlers.cupti_activity import CuptiActivityHandler
 from pastaprof.handlers.imports import after_import
+from pastaprof.handlers.linking import Linking, _np_i64
+from pastaprof.handlers.messages import notice as _notice
+from pastaprof.handlers.messages import warn as _warn
+from pastaprof.handlers.optional import OptionalHandlers, _consumed_kinds
 from pastaprof.handlers.torch_ops import TorchHandler
-from pastaprof.processor.link import map_keys
 from pastaprof.processor.pipeline import Processor
 from pastaprof.store.writer import dictionary_columns
 from pastaprof.tools.base import Report, RunInfo, Tool
 
 SHARDS = "shards"
-EXTERNAL = "_external"  # CUPTI external-correlation records: launch correlation -> op id
-EXT_KEEP = 1 << 20  # external-correlation records kept for kernels that arrive late
-
-
-def _warn(msg: str) -> None:
-    try:
-        sys.stderr.write(f"pastaprof: warning: {msg}\n")
-        sys.stderr.flush()
-    except Exception:
-        pass
-
-
-def _notice(msg: str) -> None:
-    """A status line for the user: printed here, unless `pastaprof run` prints the
-    run's status lines itself when the program ends (each once)."""
-    if not os.environ.get("PASTAPROF_RUN_PARENT"):
-        _warn(msg)
 
 
 def current_rank() -> int:
@@ -70,21 +56,7 @@ def current_rank() -> int:
     return 0
 
 
-def _consumed_kinds(tools: list[Any], names: tuple[str, ...]) -> set[str]:
-    """Event kinds the live tools and the tools named for the report (PASTAPROF_TOOLS,
-    run by the launcher at exit) consume: they decide which handlers start."""
-    kinds = {k for t in tools for k in getattr(t, "consumes", ()) if k not in getattr(t, "optional", ())}
-    if names:
-        try:
-            from pastaprof.tools.registry import resolve
-
-            kinds |= {k for cls in resolve(list(names)) for k in cls.consumes if k not in cls.optional}
-        except Exception:  # an unknown tool is the launcher's error to report, not ours
-            pass
-    return kinds
-
-
-class Session:
+class Session(OptionalHandlers, Linking):
     """Capture in this process.  Use through ``pastaprof.profile()`` / ``start()``."""
 
     def __init__(self, config: CaptureConfig, tools: list[Tool] | None = None, gpu: bool = True) -> None:
@@ -210,90 +182,6 @@ class Session:
             begin()
         else:
             after_import("torch", begin)
-
-    def _start_sanitizer(self) -> None:
-        """Instruction-level accesses (tools consuming access_* events): the Compute
-        Sanitizer tool, loaded before CUDA initializes."""
-        from pastaprof.handlers.sanitizer import SanitizerHandler
-
-        san = SanitizerHandler(self.config, self.rank, self.out)
-        san.start()
-        if san.lib is None:
-            self.status["sanitizer"] = san.status or "not available"
-            _notice(self.status["sanitizer"])
-            return
-        self.handlers.append(san)
-        self.status["sanitizer"] = "ok"
-        if "heatmap" in self.config.tools and self.config.process != "cpu":
-            self.status["heatmap"] = ("the heatmap tool needs raw access records: run with --process cpu "
-                                      "(PASTAPROF_PROCESS=cpu); PASTAPROF_HEATMAP_CTA picks the CTA (default 0)")
-            _notice(self.status["heatmap"])
-
-    def _start_uvm_plan(self) -> None:
-        """The managed-allocation registry (names allocations by call site, for uvm_advisor and
-        for plans), applying a plan if one was given."""
-        from pastaprof.handlers.uvm_plan import SCHEMA, UvmPlanApplier, load_plan
-
-        dry = os.environ.get("PASTAPROF_UVM_PLAN_DRY_RUN", "") not in ("", "0")
-        plan = load_plan(self.config.uvm_plan) if self.config.uvm_plan else {"schema": SCHEMA, "actions": []}
-        applier = UvmPlanApplier(plan, dry_run=dry, rank=self.rank)
-        applier.start()
-        self.handlers.append(applier)
-        if self.config.uvm_plan:
-            self.status["uvm plan"] = f"applying {self.config.uvm_plan}" + (" (dry run)" if dry else "")
-
-    def _enable_uvm(self, cupti: CuptiActivityHandler, device: int) -> None:
-        if not self._uvm_pending:
-            return
-        self._uvm_pending = False
-        problem = cupti.enable_uvm(device)
-        self.status["uvm"] = problem or "ok"
-        if problem:
-            _notice(problem)
-
-    def _start_uvm(self, cupti: CuptiActivityHandler) -> None:
-        """CUPTI takes the unified-memory counter configuration only once a CUDA context
-        exists, and the program may not create one before it faults: retain the device's
-        primary context (the one torch, CuPy and the runtime API use) now, then configure.
-        Only with --uvm: it initializes CUDA in this process."""
-        device = int(os.environ.get("LOCAL_RANK", "0") or 0)
-        try:
-            from cuda.bindings import driver
-
-            (err,) = driver.cuInit(0)
-            if int(err) == 0:
-                err, dev = driver.cuDeviceGet(device)
-            if int(err) == 0:
-                err, _ctx = driver.cuDevicePrimaryCtxRetain(dev)
-            if int(err) != 0:
-                raise RuntimeError(f"CUDA error {int(err)}")
-        except Exception as e:
-            self._uvm_pending = False
-            self.status["uvm"] = f"unified-memory counters not recorded: no CUDA context on device {device} ({e})"
-            _notice(self.status["uvm"])
-            return
-        self._enable_uvm(cupti, device)
-
-    def _foreign_profiler(self, cupti: CuptiActivityHandler | None, starting: bool) -> None:
-        """torch.profiler in the program: CUPTI serves one activity client at a time
-        (driver 580), so GPU activity during its session goes to torch.profiler.  We
-        flush before it starts and re-register after it stops; on the H200 the
-        re-registration does not yet bring records back (scripts/gpu_coexist_check.py
-        fails: 0 kernels after the session) -- the warning says so."""
-        key = "torch.profiler"
-        if starting:
-            if key not in self.status:
-                self.status[key] = ("torch.profiler ran in the program: CUPTI serves one client at a time, so GPU "
-                                    "activity from its first session on may be missing here (ops and tensors are not)")
-                _notice(self.status[key])
-            self._reattach_flushes = 0
-            if cupti is not None:
-                cupti.release()
-        elif cupti is not None:
-            cupti.reattach()
-            # again at the next flushes: a foreign client may disable kinds after its session
-            # object has exited (e.g. from its own thread)
-            self._reattach_flushes = 2
 
     def stop(self) -> list[Report]:
         """Final flush; returns live tools' reports.  Safe to call twice."""
@@ -423,19 +311,6 @@ class Session:
         self._update_gate()
         return self.step
 
-    def _in_windows(self, t: np.ndarray) -> np.ndarray:
-        """Which times fall in a recording window (closed or still open)."""
-        with self._lock:
-            wins = list(self._windows)
-            if self._gate_open_since is not None:
-                wins.append((self._gate_open_since, np.iinfo(np.int64).max))
-        if not wins:
-            return np.zeros(len(t), dtype=bool)
-        ws = np.array([w[0] for w in wins], dtype=np.int64)
-        we = np.array([w[1] for w in wins], dtype=np.int64)
-        i = np.searchsorted(ws, t, side="right") - 1
-        return (i >= 0) & (t < we[np.clip(i, 0, None)])
-
     # -- flushing ------------------------------------------------------------
     def flush(self, final: bool = False) -> None:
         t0 = time.perf_counter()
@@ -478,78 +353,6 @@ class Session:
         if tables or self._part % 10 == 1:
             self._write_meta()
 
-    def _link_ops(self, tables: dict[str, pa.Table], final: bool = False) -> None:
-        """op_id of GPU work and launch calls: the op id pushed as CUPTI external
-        correlation around the launch.  A kernel's record may arrive a flush after
-        its correlation record, so recent correlations are kept (bounded); and its
-        correlation record may arrive a flush after the kernel (CUPTI delivers
-        per-thread and per-device buffers independently), so GPU work without an op
-        is held back for one flush before it is stored unlinked."""
-        held, self._held = self._held, {}
-        for kind, t in held.items():
-            tables[kind] = pa.concat_tables([t, tables[kind].cast(t.schema)]) if kind in tables else t
-        ext = tables.pop("external", None)
-        if ext is not None and ext.num_rows:
-            # Stored too: compaction re-links with all of them (a kernel's record can come
-            # in a later buffer than its launch's correlation record).
-            self._write_part(EXTERNAL, ext.append_column("pid", pa.array(np.full(ext.num_rows, self.pid, np.int64))),
-                             self._part)
-            self._ext = pa.concat_tables([self._ext, ext]) if self._ext is not None else ext
-            if self._ext.num_rows > EXT_KEEP:
-                self._ext = self._ext.slice(self._ext.num_rows - EXT_KEEP)
-            if len(self._unlinked) and np.isin(self._unlinked, _np_i64(ext["correlation"])).any():
-                self._relink_needed = True
-        keys = _np_i64(self._ext["correlation"]) if self._ext is not None else np.zeros(0, np.int64)
-        vals = _np_i64(self._ext["external_id"]) if self._ext is not None else np.zeros(0, np.int64)
-        held_kinds = ("kernel", "memcpy", "memset")
-        for kind in ("kernel", "memcpy", "memset", "api"):
-            t = tables.get(kind)
-            if t is not None and t.num_rows:
-                corr = _np_i64(t["correlation"])
-                op = map_keys(corr, keys, vals)
-                tables[kind] = t.append_column("op_id", pa.array(op, pa.int64(), mask=op < 0))
-                unlinked = (op < 0) & (corr > 0)
-                # hold only where an op could still claim it: this process tags launches with
-                # op ids (else, e.g. CuPy programs, holding would only delay the write)
-                if not final and kind in held_kinds and self._ext is not None:
-                    fresh = np.ones(len(op), dtype=bool)
-                    if kind in held:
-                        fresh[:held[kind].num_rows] = False
-                    hold = unlinked & fresh
-                    if hold.any():
-                        self._held[kind] = t.filter(pa.array(hold))
-                        tables[kind] = tables[kind].filter(pa.array(~hold))
-                        unlinked &= ~hold
-                missing = corr[unlinked]
-                if len(missing):
-                    self._unlinked = np.concatenate([self._unlinked, missing])[-EXT_KEEP:]
-
-    def _gated(self, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
-        """Keep GPU work whose launch (or start) lies in a recording window.  Launch
-        times of recent API calls are kept across flushes (bounded), since GPU work can
-        arrive a flush later than its launch call."""
-        if not self.config.ranges and self.config.steps is None:
-            return tables
-        api = tables.get("api")
-        if api is not None and api.num_rows:
-            new = (_np_i64(api["correlation"]), _np_i64(api["start_ns"]))
-            old = self._launches
-            self._launches = (np.concatenate([old[0], new[0]])[-EXT_KEEP:], np.concatenate([old[1], new[1]])[-EXT_KEEP:])
-        out = {}
-        for kind, t in tables.items():
-            if kind == "range" or kind.startswith("access_") or t.num_rows == 0:
-                out[kind] = t  # access_*: gated at the source (only selected launches are instrumented)
-                continue
-            when = _np_i64(t["start_ns"])
-            if kind != "api" and len(self._launches[0]) and "correlation" in t.column_names:
-                launch = map_keys(_np_i64(t["correlation"]), *self._launches)
-                when = np.where(launch >= 0, launch, when)
-            keep = self._in_windows(when)
-            self.filtered_out += int((~keep).sum())
-            self.filtered_by_kind[kind] = self.filtered_by_kind.get(kind, 0) + int((~keep).sum())
-            out[kind] = t.filter(pa.array(keep))
-        return out
-
     def _write_part(self, kind: str, table: pa.Table, part: int) -> None:
         d = self.out / kind
         d.mkdir(exist_ok=True)
@@ -588,10 +391,6 @@ class Session:
             os.replace(tmp, path)
         except OSError as e:
             _warn(f"cannot write {path}: {e}")
-
-
-def _np_i64(col) -> np.ndarray:
-    return np.asarray(col.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def _devices() -> list[dict[str, Any]]:
