@@ -185,6 +185,11 @@ class CuptiActivityHandler:
             return
         cupti = self._cupti
         try:
+            if self._native is not None:
+                try:  # Kineto leaves per-thread activity buffers on (process-wide)
+                    self._native.shared_buffers()
+                except RuntimeError:
+                    pass  # best effort: the re-registration below is what matters
             self._register()
             # Complete every buffer CUPTI still holds (it may have been requested through the
             # foreign client's callback) so the next records go to buffers we hand out.
@@ -317,6 +322,7 @@ class CuptiActivityHandler:
         self.records, self.kernels_seen, self.dropped = n.stat("records"), n.stat("kernels_seen"), n.stat("dropped")
         self.buffers = {"requested": n.stat("buffers_requested"), "completed": n.stat("buffers"),
                         "requested_at_last_reattach": self.buffers_at_reattach,
+                        "foreign_completed": n.stat("foreign_buffers"),  # a foreign client's, not freed by us
                         "decode_seconds": round(n.stat("decode_ns") / 1e9, 6)}
 
     def drain(self) -> dict[str, pa.Table]:

@@ -31,7 +31,8 @@ COLUMNS = {
              "pool_type", "operation", "is_managed"),
     "uvm": ("start_ns", "end_ns", "counter_kind", "value", "address", "src_device", "dst_device", "stream", "flags"),
 }
-STAT = {"records": 0, "kernels_seen": 1, "dropped": 2, "buffers": 3, "decode_ns": 4, "buffers_requested": 5}
+STAT = {"records": 0, "kernels_seen": 1, "dropped": 2, "buffers": 3, "decode_ns": 4, "buffers_requested": 5,
+        "foreign_buffers": 6}
 
 
 class NativeCupti:
@@ -48,6 +49,11 @@ class NativeCupti:
 
     def register(self) -> None:
         if self.lib.pp_cupti_register() != 0:
+            raise RuntimeError(self.lib.pp_cupti_error().decode())
+
+    def shared_buffers(self) -> None:
+        """Back to shared activity buffers after a foreign session left per-thread ones on."""
+        if self.lib.pp_cupti_shared_buffers() != 0:
             raise RuntimeError(self.lib.pp_cupti_error().decode())
 
     def keep_api(self, driver: bool, cbid: int, keep: bool) -> None:

@@ -59,6 +59,7 @@ typedef CUptiResult (*push_fn_t)(CUpti_ExternalCorrelationKind, uint64_t);
 typedef CUptiResult (*pop_fn_t)(CUpti_ExternalCorrelationKind, uint64_t*);
 typedef CUptiResult (*uvm_cfg_fn_t)(CUpti_ActivityUnifiedMemoryCounterConfig*, uint32_t);
 typedef CUptiResult (*result_str_fn_t)(CUptiResult, const char**);
+typedef CUptiResult (*set_attr_fn_t)(CUpti_ActivityAttribute, size_t*, void*);
 static next_fn_t p_get_next;
 static reg_fn_t p_register;
 static dropped_fn_t p_dropped;
@@ -66,6 +67,38 @@ static push_fn_t p_push;
 static pop_fn_t p_pop;
 static uvm_cfg_fn_t p_uvm_cfg;
 static result_str_fn_t p_result_str;
+static set_attr_fn_t p_set_attr;
+
+/* The buffers we handed to CUPTI.  After a foreign client (Kineto) CUPTI may complete, through
+ * our callback, buffers that client allocated: their records are decoded, but only ours are
+ * freed (freeing the client's would be a double free when it cleans up). */
+#define OWN_SLOTS 4096
+static uint8_t* g_own[OWN_SLOTS];
+static pthread_mutex_t g_own_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int own_add(uint8_t* p) {
+  pthread_mutex_lock(&g_own_mu);
+  for (int i = 0; i < OWN_SLOTS; ++i)
+    if (!g_own[i]) {
+      g_own[i] = p;
+      pthread_mutex_unlock(&g_own_mu);
+      return 1;
+    }
+  pthread_mutex_unlock(&g_own_mu);
+  return 0;
+}
+
+static int own_take(uint8_t* p) {
+  pthread_mutex_lock(&g_own_mu);
+  for (int i = 0; i < OWN_SLOTS; ++i)
+    if (g_own[i] == p) {
+      g_own[i] = NULL;
+      pthread_mutex_unlock(&g_own_mu);
+      return 1;
+    }
+  pthread_mutex_unlock(&g_own_mu);
+  return 0;
+}
 
 static int grow(Table* t, int ncols) {
   if (t->n < t->cap) return 0;
@@ -190,6 +223,10 @@ static void decode(CUpti_Activity* r) {
 static void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   void* p = NULL;
   if (posix_memalign(&p, 8, g_buffer_bytes) != 0) p = NULL;
+  if (p && !own_add((uint8_t*)p)) {  /* more outstanding buffers than we track: refuse */
+    free(p);
+    p = NULL;
+  }
   __atomic_fetch_add(&g_stat[5], 1, __ATOMIC_RELAXED);
   *buffer = (uint8_t*)p;
   *size = p ? g_buffer_bytes : 0;
@@ -210,8 +247,10 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* b
   g_stat[3]++;
   clock_gettime(CLOCK_MONOTONIC, &t1);
   g_stat[4] += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
+  int mine = own_take(buffer);
+  if (!mine) g_stat[6]++; /* a foreign client's buffer: decoded, but its owner frees it */
   pthread_mutex_unlock(&g_mu);
-  free(buffer);
+  if (mine) free(buffer);
 }
 
 /* fork(): the child's copy of pending records belongs to the parent (the child, which has no
@@ -248,6 +287,7 @@ int pp_cupti_init(const char* path, size_t buffer_bytes) {
   p_pop = (pop_fn_t)dlsym(h, "cuptiActivityPopExternalCorrelationId");
   p_uvm_cfg = (uvm_cfg_fn_t)dlsym(h, "cuptiActivityConfigureUnifiedMemoryCounter");
   p_result_str = (result_str_fn_t)dlsym(h, "cuptiGetResultString");
+  p_set_attr = (set_attr_fn_t)dlsym(h, "cuptiActivitySetAttribute");
   if (!p_get_next || !p_register || !p_push || !p_pop) {
     snprintf(g_error, sizeof g_error, "libcupti at %s lacks the activity API", path);
     return -1;
@@ -271,6 +311,21 @@ int pp_cupti_register(void) {
   CUptiResult r = p_register(buffer_requested, buffer_completed);
   if (r != CUPTI_SUCCESS) {
     snprintf(g_error, sizeof g_error, "cuptiActivityRegisterCallbacks failed (%d)", (int)r);
+    return -1;
+  }
+  return 0;
+}
+
+/* After a foreign session: Kineto turns on per-thread activity buffers, a process-wide
+ * attribute it leaves set; put back the shared buffers pastaprof started with.  0 on
+ * success (or when this libcupti has no such attribute). */
+int pp_cupti_shared_buffers(void) {
+  if (!p_set_attr) return 0;
+  uint8_t value = 0;
+  size_t n = sizeof value;
+  CUptiResult r = p_set_attr(CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER, &n, &value);
+  if (r != CUPTI_SUCCESS) {
+    snprintf(g_error, sizeof g_error, "cuptiActivitySetAttribute(PER_THREAD_ACTIVITY_BUFFER, 0) failed (%d)", (int)r);
     return -1;
   }
   return 0;
