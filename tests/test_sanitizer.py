@@ -153,3 +153,12 @@ def test_access_pc_rows_carry_the_source_line_of_a_kept_image(cubin, tmp_path, l
     assert got == [where[3], where[3]]
     lc["module_hash"] = np.array([0])
     assert h._sources(np.array([5]), pcs[:1], lc, (lc["correlation"], np.arange(1))).to_pylist() == [None]
+
+
+def test_a_kernel_regex_the_c_side_cannot_compile_is_named(lib):
+    """--kernels is checked with Python's re before the program starts; the sanitizer selects
+    launches with POSIX regcomp, which rejects some of Python's syntax: say which, don't guess."""
+    patch = b"/nonexistent.fatbin"
+    assert lib.pp_san_configure(1, patch, b"gemm|conv[0-9]+", 1, 12, 4096, 1 << 20, 1 << 10, 31) == 0
+    assert lib.pp_san_configure(1, patch, b"(?i)gemm", 1, 12, 4096, 1 << 20, 1 << 10, 31) != 0
+    assert "not a POSIX extended regular expression" in lib.pp_san_error().decode()

@@ -492,7 +492,11 @@ int pp_san_configure(int mode, const char* patch, const char* regex, long every,
   cfg.patch = patch ? patch : "";
   if (cfg.has_re) { regfree(&cfg.re); cfg.has_re = false; }
   if (regex && *regex) {
-    if (regcomp(&cfg.re, regex, REG_EXTENDED | REG_NOSUB) != 0) { error = "bad kernel regex"; return 1; }
+    if (regcomp(&cfg.re, regex, REG_EXTENDED | REG_NOSUB) != 0) {
+      error = std::string("PASTAPROF_KERNELS=") + regex +
+              ": not a POSIX extended regular expression (the sanitizer selects launches in C)";
+      return 1;
+    }
     cfg.has_re = true;
   }
   cfg.every = every > 0 ? every : 1;
