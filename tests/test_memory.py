@@ -623,3 +623,10 @@ def test_kernel_access_uses():
     (part,) = pastaprof.analyze(_kernel_use_run(extra_launch=True)[0], ["memory"])
     assert part.summary["use_data"] == "none" and "access_summary" in part.summary["use_data_note"]
     assert part.tables["memory_patterns"].num_rows == 0
+
+
+def test_device_labels_name_host_memory_plainly():
+    from pastaprof.tools._memory_patterns import device_label
+
+    assert device_label("cpu", -1) == "cpu" and device_label("cuda", 3) == "cuda:3"
+    assert device_label("cuda", None) == "cuda:None"

@@ -48,6 +48,14 @@ from pastaprof.processor.intervals import group_codes
 from pastaprof.processor.link import map_keys
 from pastaprof.tools.base import Finding
 
+
+def device_label(dtype: object, device: object) -> str:
+    """'cuda:0', or just 'cpu' for host memory (device -1)."""
+    try:
+        return str(dtype) if int(device) < 0 else f"{dtype}:{device}"
+    except (TypeError, ValueError):
+        return f"{dtype}:{device}"
+
 MIN_BYTES = 1 << 20         # blocks smaller than this get use columns but no pattern
 IDLE_SHARE = 0.05           # idle threshold: this share of the rank's trace span ...
 IDLE_MIN_NS = 10_000_000    # ... and at least 10 ms
@@ -346,7 +354,7 @@ def _fmt(b: float) -> str:
 
 
 def _finding(r: dict) -> Finding:
-    dev = f"{r['device_type']}:{r['device']}"
+    dev = device_label(r['device_type'], r['device'])
     blocks = f"{r['blocks']} block" + ("s" if r["blocks"] != 1 else "")
     idle = f"{r['max_idle_ns'] / 1e6:.1f} ms"
     what = {"unused": f"allocated and never used (live up to {idle})",

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from pastaprof.processor.intervals import group_codes, innermost_enclosing
 from pastaprof.tools._memory_categories import CATEGORIES, classify, optimizer_ranges
-from pastaprof.tools._memory_patterns import block_uses, find_patterns
+from pastaprof.tools._memory_patterns import block_uses, device_label, find_patterns
 from pastaprof.tools.base import Finding, Report, Tool
 
 DISPLAY = {  # what the terminal shows; JSON and programs get every table and column
@@ -250,7 +250,7 @@ class Memory(Tool):
         main = pc_tab.filter(pc.equal(pc_tab["device_type"], summary["peak_device"].split(":")[0]))
         summary["peak_by_category"] = {
             r["category"]: r["bytes"] for r in main.to_pylist()
-            if f"{r['device_type']}:{r['device']}" == summary["peak_device"] and r["rank"] == summary["peak_rank"]}
+            if device_label(r['device_type'], r['device']) == summary["peak_device"] and r["rank"] == summary["peak_rank"]}
         return Report(self.name, tables=tables, findings=findings, summary=summary, display=DISPLAY, details=details)
 
     @staticmethod
@@ -396,7 +396,7 @@ class Memory(Tool):
             sub = sub.append_column("step", pa.array(np.searchsorted(starts, _i64(sub["alloc_ns"]), "right") - 1))
             g = _group(sub, SITE, ["bytes"], [("step", "count_distinct")], {"step_count_distinct": "steps"})
             surv_tabs.append(g)
-            leaks.append({"device": f"{dtype[s]}:{dev[s]}", "rank": r, "steps": len(starts), "source": source,
+            leaks.append({"device": device_label(dtype[s], dev[s]), "rank": r, "steps": len(starts), "source": source,
                           "growth_bytes_per_step": int(np.median(deltas)),
                           "total_growth_bytes": int(at_end[-1] - at_start[0]),
                           "allocated_at_step_end": [int(x) for x in at_end], "sites": g.slice(0, 3).to_pylist()})
@@ -422,7 +422,7 @@ class Memory(Tool):
                                     f"over {lk['steps']} steps", dict(lk), location=where))
         for d in dev_rows:
             nb = d["never_freed_bytes"]
-            name = f"{d['device_type']}:{d['device']}"
+            name = device_label(d['device_type'], d['device'])
             if nb > 0:
                 mine = never.filter(pc.and_(pc.equal(never["rank"], d["rank"]), pc.and_(
                     pc.equal(never["device"], d["device"]), pc.equal(never["device_type"], d["device_type"]))))
@@ -458,7 +458,7 @@ class Memory(Tool):
             "devices": len(dev_rows),
             "alloc_events": sum(d["alloc_events"] for d in dev_rows),
             "free_events": sum(d["free_events"] for d in dev_rows),
-            "peak_device": f"{main['device_type']}:{main['device']}", "peak_rank": main["rank"],
+            "peak_device": device_label(main['device_type'], main['device']), "peak_rank": main["rank"],
             "peak_bytes": main["peak_bytes"], "peak_ns": main["peak_ns"],
             "peak_replayed_bytes": main["peak_replayed_bytes"], "pretrace_offset_bytes": main["pretrace_offset_bytes"],
             "live_at_peak_bytes": main["live_at_peak_bytes"], "max_reserved_bytes": main["max_reserved_bytes"],
