@@ -1,6 +1,6 @@
 """A fault-bound unified-memory program (CuPy managed memory), for issue C's proof.
 
-    python examples/uvm/cupy_managed.py --mode naive|hand [--plan plan.json] [--mib 256] [--iters 5]
+    python examples/uvm/cupy_managed.py --mode naive|hand|advise [--plan plan.json] [--mib 256] [--iters 5]
 
 Each iteration the CPU updates one value in every 4 KiB page of the buffer (range
 cpu_write: a table the host patches sparsely, so every page faults back to the CPU), the
@@ -8,7 +8,9 @@ GPU doubles one value per page, 32 threads each walking a chunk in order (range 
 every page faults back to the GPU, 32 faults in flight at a time) and the CPU reads a
 slice (range cpu_read).  The time goes to page faults, not to the work.  ``naive`` leaves all
 migration to page faults; ``hand`` prefetches by hand: to the GPU before gpu_scale, to
-the CPU before cpu_write.  ``--plan`` applies a uvm_advisor plan instead
+the CPU before cpu_write; ``advise`` instead keeps the pages on the CPU and lets the GPU
+map them (SetPreferredLocation=cpu, SetAccessedBy=device): with a few values touched per
+page on each side, remote access may beat moving every page twice.  ``--plan`` applies a uvm_advisor plan instead
 (``pastaprof.apply_uvm_plan``, no capture).  Prints one JSON line with the loop's seconds.
 The buffer is at most a quarter of the GPU's free memory (never oversubscribe by accident).
 """
@@ -47,9 +49,23 @@ extern "C" __global__ void walk(float* x, long n) {
 """
 
 
+def advise(ptr: int, size: int, device: int) -> None:
+    from cuda.bindings import runtime as rt
+
+    cpu = rt.cudaMemLocation()
+    cpu.type, cpu.id = rt.cudaMemLocationType.cudaMemLocationTypeHost, 0
+    gpu = rt.cudaMemLocation()
+    gpu.type, gpu.id = rt.cudaMemLocationType.cudaMemLocationTypeDevice, device
+    for advice, loc in ((rt.cudaMemoryAdvise.cudaMemAdviseSetPreferredLocation, cpu),
+                        (rt.cudaMemoryAdvise.cudaMemAdviseSetAccessedBy, gpu)):
+        (err,) = rt.cudaMemAdvise(ptr, size, advice, loc)
+        if int(err) != 0:
+            raise RuntimeError(f"cudaMemAdvise: CUDA error {int(err)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["naive", "hand"], default="naive")
+    ap.add_argument("--mode", choices=["naive", "hand", "advise"], default="naive")
     ap.add_argument("--plan")
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--iters", type=int, default=5)
@@ -64,6 +80,8 @@ def main() -> None:
     walk = cp.RawKernel(WALK, "walk")
     host = np.ctypeslib.as_array(ctypes.cast(mem.ptr, ctypes.POINTER(ctypes.c_float)), (n,))
     host[:] = 1.0  # first touch, outside the timed loop
+    if a.mode == "advise":
+        advise(mem.ptr, nbytes, cp.cuda.Device().id)
     total = 0.0
     t0 = time.perf_counter()
     for it in range(a.iters):
