@@ -26,7 +26,8 @@ def _consumed_kinds(tools: list[Any], names: tuple[str, ...]) -> set[str]:
         try:
             from pastaprof.tools.registry import resolve
 
-            kinds |= {k for cls in resolve(list(names)) for k in cls.consumes if k not in cls.optional}
+            kinds |= {k for cls in resolve(list(names)) for k in getattr(cls, "consumes", ())
+                      if k not in getattr(cls, "optional", ())}
         except Exception:  # an unknown tool is the launcher's error to report, not ours
             pass
     return kinds
