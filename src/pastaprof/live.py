@@ -19,12 +19,14 @@ import functools
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pastaprof.errors import UsageError
-from pastaprof.handlers.control import CaptureConfig
-from pastaprof.handlers.session import Session
-from pastaprof.tools.base import Report, Tool
+
+if TYPE_CHECKING:  # the session (pyarrow, numpy, handlers) loads only when capture starts:
+    # `pastaprof.range` in a program that never captures costs nothing at first use
+    from pastaprof.handlers.session import Session
+    from pastaprof.tools.base import Report, Tool
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,6 +55,9 @@ def start(tools: Sequence[str | Tool] | None = None, out: str | Path | None = No
         if key not in ("ranges", "kernels", "sample", "steps", "ranks", "flush_ms"):
             raise UsageError(f"unknown capture setting {key!r}")
         env[f"PASTAPROF_{key.upper()}"] = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    from pastaprof.handlers.control import CaptureConfig
+    from pastaprof.handlers.session import Session
+
     config = CaptureConfig.from_env(env)
     instances: list[Tool] = []
     if tools:  # the tool registry (and DuckDB) only when live tools are asked for
@@ -104,6 +109,8 @@ def _restart_in_child() -> None:
     _session = None
     parent._stopped = True  # the copy of the parent's session must not write in its name
     try:
+        from pastaprof.handlers.session import Session
+
         _session = Session(parent.config, [], gpu=False).start()
     except Exception:
         _session = None
