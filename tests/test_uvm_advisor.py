@@ -255,3 +255,33 @@ def test_no_read_mostly_when_the_cpu_rewrites_what_the_gpu_read():
     t["uvm"] = pa.concat_tables([t["uvm"], pa.Table.from_pylist(later, schema=t["uvm"].schema)])
     acts = [a["action"] for a in plan_of(_report(t))["actions"]]
     assert "advise" not in acts and acts.count("prefetch") == 2
+
+
+def test_track_managed_names_allocations_the_capture_cannot_see(tmp_path):
+    """A PyTorch pluggable allocator's cudaMallocManaged is invisible to the CuPy / cuda-bindings
+    hooks: pastaprof.track_managed names such an allocation by its call site, so the advisor's
+    plan can refer to it.  Without --uvm (or a plan) it does nothing."""
+    import subprocess
+    import sys
+
+    import pastaprof
+
+    app = tmp_path / "prog.py"
+    app.write_text("import pastaprof\n"
+                   "for i in range(2):\n"
+                   "    pastaprof.track_managed((1 << 40) + i * (1 << 20), 1 << 20)\n"
+                   "pastaprof.track_managed(1 << 41, 4096)\n")
+    for flags, expect in ((["--uvm"], 3), ([], 0)):
+        out = tmp_path / f"run{len(flags)}"
+        r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(out), *flags, "--",
+                            sys.executable, str(app)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        rows = pastaprof.load(out).table("alloc").to_pylist()
+        assert len(rows) == expect
+        if expect:
+            site3, site4 = f"{app}(3): <module>", f"{app}(4): <module>"
+            assert [(r["name"], r["bytes"], r["memory_kind"]) for r in rows] == \
+                [(site3, 1 << 20, "managed"), (site3, 1 << 20, "managed"), (site4, 4096, "managed")]
+            rep = _report({"alloc": pastaprof.load(out).table("alloc")})
+            assert [a["name"] for a in rep.tables["allocations"].to_pylist()] == \
+                [f"{site3}#0 (1048576 B)", f"{site3}#1 (1048576 B)", f"{site4}#0 (4096 B)"]

@@ -26,7 +26,7 @@ _LAZY = {
     "analyze": "pastaprof.api", "load": "pastaprof.api", "import_trace": "pastaprof.api",
     "example_path": "pastaprof.api",
     "profile": "pastaprof.live", "start": "pastaprof.live", "stop": "pastaprof.live", "range": "pastaprof.live",
-    "step": "pastaprof.live", "apply_uvm_plan": "pastaprof.live",
+    "step": "pastaprof.live", "apply_uvm_plan": "pastaprof.live", "track_managed": "pastaprof.live",
     "Run": "pastaprof.store.run",
     "Tool": "pastaprof.tools.base", "Report": "pastaprof.tools.base", "Finding": "pastaprof.tools.base",
     "KINDS": "pastaprof.events.schema", "SCHEMAS": "pastaprof.events.schema",

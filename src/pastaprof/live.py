@@ -207,6 +207,21 @@ def apply_uvm_plan(plan: str | Path | dict, dry_run: bool = False) -> Any:
     return applier
 
 
+def track_managed(ptr: int, size: int) -> None:
+    """Tell pastaprof about a managed allocation it cannot see being made -- e.g. one from a
+    PyTorch pluggable allocator calling cudaMallocManaged -- so that uvm_advisor names it by
+    this call site (``file(line): function#ordinal``) and a plan can prefetch or advise it.
+    CuPy's and cuda-bindings' managed allocations are tracked without this.  A no-op when
+    neither unified-memory capture (``--uvm``) nor a plan is on."""
+    from pastaprof.handlers.uvm_plan import UvmPlanApplier, caller_site
+
+    where = caller_site()
+    targets = [h for h in (_session.handlers if _session is not None else []) if isinstance(h, UvmPlanApplier)]
+    targets += [h for h in _range_listeners if isinstance(h, UvmPlanApplier)]
+    for registry in targets[:1]:  # one registry per process names and applies
+        registry.allocated(int(ptr), int(size), where)
+
+
 def step() -> int:
     """Advance the step counter that PASTAPROF_STEPS windows refer to."""
     return _session.next_step() if _session is not None else 0

@@ -76,6 +76,12 @@ def load_plan(source: str | Path | dict) -> dict[str, Any]:
     return plan
 
 
+def caller_site() -> str:
+    """The call site of whoever called the caller (first frame outside pastaprof, CuPy and
+    cuda-bindings), as allocations are named."""
+    return _call_site()
+
+
 def _call_site() -> str:
     f = sys._getframe(2)
     while f is not None:
