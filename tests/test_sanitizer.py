@@ -162,3 +162,31 @@ def test_a_kernel_regex_the_c_side_cannot_compile_is_named(lib):
     assert lib.pp_san_configure(1, patch, b"gemm|conv[0-9]+", 1, 12, 4096, 1 << 20, 1 << 10, 31) == 0
     assert lib.pp_san_configure(1, patch, b"(?i)gemm", 1, 12, 4096, 1 << 20, 1 << 10, 31) != 0
     assert "not a POSIX extended regular expression" in lib.pp_san_error().decode()
+
+
+def test_drain_reads_every_table_of_the_library(lib):
+    """pp_san_take writes one count per table: the handler must give it room for all of them."""
+    from pastaprof.handlers.sanitizer import NCOLS
+
+    h = SanitizerHandler(CaptureConfig(), rank=0)
+    h.lib = lib
+    tables, addrs = h._take()
+    assert len(tables) == len(NCOLS) == 7 and addrs.shape == (0, 32)
+    assert [len(t) for t in tables] == list(NCOLS) and all(len(c) == 0 for t in tables for c in t.values())
+    assert h.drain() == {}
+
+
+def test_copies_seen_by_the_sanitizer_become_memcpy_and_memset_rows():
+    """With the sanitizer subscribed CUPTI cannot run; copies then come from the sanitizer's
+    API callbacks, with host times (laid out as sanitizer_tool.cpp's copy_event writes them)."""
+    h = SanitizerHandler(CaptureConfig(), rank=2)
+    cols = {"start_ns": np.array([10, 20, 30]), "kind": np.array([0, 1, 0]), "bytes": np.array([4096, 256, 64]),
+            "direction": np.array([2, 0, 4]), "stream": np.array([7, 7, 0]), "dst": np.array([1, 2, 3]),
+            "src": np.array([4, 0, 5])}
+    out = h._copies(cols)
+    mc, ms = out["memcpy"].to_pylist(), out["memset"].to_pylist()
+    assert [(r["start_ns"], r["end_ns"], r["bytes"], r["direction"], r["rank"]) for r in mc] == \
+        [(10, 10, 4096, "HtoD", 2), (30, 30, 64, "DtoD", 2)]
+    assert [(r["start_ns"], r["bytes"], r["stream"]) for r in ms] == [(20, 256, 7)]
+    assert mc[0]["name"] == "memcpy (host-side, sanitizer)"
+    assert h._copies({k: v[:0] for k, v in cols.items()}) == {}

@@ -35,7 +35,7 @@ from pastaprof.events.schema import conform
 from pastaprof.handlers.control import CaptureConfig
 from pastaprof.processor.link import map_keys
 
-T_LAUNCH, T_OBJ, T_PAGE, T_PC, T_RAW, T_SNAP = range(6)
+T_LAUNCH, T_OBJ, T_PAGE, T_PC, T_RAW, T_SNAP, T_COPY = range(7)
 LAUNCH_COLS = ("correlation", "start_ns", "end_ns", "device", "stream", "name_id", "grid_x", "grid_y", "grid_z",
                "block_x", "block_y", "block_z", "mode", "requests", "lanes", "unattributed_lanes", "shared_lanes",
                "local_lanes", "async_copy_lanes", "uncovered_bulk_copies", "uncovered_wgmma", "pc_dropped",
@@ -46,7 +46,9 @@ OBJ_COLS = ("correlation", "object_address", "object_bytes", "kind", "reads", "w
 PC_COLS = ("correlation", "pc", "requests", "lanes", "bytes", "sectors", "reads", "writes")
 RAW_COLS = ("correlation", "pc", "flags", "size", "active", "cta", "warp", "pad")
 SNAP_COLS = ("correlation", "base", "bytes", "level")
-NCOLS = (len(LAUNCH_COLS), len(OBJ_COLS), 1, len(PC_COLS), len(RAW_COLS), len(SNAP_COLS))
+COPY_COLS = ("start_ns", "kind", "bytes", "direction", "stream", "dst", "src")
+NCOLS = (len(LAUNCH_COLS), len(OBJ_COLS), 1, len(PC_COLS), len(RAW_COLS), len(SNAP_COLS), len(COPY_COLS))
+DIRECTIONS = {0: "unknown", 1: "HtoH", 2: "HtoD", 3: "DtoH", 4: "DtoD"}  # Sanitizer_MemcpyDirection
 INSTRUCTIONS = {"shared": 1, "local": 2, "async": 4, "bulk": 8, "wgmma": 16}
 
 
@@ -137,7 +139,7 @@ class SanitizerHandler:
 
     # -- draining -----------------------------------------------------------------
     def _take(self) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
-        n = np.zeros(6, np.int64)
+        n = np.zeros(len(NCOLS), np.int64)  # pp_san_take writes one count per table
         self.lib.pp_san_take(n.ctypes.data_as(ctypes.c_void_p))
         tables = []
         for t, ncol in enumerate(NCOLS):
@@ -164,11 +166,11 @@ class SanitizerHandler:
             return {}
         t0 = time.perf_counter()
         tables, addrs = self._take()
+        out: dict[str, pa.Table] = self._copies(dict(zip(COPY_COLS, tables[T_COPY].values())))
         lc = dict(zip(LAUNCH_COLS, tables[T_LAUNCH].values()))
         n = len(lc["correlation"])
         if n == 0:
-            return {}
-        out: dict[str, pa.Table] = {}
+            return out
         common = {"rank": np.full(n, self.rank, np.int32), "pid": np.full(n, self.pid, np.int64)}
         launch = {k: lc[k] for k in LAUNCH_COLS if k not in ("name_id", "mode", "function_pc", "space_bytes")}
         launch["name"] = self._name_array(lc["name_id"])
@@ -182,6 +184,29 @@ class SanitizerHandler:
         else:
             out.update(self._cpu_tables(tables, addrs, lc, name_of))
         self.drain_seconds += time.perf_counter() - t0
+        return out
+
+    def record_copies(self) -> None:
+        """memcpy / memset rows from the sanitizer's API callbacks (host time, no GPU
+        duration), for runs in which CUPTI could not start alongside the sanitizer."""
+        if self.lib is not None and self.lib.pp_san_record_copies(1) == 0:
+            self.copies = True
+
+    copies = False
+
+    def _copies(self, c: dict[str, np.ndarray]) -> dict[str, pa.Table]:
+        out: dict[str, pa.Table] = {}
+        for kind, code in (("memcpy", 0), ("memset", 1)):
+            sel = c["kind"] == code
+            k = int(sel.sum())
+            if not k:
+                continue
+            cols = {"start_ns": c["start_ns"][sel], "end_ns": c["start_ns"][sel], "rank": np.full(k, self.rank, np.int32),
+                    "pid": np.full(k, self.pid, np.int64), "stream": c["stream"][sel], "bytes": c["bytes"][sel],
+                    "name": pa.array([f"{kind} (host-side, sanitizer)"] * k)}
+            if kind == "memcpy":
+                cols["direction"] = pa.array([DIRECTIONS.get(int(d), "unknown") for d in c["direction"][sel]])
+            out[kind] = conform(kind, pa.table(cols))
         return out
 
     def _rows_of(self, corr: np.ndarray, lc: dict, name_of: tuple) -> dict[str, Any]:

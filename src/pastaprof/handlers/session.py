@@ -123,12 +123,15 @@ class Session(OptionalHandlers, Linking):
             cupti = CuptiActivityHandler(self.config, self.rank)
             self.handlers.append(cupti)
             cupti.start()
-            if cupti.status and any(getattr(h, "name", "") == "sanitizer" for h in self.handlers):
+            san = next((h for h in self.handlers if getattr(h, "name", "") == "sanitizer"), None)
+            if cupti.status and san is not None:
                 # Measured on the H200 (driver 580): with the Compute Sanitizer subscribed,
                 # cuptiActivityRegisterCallbacks fails with 39 (MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED).
                 cupti.status = (f"{cupti.status}: CUPTI cannot run alongside the Compute Sanitizer (the driver "
-                                "allows one callback subscriber), so kernel GPU times, memcpy and memset are not "
-                                "recorded in this run; ops, tensors and instruction-level accesses are")
+                                "allows one callback subscriber), so kernel GPU times are not recorded in this "
+                                "run; ops, tensors, instruction-level accesses and memcpy/memset calls (host "
+                                "times, from the sanitizer) are")
+                san.record_copies()
             self.status["cupti"] = cupti.status or "ok"
             if self._uvm_pending and cupti.status is None:
                 self._start_uvm(cupti)

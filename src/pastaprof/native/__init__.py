@@ -352,6 +352,8 @@ def _declare_sanitizer(lib: Any) -> None:
     lib.InitializeInjection.restype = c.c_int
     lib.pp_san_set_enabled.argtypes = [c.c_int]
     lib.pp_san_set_enabled.restype = None
+    lib.pp_san_record_copies.argtypes = [c.c_int]
+    lib.pp_san_record_copies.restype = c.c_int
     lib.pp_san_set_cubin_dir.argtypes = [c.c_char_p]
     lib.pp_san_set_cubin_dir.restype = None
     lib.pp_san_tensor.argtypes = [c.c_uint64, c.c_uint64, c.c_int]

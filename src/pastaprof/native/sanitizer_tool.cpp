@@ -38,8 +38,8 @@
 
 namespace {
 
-enum Table { T_LAUNCH = 0, T_OBJ, T_PAGE, T_PC, T_RAW, T_SNAP, T_N };
-const int NCOLS[T_N] = {32, 11, 1, 8, 8, 4};
+enum Table { T_LAUNCH = 0, T_OBJ, T_PAGE, T_PC, T_RAW, T_SNAP, T_COPY, T_N };
+const int NCOLS[T_N] = {32, 11, 1, 8, 8, 4, 7};
 
 struct Config {
   unsigned mode = PP_MODE_GPU;
@@ -456,7 +456,34 @@ void memory_event(Sanitizer_CallbackId cbid, const void* data) {
   }
 }
 
+// Copies and memsets as the API issues them (host time, no GPU duration): the rows CUPTI
+// would give, which it cannot while the sanitizer is subscribed.  T_COPY columns: time,
+// kind (0 memcpy, 1 memset), bytes, direction (Sanitizer_MemcpyDirection), stream,
+// destination, source.
+std::atomic<int> copies_on{0};
+
+void copy_event(Sanitizer_CallbackDomain dom, const void* data) {
+  if (!copies_on.load(std::memory_order_relaxed) || !enabled.load(std::memory_order_relaxed)) return;
+  int64_t t = now_ns();
+  std::lock_guard<std::mutex> g(mu);
+  if (dom == SANITIZER_CB_DOMAIN_MEMCPY) {
+    auto* m = (const Sanitizer_MemcpyData*)data;
+    uint64_t bytes = m->size ? m->size : m->width * (m->height ? m->height : 1) * (m->depth ? m->depth : 1);
+    push(T_COPY, {t, 0, int64_t(bytes), int64_t(m->direction), int64_t(uintptr_t(m->apiStream)),
+                  int64_t(m->dstAddress), int64_t(m->srcAddress)});
+  } else {
+    auto* m = (const Sanitizer_MemsetData*)data;
+    uint64_t bytes = m->width * (m->elementSize ? m->elementSize : 1) * (m->height ? m->height : 1);
+    push(T_COPY, {t, 1, int64_t(bytes), 0, int64_t(uintptr_t(m->stream)), int64_t(m->address), 0});
+  }
+}
+
 void SANITIZERAPI callback(void* ud, Sanitizer_CallbackDomain dom, Sanitizer_CallbackId cbid, const void* data) {
+  if ((dom == SANITIZER_CB_DOMAIN_MEMCPY && cbid == SANITIZER_CBID_MEMCPY_STARTING) ||
+      (dom == SANITIZER_CB_DOMAIN_MEMSET && cbid == SANITIZER_CBID_MEMSET_STARTING)) {
+    copy_event(dom, data);
+    return;
+  }
   if (dom == SANITIZER_CB_DOMAIN_LAUNCH) {
     if (cbid == SANITIZER_CBID_LAUNCH_BEGIN) launch_begin((const Sanitizer_LaunchData*)data);
     else if (cbid == SANITIZER_CBID_LAUNCH_END) launch_end((const Sanitizer_LaunchData*)data);
@@ -523,6 +550,19 @@ int InitializeInjection() {
 }
 
 void pp_san_set_enabled(int on) { enabled = on; }
+
+// Record memcpy / memset calls (when CUPTI, which would give them with GPU times, is off).
+int pp_san_record_copies(int on) {
+  copies_on = on;
+  if (!sub || !on) return 0;
+  SanitizerResult r;
+  if ((r = sanitizerEnableDomain(1, sub, SANITIZER_CB_DOMAIN_MEMCPY)) != SANITIZER_SUCCESS ||
+      (r = sanitizerEnableDomain(1, sub, SANITIZER_CB_DOMAIN_MEMSET)) != SANITIZER_SUCCESS) {
+    note("memcpy/memset callbacks not available (SanitizerResult " + std::to_string(int(r)) + ")");
+    return 1;
+  }
+  return 0;
+}
 
 // Keep module images that carry line info under `dir` (created by the caller); "" = none.
 void pp_san_set_cubin_dir(const char* dir) { cubin_dir = dir ? dir : ""; }
