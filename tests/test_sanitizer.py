@@ -190,3 +190,14 @@ def test_copies_seen_by_the_sanitizer_become_memcpy_and_memset_rows():
     assert [(r["start_ns"], r["bytes"], r["stream"]) for r in ms] == [(20, 256, 7)]
     assert mc[0]["name"] == "memcpy (host-side, sanitizer)"
     assert h._copies({k: v[:0] for k, v in cols.items()}) == {}
+
+
+def test_kernel_names_are_shown_demangled(lib):
+    """The driver names kernels as mangled symbols; events show them as CUPTI and Kineto do,
+    while the mangled name stays the key into the module image (line info)."""
+    h = SanitizerHandler(CaptureConfig(), rank=0)
+    h.lib = lib
+    assert h.demangle("_Z7stridedPKfPfll") == "strided(float const*, float*, long, long)"
+    assert h.demangle("vadd") == "vadd"
+    long_name = "_Z" + "3abc" * 2000 + "v"  # not valid: returned as is, however long
+    assert h.demangle(long_name) == long_name

@@ -77,7 +77,8 @@ class SanitizerHandler:
         self.reduce_seconds = 0.0      # CPU path: time in reduce_requests
         self.drain_seconds = 0.0
         self.requests_reduced = 0
-        self._names: list[str] = []
+        self._names: list[str] = []      # as the driver gives them (mangled): cubin lookups
+        self._display: list[str] = []    # demangled, for the events
         self.pid = os.getpid()
         # the heatmap tool's CTA (raw records only: --process cpu)
         self.heatmap_cta = _env_int("PASTAPROF_HEATMAP_CTA", 0) if "heatmap" in config.tools else None
@@ -159,7 +160,19 @@ class SanitizerHandler:
         count = self.lib.pp_san_name_count()
         for i in range(len(self._names), count):
             self._names.append(self.lib.pp_san_name(i).decode("utf-8", "replace"))
-        return pa.DictionaryArray.from_arrays(pa.array(ids.astype(np.int32)), pa.array(self._names, pa.string()))
+        for name in self._names[len(self._display):]:
+            self._display.append(self.demangle(name))
+        return pa.DictionaryArray.from_arrays(pa.array(ids.astype(np.int32)), pa.array(self._display, pa.string()))
+
+    def demangle(self, name: str) -> str:
+        """A kernel's readable name (as CUPTI and Kineto show it); the name itself if plain."""
+        raw = name.encode()
+        buf = ctypes.create_string_buffer(4096)
+        n = self.lib.pp_san_demangle(raw, buf, len(buf))
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            self.lib.pp_san_demangle(raw, buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
 
     def drain(self) -> dict[str, pa.Table]:
         if self.lib is None:

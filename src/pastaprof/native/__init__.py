@@ -373,6 +373,8 @@ def _declare_sanitizer(lib: Any) -> None:
     lib.pp_san_copy_addresses.argtypes = [c.c_void_p]
     lib.pp_san_copy_addresses.restype = None
     lib.pp_san_name_count.restype = c.c_int64
+    lib.pp_san_demangle.argtypes = [c.c_char_p, c.c_char_p, c.c_int64]
+    lib.pp_san_demangle.restype = c.c_int64
     lib.pp_san_name.argtypes = [c.c_int64]
     lib.pp_san_name.restype = c.c_char_p
 

@@ -18,7 +18,9 @@
 // Instrumented launches never block: if one is in flight on another thread, the
 // launch is left uninstrumented and counted as skipped.
 #include <cuda.h>
+#include <cxxabi.h>
 #include <regex.h>
+#include <stdlib.h>
 #include <sanitizer.h>
 #include <string.h>
 #include <time.h>
@@ -624,6 +626,21 @@ void pp_san_copy(int table, int col, int64_t* dst) {
 void pp_san_copy_addresses(uint64_t* dst) { memcpy(dst, taken_addrs.data(), taken_addrs.size() * 8); }
 
 int64_t pp_san_name_count() { std::lock_guard<std::mutex> g(mu); return int64_t(names.size()); }
+
+// The readable name of a mangled kernel name, into buf (the name itself if it is not mangled).
+int64_t pp_san_demangle(const char* mangled, char* buf, int64_t cap) {
+  int status = 0;
+  char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  const char* s = (status == 0 && d) ? d : mangled;
+  int64_t n = int64_t(strlen(s));
+  if (cap > 0) {
+    int64_t k = n < cap - 1 ? n : cap - 1;
+    memcpy(buf, s, size_t(k));
+    buf[k] = 0;
+  }
+  free(d);
+  return n;
+}
 const char* pp_san_name(int64_t i) { return i >= 0 && size_t(i) < names.size() ? names[i].c_str() : ""; }
 
 }  // extern "C"
