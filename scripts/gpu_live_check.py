@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 
 def main() -> None:
@@ -59,6 +60,8 @@ def main() -> None:
         "gpu_ns_with_op_id": attributed, "ops_gpu_ns_total": rep["ops"].summary["gpu_ns"],
         "memset_rows": pr.table("memset").num_rows, "memcpy_rows": pr.table("memcpy").num_rows, "memory_peak_bytes": rep["memory"].summary.get("peak_bytes"),
         "manifest_status": json.loads((run / "run.json").read_text())["status"],
+        # kernel names as torch.profiler shows them (the C drain demangles CUPTI's symbols)
+        "mangled_kernel_names": sum(1 for n in set(k["name"].cast(pa.string()).to_pylist()) if n and n.startswith("_Z")),
     }
     print(json.dumps(res, indent=1))
     (out / "live-gpt2.json").write_text(json.dumps(res, indent=1))
@@ -75,6 +78,7 @@ def main() -> None:
     assert res["ops_attributed_gpu_ns"] == attributed, res  # op GPU times sum to the attributed GPU time
     assert bad == 0, res
     assert res["tensor_events"] > 0, res
+    assert res["mangled_kernel_names"] == 0, res
 
 
 if __name__ == "__main__":

@@ -106,7 +106,8 @@ def build_cupti() -> Path:
     inc = cupti_include_dirs()
     if not inc:
         raise RuntimeError("CUPTI headers not found (CUDA toolkit or the nvidia-cuda-cupti wheel)")
-    return _build("pastaprof_cupti", [HERE / "cupti_drain.c"], [f"-I{i}" for i in inc] + ["-ldl", "-lpthread"],
+    return _build("pastaprof_cupti", [HERE / "cupti_drain.c"],
+                  [f"-I{i}" for i in inc] + ["-ldl", "-lpthread", "-lstdc++"],  # -lstdc++: __cxa_demangle
                   cpp=False)
 
 

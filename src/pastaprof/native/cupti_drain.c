@@ -112,6 +112,18 @@ static int grow(Table* t, int ncols) {
   return 0;
 }
 
+/* Kernel names as people read them (CUPTI gives the mangled symbol; Kineto and torch.profiler
+ * show it demangled): g_names keeps the mangled string for the table's lookups, g_display
+ * the readable one for the events. */
+extern char* __cxa_demangle(const char* mangled, char* buf, size_t* len, int* status);
+static char** g_display;
+
+static char* readable(const char* name) {
+  int status = 0;
+  char* d = (name[0] == '_' && name[1] == 'Z') ? __cxa_demangle(name, NULL, NULL, &status) : NULL;
+  return (status == 0 && d) ? d : strdup(name);
+}
+
 static int32_t name_id(const char* name) {
   if (!name) return -1;
   uint64_t h = (uint64_t)(uintptr_t)name;
@@ -126,9 +138,13 @@ static int32_t name_id(const char* name) {
         char** p = (char**)realloc(g_names, (size_t)cap * sizeof(char*));
         if (!p) return -1;
         g_names = p;
+        char** q = (char**)realloc(g_display, (size_t)cap * sizeof(char*));
+        if (!q) return -1;
+        g_display = q;
         g_capnames = cap;
       }
       g_names[g_nnames] = strdup(name);
+      g_display[g_nnames] = readable(name);
       g_name_ptr[s] = name;
       g_name_id[s] = (int32_t)g_nnames;
       return (int32_t)g_nnames++;
@@ -414,7 +430,7 @@ int64_t pp_cupti_string_count(void) {
 
 const char* pp_cupti_string(int64_t i) {
   pthread_mutex_lock(&g_mu);
-  const char* s = (i >= 0 && i < g_nnames) ? g_names[i] : NULL;
+  const char* s = (i >= 0 && i < g_nnames) ? g_display[i] : NULL;
   pthread_mutex_unlock(&g_mu);
   return s;
 }
