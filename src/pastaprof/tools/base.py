@@ -13,11 +13,14 @@ Third-party tools register a class in the ``pastaprof.tools`` entry-point group.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import pyarrow as pa
 
 from pastaprof.events.schema import schema
+
+if TYPE_CHECKING:
+    import duckdb
 
 Severity = Literal["info", "warning", "critical"]
 
@@ -65,6 +68,18 @@ class RunInfo:
     @property
     def devices(self) -> list[dict[str, Any]]:
         return list(self.manifest.get("devices", []))
+
+
+def sql(**tables: pa.Table) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with each table registered under its keyword's name.  DuckDB is
+    imported here, not when a tool module is: capture resolves the tools named for the
+    report inside the profiled program, which should not pay for DuckDB."""
+    import duckdb
+
+    con = duckdb.connect()
+    for name, table in tables.items():
+        con.register(name, table)
+    return con
 
 
 class Tool:

@@ -10,9 +10,7 @@ would save if coalesced.
 
 from __future__ import annotations
 
-import duckdb
-
-from pastaprof.tools.base import Finding, Report, Tool
+from pastaprof.tools.base import Finding, Report, Tool, sql
 
 EXCESS = 2.0
 MIN_SHARE = 0.01
@@ -24,8 +22,7 @@ class Coalescing(Tool):
     consumes = ("access_pc",)
 
     def report(self) -> Report:
-        con = duckdb.connect()
-        con.register("p", self.table("access_pc"))
+        con = sql(p=self.table("access_pc"))
         pcs = con.sql("""
             SELECT CAST(name AS VARCHAR) AS kernel, pc, any_value(CAST(source AS VARCHAR)) AS source,
                    sum(requests)::BIGINT AS requests, sum(lanes)::BIGINT AS lanes,

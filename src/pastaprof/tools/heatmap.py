@@ -9,9 +9,7 @@ sector) -- shows sectors fetched for one or two words, the pattern cuThermo flag
 
 from __future__ import annotations
 
-import duckdb
-
-from pastaprof.tools.base import Finding, Report, Tool
+from pastaprof.tools.base import Finding, Report, Tool, sql
 
 TOP = 200
 LOW_UTILIZATION = 0.25
@@ -23,8 +21,7 @@ class Heatmap(Tool):
     consumes = ("access_heatmap",)
 
     def report(self) -> Report:
-        con = duckdb.connect()
-        con.register("h", self.table("access_heatmap"))
+        con = sql(h=self.table("access_heatmap"))
         sectors = con.sql(f"""
             SELECT correlation AS launch, cta, object_address, sector_address, accesses, reads, writes, warps,
                    len(list_filter(word_counts, lambda x: x > 0)) AS words_touched, word_counts

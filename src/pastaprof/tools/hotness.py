@@ -8,9 +8,7 @@ accesses summed over launches (the heat map's rows, hottest first).
 
 from __future__ import annotations
 
-import duckdb
-
-from pastaprof.tools.base import Report, Tool
+from pastaprof.tools.base import Report, Tool, sql
 
 TOP_PAGES = 1000
 
@@ -21,8 +19,7 @@ class Hotness(Tool):
     consumes = ("access_summary",)
 
     def report(self) -> Report:
-        con = duckdb.connect()
-        con.register("s", self.table("access_summary"))
+        con = sql(s=self.table("access_summary"))
         pages = con.sql(f"""
             WITH e AS (SELECT rank, object_address, object_bytes, page_bytes, correlation,
                               unnest(page_counts) AS n, generate_subscripts(page_counts, 1) - 1 AS page

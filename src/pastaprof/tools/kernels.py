@@ -7,10 +7,9 @@ flag kernels that dominate GPU time and many tiny kernels (launch overhead).
 
 from __future__ import annotations
 
-import duckdb
 import pyarrow as pa
 
-from pastaprof.tools.base import Finding, Report, Tool
+from pastaprof.tools.base import Finding, Report, Tool, sql
 
 DOMINANT_SHARE = 0.25      # a kernel name taking >= 25% of GPU time is worth a look
 TINY_KERNEL_NS = 5_000     # kernels under 5 us are dominated by launch overhead ...
@@ -23,10 +22,7 @@ class Kernels(Tool):
     consumes = ("kernel", "memcpy", "memset")
 
     def report(self) -> Report:
-        con = duckdb.connect()
-        con.register("kernel", self.table("kernel"))
-        con.register("memcpy", self.table("memcpy"))
-        con.register("memset", self.table("memset"))
+        con = sql(kernel=self.table("kernel"), memcpy=self.table("memcpy"), memset=self.table("memset"))
         per_kernel = con.sql("""
             WITH k AS (SELECT CAST(name AS VARCHAR) AS name, end_ns - start_ns AS d,
                               format('{}x{}x{}', grid_x, grid_y, grid_z) AS grid,
@@ -70,8 +66,7 @@ class Kernels(Tool):
                 out.append(Finding("warning", f"one kernel takes {r['share']:.0%} of GPU time",
                                    {"launches": r["launches"], "total_ns": r["total_ns"], "share": round(r["share"], 4),
                                     "mean_ns": round(r["mean_ns"], 1)}, location=r["name"]))
-        con = duckdb.connect()
-        con.register("k", per_kernel)
+        con = sql(k=per_kernel)
         tiny = con.execute(f"SELECT sum(launches), sum(total_ns) FROM k WHERE median_ns < {TINY_KERNEL_NS}").fetchall()[0]
         if tiny[0] and tiny[0] >= TINY_MIN_LAUNCHES:
             out.append(Finding("info", f"{tiny[0]} launches of kernels with median under {TINY_KERNEL_NS // 1000} us",

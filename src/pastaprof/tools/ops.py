@@ -12,11 +12,10 @@ inclusive ``gpu_ns`` adds the GPU time of descendant ops.
 
 from __future__ import annotations
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pastaprof.tools.base import Finding, Report, Tool
+from pastaprof.tools.base import Finding, Report, Tool, sql
 
 UNATTRIBUTED_WARN_SHARE = 0.05   # >5% of GPU time not linked to any op is worth a warning
 
@@ -47,10 +46,7 @@ class Ops(Tool):
 
     def report(self) -> Report:
         op = self.table("op")
-        con = duckdb.connect()
-        con.register("k", self.table("kernel"))
-        con.register("c", self.table("memcpy"))
-        con.register("s", self.table("memset"))
+        con = sql(k=self.table("kernel"), c=self.table("memcpy"), s=self.table("memset"))
         con.execute("""
             CREATE TEMP TABLE gpu AS
             SELECT rank, op_id, CAST(name AS VARCHAR) AS kname, end_ns - start_ns AS d FROM k

@@ -16,9 +16,13 @@ and working set are lower bounds, never silently complete.
 
 from __future__ import annotations
 
-import duckdb
+from typing import TYPE_CHECKING
 
-from pastaprof.tools.base import Finding, Report, Tool
+from pastaprof.tools.base import Finding, Report, Tool, sql
+
+if TYPE_CHECKING:
+    import duckdb
+    import pyarrow as pa
 
 LOW_SHARE = 0.1   # a kernel touching < 10% of what is live (and >= 1 GiB live) is worth a look
 LOW_MIN_FOOTPRINT = 1 << 30
@@ -31,8 +35,7 @@ class WorkingSet(Tool):
 
     def report(self) -> Report:
         s = self.table("access_summary")
-        con = duckdb.connect()
-        con.register("s", s)
+        con = sql(s=s)
         launches = con.sql("""
             SELECT rank, correlation AS launch, any_value(CAST(name AS VARCHAR)) AS kernel,
                    sum(reads + writes)::BIGINT AS accesses,
@@ -78,7 +81,7 @@ class WorkingSet(Tool):
         return Report(self.name, tables={"kernels": kernels, "launches": launches, "coverage": coverage},
                       findings=findings, summary=summary)
 
-    def _coverage(self, con: duckdb.DuckDBPyConnection):
+    def _coverage(self, con: duckdb.DuckDBPyConnection) -> pa.Table:
         """Per kernel: instrumented launches and what was not attributed or not seen."""
         con.register("a", self.table("access_launch"))
         return con.sql("""
