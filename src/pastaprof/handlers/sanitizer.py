@@ -48,7 +48,7 @@ RAW_COLS = ("correlation", "pc", "flags", "size", "active", "cta", "warp", "pad"
 SNAP_COLS = ("correlation", "base", "bytes", "level")
 COPY_COLS = ("start_ns", "kind", "bytes", "direction", "stream", "dst", "src")
 NCOLS = (len(LAUNCH_COLS), len(OBJ_COLS), 1, len(PC_COLS), len(RAW_COLS), len(SNAP_COLS), len(COPY_COLS))
-DIRECTIONS = {0: "unknown", 1: "HtoH", 2: "HtoD", 3: "DtoH", 4: "DtoD"}  # Sanitizer_MemcpyDirection
+DIRECTIONS = ("unknown", "HtoH", "HtoD", "DtoH", "DtoD")  # by Sanitizer_MemcpyDirection
 INSTRUCTIONS = {"shared": 1, "local": 2, "async": 4, "bulk": 8, "wgmma": 16}
 
 
@@ -156,12 +156,15 @@ class SanitizerHandler:
             self.lib.pp_san_copy_addresses(addrs.ctypes.data_as(ctypes.c_void_p))
         return tables, addrs
 
-    def _name_array(self, ids: np.ndarray) -> pa.Array:
-        count = self.lib.pp_san_name_count()
-        for i in range(len(self._names), count):
+    def _fetch_names(self) -> None:
+        """Kernel names the library interned since the last call (once per distinct kernel)."""
+        for i in range(len(self._names), self.lib.pp_san_name_count()):
             self._names.append(self.lib.pp_san_name(i).decode("utf-8", "replace"))
         for name in self._names[len(self._display):]:
             self._display.append(self.demangle(name))
+
+    def _name_array(self, ids: np.ndarray) -> pa.Array:
+        self._fetch_names()
         return pa.DictionaryArray.from_arrays(pa.array(ids.astype(np.int32)), pa.array(self._display, pa.string()))
 
     def demangle(self, name: str) -> str:
@@ -216,9 +219,12 @@ class SanitizerHandler:
                 continue
             cols = {"start_ns": c["start_ns"][sel], "end_ns": c["start_ns"][sel], "rank": np.full(k, self.rank, np.int32),
                     "pid": np.full(k, self.pid, np.int64), "stream": c["stream"][sel], "bytes": c["bytes"][sel],
-                    "name": pa.array([f"{kind} (host-side, sanitizer)"] * k)}
-            if kind == "memcpy":
-                cols["direction"] = pa.array([DIRECTIONS.get(int(d), "unknown") for d in c["direction"][sel]])
+                    "name": pa.DictionaryArray.from_arrays(np.zeros(k, np.int32),
+                                                           pa.array([f"{kind} (host-side, sanitizer)"]))}
+            if kind == "memcpy":  # codes 0..4 index DIRECTIONS; anything else is "unknown" (0)
+                d = c["direction"][sel]
+                codes = np.where((d >= 0) & (d < len(DIRECTIONS)), d, 0).astype(np.int32)
+                cols["direction"] = pa.DictionaryArray.from_arrays(codes, pa.array(DIRECTIONS))
             out[kind] = conform(kind, pa.table(cols))
         return out
 
@@ -273,7 +279,7 @@ class SanitizerHandler:
             if not h:
                 continue
             sel = np.flatnonzero(row == launch)
-            self._name_array(lc["name_id"][launch:launch + 1])  # make sure the name is fetched
+            self._fetch_names()
             fn = self._names[int(lc["name_id"][launch])]
             for i, src in zip(sel, source_lines(str(self.cubins / f"{h:016x}.cubin"), fn, pcs[sel])):
                 out[i] = src

@@ -77,12 +77,8 @@ def load_plan(source: str | Path | dict) -> dict[str, Any]:
 
 
 def caller_site() -> str:
-    """The call site of whoever called the caller (first frame outside pastaprof, CuPy and
-    cuda-bindings), as allocations are named."""
-    return _call_site()
-
-
-def _call_site() -> str:
+    """Where the program made the allocation: the first frame outside pastaprof, CuPy and
+    cuda-bindings, as allocations are named."""
     f = sys._getframe(2)
     while f is not None:
         fn = f.f_code.co_filename
@@ -134,7 +130,7 @@ class UvmPlanApplier:
 
         def malloc_managed(size: int, *a: Any, **k: Any) -> Any:
             mem = orig(size, *a, **k)
-            applier.allocated(int(mem.ptr), int(size), _call_site())
+            applier.allocated(int(mem.ptr), int(size), caller_site())
             return mem
 
         for owner in (cupy.cuda, cupy.cuda.memory):
@@ -150,7 +146,7 @@ class UvmPlanApplier:
         def cudaMallocManaged(size: int, *a: Any, **k: Any) -> Any:  # noqa: N802 - CUDA's name
             out = orig(size, *a, **k)
             if int(out[0]) == 0:
-                applier.allocated(int(out[1]), int(size), _call_site())
+                applier.allocated(int(out[1]), int(size), caller_site())
             return out
 
         runtime.cudaMallocManaged = cudaMallocManaged
