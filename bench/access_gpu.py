@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pastaprof
+
 HERE = Path(__file__).resolve().parent
 APPS = HERE / "access_apps.py"
 
@@ -46,13 +48,6 @@ def app(name: str, out: Path, tag: str, extra: list[str], pp: list[str] | None) 
     return info, run_dir
 
 
-def launches(run_dir: Path):
-    import pastaprof
-
-    run = pastaprof.load(run_dir)
-    return run
-
-
 def fidelity(out: Path, n: int) -> dict:
     import numpy as np
 
@@ -61,7 +56,7 @@ def fidelity(out: Path, n: int) -> dict:
     for proc in ("gpu", "cpu"):
         tools = "working_set,coalescing" + (",heatmap" if proc == "cpu" else "")
         info, rd = app("known", out, f"known-{proc}", ["--n", str(n)], ["-t", tools, "--process", proc])
-        run = launches(rd)
+        run = pastaprof.load(rd)
         if proc == "gpu":
             rows_src = run.sql("SELECT DISTINCT CAST(p.source AS VARCHAR) FROM access_pc p JOIN access_launch l "
                                "USING (correlation) WHERE l.name = 'strided' AND p.source IS NOT NULL").fetchall()
@@ -110,7 +105,7 @@ def fidelity(out: Path, n: int) -> dict:
     res["checks"] = checks
     # PyTorch tensors
     info, rd = app("torch_add", out, "torch-add", ["--n", str(n)], ["-t", "working_set", "--ranges", "measure"])
-    run = launches(rd)
+    run = pastaprof.load(rd)
     t = run.sql("SELECT object_address, CAST(object_kind AS VARCHAR), bytes_read, bytes_written, reads, writes "
                 "FROM access_summary WHERE object_address IS NOT NULL").fetchall()
     by = {r[0]: r for r in t}
@@ -129,7 +124,7 @@ def speed(out: Path, big: int) -> dict:
     for proc in ("gpu", "cpu"):
         info, rd = app("known", out, f"big-{proc}", ["--n", str(big)],
                        ["-t", "working_set", "--process", proc, "--ranges", "vadd"])
-        run = launches(rd)
+        run = pastaprof.load(rd)
         lr = run.sql("SELECT end_ns - start_ns, requests, lanes, raw_requests, raw_stored, device_bytes "
                      "FROM access_launch WHERE name = 'vadd'").fetchall()
         san = run.manifest["processes"][0].get("sanitizer") or {}
@@ -153,7 +148,7 @@ def cost(out: Path, repeat: int) -> dict:
             bare.append(app(name, out, f"{name}-bare-{i}", extra, None)[0]["seconds"])
             info, rd = app(name, out, f"{name}-pp-{i}", extra, ["-t", "working_set,hotness", "--ranges", "measure"])
             tools.append(info["seconds"])
-        run = launches(rd)
+        run = pastaprof.load(rd)
         cov = run.sql("SELECT count(*), sum(requests), sum(uncovered_bulk_copies), sum(uncovered_wgmma), "
                       "sum(unattributed_lanes), max(device_bytes) FROM access_launch").fetchall()[0]
         worst = run.sql("SELECT CAST(name AS VARCHAR), unattributed_lanes, lanes, unattributed_sample FROM access_launch "
