@@ -12,6 +12,10 @@
    GPU path time = the instrumented launch (kernel with the reduction inside, sync,
    summary copy); CPU path = the instrumented launch in raw mode (kernel storing records,
    sync, copy of the records) + the NumPy reduction.  Target: >= 1000x.
+4. Launches that are not selected: the same workloads with the sanitizer attached but no
+   launch selected -- outside every range (``--ranges never``: modules unpatched, the
+   default, and kept patched with PASTAPROF_SAN_UNPATCH=0) and with a kernel regex that
+   matches nothing (patched, the patches see a null pointer) -- vs bare.
 3. Counting tools' cost (working_set, hotness, --process gpu) vs bare, wall time of the
    measured region: an elementwise suite and a ResNet-50 forward.  Target: <= 20x.
    Also GEMM coverage: TMA / wgmma instructions reported as uncovered.
@@ -33,13 +37,14 @@ HERE = Path(__file__).resolve().parent
 APPS = HERE / "access_apps.py"
 
 
-def app(name: str, out: Path, tag: str, extra: list[str], pp: list[str] | None) -> tuple[dict, Path | None]:
+def app(name: str, out: Path, tag: str, extra: list[str], pp: list[str] | None,
+        env: dict | None = None) -> tuple[dict, Path | None]:
     js = out / f"{tag}.json"
     run_dir = out / f"run-{tag}" if pp is not None else None
     cmd = [sys.executable, str(APPS), name, *extra, "--json", str(js)]
     if pp is not None:
         cmd = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(run_dir), "--force", *pp, "--", *cmd]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     (out / f"{tag}.stderr.txt").write_text(r.stderr)
     if r.returncode != 0:
         raise RuntimeError(f"{tag} failed ({r.returncode}): {r.stderr[-3000:]}")
@@ -164,13 +169,35 @@ def cost(out: Path, repeat: int) -> dict:
     return res
 
 
+def unselected(out: Path, repeat: int) -> dict:
+    configs = {"bare": (None, None), "outside_ranges_unpatched": (["-t", "working_set", "--ranges", "never"], None),
+               "outside_ranges_patched": (["-t", "working_set", "--ranges", "never"], {"PASTAPROF_SAN_UNPATCH": "0"}),
+               "kernel_regex_no_match": (["-t", "working_set", "--kernels", "^no_such_kernel$"], None)}
+    res = {}
+    for name, extra in (("elementwise", ["--n", str(1 << 24), "--iters", "10"]), ("resnet50", ["--iters", "3"])):
+        times: dict = {k: [] for k in configs}
+        san = {}
+        for i in range(repeat):
+            for k, (pp, env) in configs.items():
+                info, rd = app(name, out, f"{name}-{k}-{i}", extra, pp, env)
+                times[k].append(info["seconds"])
+                if rd is not None:
+                    san[k] = {x: (pastaprof.load(rd).manifest["processes"][0].get("sanitizer") or {}).get(x)
+                              for x in ("launches_seen", "launches_instrumented", "modules_unpatched",
+                                        "modules_repatched")}
+        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        res[name] = {"seconds": med, "x_bare": {k: round(v / med["bare"], 3) for k, v in med.items()},
+                     "sanitizer": san}
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp())
     ap.add_argument("--n", type=int, default=1 << 16)
     ap.add_argument("--big", type=int, default=1 << 22)
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--parts", default="fidelity,speed,cost")
+    ap.add_argument("--parts", default="fidelity,speed,cost,unselected")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -178,7 +205,7 @@ def main() -> None:
     for part in a.parts.split(","):
         try:
             res[part] = {"fidelity": lambda: fidelity(out, a.n), "speed": lambda: speed(out, a.big),
-                         "cost": lambda: cost(out, a.repeat)}[part]()
+                         "cost": lambda: cost(out, a.repeat), "unselected": lambda: unselected(out, a.repeat)}[part]()
         except Exception as e:  # report and go on to the next part
             res[part] = {"error": f"{type(e).__name__}: {e}"[-3000:]}
         print(json.dumps({part: res[part]}, indent=1, default=str), flush=True)

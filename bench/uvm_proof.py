@@ -1,10 +1,12 @@
 """Issue C's proof on the GPU: naive unified memory vs pastaprof's plan vs hand-tuned prefetch.
 
-    python bench/uvm_proof.py [--app cupy|torch] [--mib 256] [--iters 5] [--repeat 3] [--out DIR]
-        [--oversubscribe F]   (torch only)
+    python bench/uvm_proof.py [--app cupy|torch] [--workload gather|pingpong] [--mib 1024]
+        [--iters 5] [--repeat 3] [--out DIR] [--oversubscribe F]   (torch only)
 
-``--app cupy`` (default): examples/uvm/cupy_managed.py, the fault-bound example; it also
-runs an ``advise`` hand-written version.  ``--app torch``: examples/uvm/torch_managed.py,
+``--app cupy`` (default): examples/uvm/cupy_managed.py; ``--workload gather`` is the
+fault-bound example (a table filled once by the CPU, gathered page by page in scrambled
+order by the GPU), ``pingpong`` the one where CPU and GPU take turns; both also run an
+``advise`` hand-written version.  ``--app torch``: examples/uvm/torch_managed.py,
 an MLP trained on managed memory through a pluggable allocator (``--oversubscribe 1.5``
 makes the driver evict).
 
@@ -44,7 +46,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--app", choices=sorted(APPS), default="cupy")
     ap.add_argument("--oversubscribe", type=float, default=1.0)
-    ap.add_argument("--mib", type=int, default=256)
+    ap.add_argument("--workload", choices=["gather", "pingpong"], default="gather")
+    ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp())
@@ -54,7 +57,7 @@ def main() -> None:
     global APP
     APP = APPS[a.app]
     if a.app == "cupy":
-        common = ["--mib", str(a.mib), "--iters", str(a.iters)]
+        common = ["--workload", a.workload, "--mib", str(a.mib), "--iters", str(a.iters)]
         hands = ("hand", "advise")
     else:
         common = ["--steps", str(a.iters), "--oversubscribe", str(a.oversubscribe)]

@@ -111,6 +111,8 @@ class SanitizerHandler:
         page_cap = _env_int("PASTAPROF_SAN_PAGES", 1 << 22)
         raw_cap = _env_int("PASTAPROF_SAN_RAW_MB", 1024) * (1 << 20) // 288
         flags = sum(INSTRUCTIONS.values())
+        if os.environ.get("PASTAPROF_SAN_UNPATCH", "1") == "0":
+            flags |= 32  # keep modules patched outside ranges (to measure what unpatching saves)
         if lib.pp_san_configure(2 if self.process == "cpu" else 1, lib.patch_path.encode(),
                                 (self.config.kernels or "").encode(), self.config.sample, page_shift, pc_cap,
                                 page_cap, raw_cap, flags) != 0:
@@ -322,5 +324,6 @@ class SanitizerHandler:
                 "launches_seen": lib.pp_san_stat(0), "launches_instrumented": lib.pp_san_stat(1),
                 "launches_skipped_busy": lib.pp_san_stat(2), "device_bytes": lib.pp_san_stat(3),
                 "live_tensors": lib.pp_san_stat(4), "live_allocations": lib.pp_san_stat(5),
+                "modules_repatched": lib.pp_san_stat(6), "modules_unpatched": lib.pp_san_stat(7),
                 "cpu_reduce_seconds": round(self.reduce_seconds, 6), "requests_reduced": self.requests_reduced,
                 "drain_seconds": round(self.drain_seconds, 6), "notes": notes, "error": err or None}

@@ -54,6 +54,7 @@ struct Config {
   size_t page_cap = 1u << 22;   // page counters (8 B each)
   size_t raw_cap = 1u << 20;    // raw requests (288 B each)
   bool shared = true, local = true, async = true, bulk = true, wgmma = true;
+  bool unpatch = true;          // run modules unpatched while the gate (ranges, steps) is off
 } cfg;
 
 struct Dev {
@@ -85,7 +86,7 @@ struct Pending {
 
 Sanitizer_SubscriberHandle sub = nullptr;
 std::atomic<int> enabled{1};
-std::atomic<long> matched{0}, launches{0}, instrumented{0}, skipped_busy{0};
+std::atomic<long> matched{0}, launches{0}, instrumented{0}, skipped_busy{0}, repatches{0}, unpatches{0};
 std::mutex mu;  // tables, devices, output
 std::map<uint64_t, uint64_t> tensors, allocs;  // base -> end
 uint64_t version = 1;
@@ -98,6 +99,8 @@ std::string error;
 std::vector<std::string> notes;
 std::string cubin_dir;                              // where images with line info are kept
 std::unordered_map<CUmodule, int64_t> module_hash;  // module -> hash of its saved image
+std::mutex patch_mu;                              // patch state; never taken under mu
+std::unordered_map<CUmodule, bool> patched;         // module -> instrumented now
 thread_local Pending pend;
 thread_local bool own_alloc = false;
 
@@ -178,6 +181,48 @@ bool ensure(CUcontext ctx, Dev* d, size_t n_obj) {
   return true;
 }
 
+// Register the instruction patches of a module and instrument it (under patch_mu).
+bool patch_module(CUmodule module) {
+  struct { Sanitizer_InstructionId id; const char* fn; bool on; const char* what; } ins[] = {
+      {SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS, "pp_global", true, "global"},
+      {SANITIZER_INSTRUCTION_SHARED_MEMORY_ACCESS, "pp_shared", cfg.shared, "shared"},
+      {SANITIZER_INSTRUCTION_LOCAL_MEMORY_ACCESS, "pp_local", cfg.local, "local"},
+      {SANITIZER_INSTRUCTION_MEMCPY_ASYNC, "pp_memcpy_async", cfg.async, "cp.async"},
+      {SANITIZER_INSTRUCTION_BULK_COPY_GLOBAL_TO_SHARED, "pp_bulk_copy", cfg.bulk, "bulk copy (TMA)"},
+      {SANITIZER_INSTRUCTION_WARPGROUP_MMA_ASYNC, "pp_wgmma", cfg.wgmma, "wgmma"},
+  };
+  for (auto& i : ins) {
+    if (!i.on) continue;
+    SanitizerResult r = sanitizerPatchInstructions(i.id, module, i.fn);
+    if (r != SANITIZER_SUCCESS) {
+      if (i.id == SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS) { fail("sanitizerPatchInstructions(global)", r); return false; }
+      note(std::string("cannot patch ") + i.what + " instructions (SanitizerResult " + std::to_string(int(r)) + ")");
+    }
+  }
+  SanitizerResult r = sanitizerPatchModule(module);
+  if (r != SANITIZER_SUCCESS) { fail("sanitizerPatchModule", r); return false; }
+  return true;
+}
+
+// Bring a module to the wanted state before its launch (lazy: only on a change).
+void set_patched(CUcontext ctx, CUmodule module, bool want) {
+  std::lock_guard<std::mutex> g(patch_mu);
+  auto it = patched.find(module);
+  if (it == patched.end() || it->second == want) return;  // unknown modules stay as loaded
+  if (want) {
+    Dev* d;
+    {
+      std::lock_guard<std::mutex> g2(mu);
+      d = devs[ctx];
+    }
+    if (!d || !d->patches) return;
+    if (patch_module(module)) { it->second = true; repatches++; }
+  } else if (sanitizerUnpatchModule(module) == SANITIZER_SUCCESS) {
+    it->second = false;
+    unpatches++;
+  }
+}
+
 bool selected(const char* name) {
   launches++;
   if (!enabled.load(std::memory_order_relaxed)) return false;
@@ -189,7 +234,13 @@ bool selected(const char* name) {
 void launch_begin(const Sanitizer_LaunchData* ld) {
   if (pend.active && pend.dev) pend.dev->busy = false;  // an END that never came
   pend.active = false;
-  if (!selected(ld->functionName)) return;
+  bool sel = selected(ld->functionName);
+  // Outside the ranges / steps the module runs unpatched, at full speed; it is patched again
+  // at the first launch inside one.  Kernel regex and sampling keep the patches (a launch
+  // that is not selected sees a null pointer and returns at once): toggling per launch
+  // would cost more than it saves.
+  if (cfg.unpatch && ld->module) set_patched(ld->context, ld->module, enabled.load(std::memory_order_relaxed) != 0);
+  if (!sel) return;
   Dev* d;
   {
     std::lock_guard<std::mutex> g(mu);
@@ -396,24 +447,13 @@ void module_loaded(const Sanitizer_ResourceModuleData* md) {
     if (r != SANITIZER_SUCCESS) { fail("sanitizerAddPatchesFromFile", r); return; }
     d->patches = true;
   }
-  struct { Sanitizer_InstructionId id; const char* fn; bool on; const char* what; } ins[] = {
-      {SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS, "pp_global", true, "global"},
-      {SANITIZER_INSTRUCTION_SHARED_MEMORY_ACCESS, "pp_shared", cfg.shared, "shared"},
-      {SANITIZER_INSTRUCTION_LOCAL_MEMORY_ACCESS, "pp_local", cfg.local, "local"},
-      {SANITIZER_INSTRUCTION_MEMCPY_ASYNC, "pp_memcpy_async", cfg.async, "cp.async"},
-      {SANITIZER_INSTRUCTION_BULK_COPY_GLOBAL_TO_SHARED, "pp_bulk_copy", cfg.bulk, "bulk copy (TMA)"},
-      {SANITIZER_INSTRUCTION_WARPGROUP_MMA_ASYNC, "pp_wgmma", cfg.wgmma, "wgmma"},
-  };
-  for (auto& i : ins) {
-    if (!i.on) continue;
-    SanitizerResult r = sanitizerPatchInstructions(i.id, md->module, i.fn);
-    if (r != SANITIZER_SUCCESS) {
-      if (i.id == SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS) { fail("sanitizerPatchInstructions(global)", r); return; }
-      note(std::string("cannot patch ") + i.what + " instructions (SanitizerResult " + std::to_string(int(r)) + ")");
-    }
+  if (cfg.unpatch && !enabled.load()) {
+    std::lock_guard<std::mutex> g(patch_mu);
+    patched[md->module] = false;  // patched at its first launch inside a range
+    return;
   }
-  SanitizerResult r = sanitizerPatchModule(md->module);
-  if (r != SANITIZER_SUCCESS) fail("sanitizerPatchModule", r);
+  std::lock_guard<std::mutex> g(patch_mu);
+  if (patch_module(md->module)) patched[md->module] = true;
 }
 
 // Insert [address, address + size) into a table, dropping entries it overlaps (stale ones
@@ -494,6 +534,11 @@ void SANITIZERAPI callback(void* ud, Sanitizer_CallbackDomain dom, Sanitizer_Cal
       case SANITIZER_CBID_RESOURCE_MODULE_LOADED:
         module_loaded((const Sanitizer_ResourceModuleData*)data);
         break;
+      case SANITIZER_CBID_RESOURCE_MODULE_UNLOAD_STARTING: {
+        std::lock_guard<std::mutex> g(patch_mu);
+        patched.erase(((const Sanitizer_ResourceModuleData*)data)->module);
+        break;
+      }
       case SANITIZER_CBID_RESOURCE_DEVICE_MEMORY_ALLOC:
       case SANITIZER_CBID_RESOURCE_DEVICE_MEMORY_FREE:
       case SANITIZER_CBID_RESOURCE_MEMORY_ALLOC_ASYNC:
@@ -536,6 +581,7 @@ int pp_san_configure(int mode, const char* patch, const char* regex, long every,
   cfg.page_cap = size_t(page_cap);
   cfg.raw_cap = size_t(raw_cap);
   cfg.shared = flags & 1; cfg.local = flags & 2; cfg.async = flags & 4; cfg.bulk = flags & 8; cfg.wgmma = flags & 16;
+  cfg.unpatch = !(flags & 32);
   return 0;
 }
 
@@ -601,6 +647,8 @@ int64_t pp_san_stat(int i) {
     case 3: { std::lock_guard<std::mutex> g(mu); int64_t b = 0; for (auto& kv : devs) b += int64_t(kv.second->bytes); return b; }
     case 4: { std::lock_guard<std::mutex> g(mu); return int64_t(tensors.size()); }
     case 5: { std::lock_guard<std::mutex> g(mu); return int64_t(allocs.size()); }
+    case 6: return repatches.load();
+    case 7: return unpatches.load();
     default: return -1;
   }
 }
