@@ -68,6 +68,10 @@ def main() -> None:
     plan = out / "plan.json"
     subprocess.run([sys.executable, "-m", "pastaprof.cli", "analyze", str(rec), "-t", "uvm_advisor", "-q",
                     "--uvm-plan", str(plan)], check=True)
+    import pastaprof  # the advisor's evidence per allocation and point, for the record
+
+    rep = pastaprof.analyze(rec, tools=["uvm_advisor"])[0]
+    evidence = rep.tables["by_allocation_and_point"].to_pylist() if "by_allocation_and_point" in rep.tables else []
     rounds = []
     for _ in range(a.repeat):
         r = {"naive": run(["--mode", "naive", *common])["seconds"],
@@ -80,7 +84,9 @@ def main() -> None:
            "plan_speedup_vs_naive": med["naive"] / med["plan"], "plan_vs_hand": med["plan"] / med["hand"],
            "best_hand": best, "plan_vs_best_hand": med["plan"] / med[best],
            "recorded_naive_s": recorded["seconds"], "uvm_capture_overhead_x": recorded["seconds"] / med["naive"],
-           "plan_actions": json.loads(plan.read_text())["actions"]}
+           "plan_actions": [{k: a.get(k) for k in ("allocation", "action", "to", "before", "advice", "location")}
+                            for a in json.loads(plan.read_text())["actions"]],
+           "advisor_summary": rep.summary, "evidence": evidence[:12]}
     print(json.dumps(res, indent=1))
     (out / "uvm_proof.json").write_text(json.dumps(res, indent=1))
 

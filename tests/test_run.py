@@ -607,7 +607,8 @@ def test_custom_functions_failing_ops_and_threads(tmp_path):
 
 def test_two_handlers_emitting_one_kind_in_one_flush_keep_all_events(tmp_path):
     """Seen on the H200: CUPTI's MEMORY2 rows and the managed-allocation registry's rows are
-    both ``alloc`` with different columns; when they met in one flush, concatenation failed
+    both ``alloc`` with different columns (and ``memory_kind`` dictionary-encoded in one, a
+    string in the other: seen on the H200 after the first fix); when they met in one flush, concatenation failed
     and the flush lost every event of the run (ranges included).  (CUPTI-shaped drain; no
     GPU here.  The registry is the real one.)"""
     import pyarrow as pa
@@ -628,7 +629,9 @@ def test_two_handlers_emitting_one_kind_in_one_flush_keep_all_events(tmp_path):
             return {"alloc": pa.table({"start_ns": [5], "end_ns": [5], "rank": pa.array([0], pa.int32()),
                                        "device": pa.array([0], pa.int32()), "correlation": [9],
                                        "address": pa.array([4096], pa.uint64()), "bytes": [64],
-                                       "memory_kind": ["device_static"], "is_async": [False]})}
+                                       # dictionary-encoded, as the C drain gives it; the registry's is a string
+                                       "memory_kind": pa.array(["device_static"]).dictionary_encode(),
+                                       "is_async": [False]})}
 
         def stop(self):
             pass

@@ -1,7 +1,7 @@
 """Unified-memory programs on CuPy managed memory, for issue C's proof.
 
     python examples/uvm/cupy_managed.py [--workload gather|pingpong] --mode naive|hand|advise
-        [--plan plan.json] [--mib 256] [--iters 5] [--threads 65536]
+        [--plan plan.json] [--mib 256] [--iters 5] [--threads 128]
 
 ``gather`` (the fault-bound example): the CPU fills a table once (range cpu_fill, outside
 the timed loop), then each iteration the GPU gathers one float from every 4 KiB page of
@@ -129,7 +129,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", choices=["gather", "pingpong"], default="gather")
     ap.add_argument("--mode", choices=["naive", "hand", "advise"], default="naive")
-    ap.add_argument("--threads", type=int, default=65536)
+    ap.add_argument("--threads", type=int, default=128)
     ap.add_argument("--plan")
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--iters", type=int, default=5)

@@ -237,6 +237,22 @@ def empty(kind: str) -> pa.Table:
     return schema(kind).empty_table()
 
 
+def merge(kind: str, tables: list[pa.Table]) -> pa.Table:
+    """Concatenate tables of one kind from different sources: columns the schema knows are
+    cast to its types first (one source may give a name as a string, another dictionary-
+    encoded), columns one source lacks become nulls, extra columns are kept."""
+    known = {f.name: f.type for f in schema(kind)}
+
+    def typed(t: pa.Table) -> pa.Table:
+        for i, name in enumerate(t.column_names):
+            want = known.get(name)
+            if want is not None and t.schema.field(i).type != want:
+                t = t.set_column(i, name, t.column(i).cast(want))
+        return t
+
+    return pa.concat_tables([typed(t) for t in tables], promote_options="permissive")
+
+
 def conform(kind: str, table: pa.Table) -> pa.Table:
     """Cast/extend ``table`` to the schema of ``kind``: missing columns become nulls
     and extra columns are dropped.  Used at the boundary of every handler."""

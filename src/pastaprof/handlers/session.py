@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pastaprof.events.schema import SCHEMA_VERSION, conform
+from pastaprof.events.schema import SCHEMA_VERSION, conform, merge
 from pastaprof.handlers.control import CaptureConfig
 from pastaprof.handlers.cupti_activity import CuptiActivityHandler
 from pastaprof.handlers.imports import after_import
@@ -328,9 +328,9 @@ class Session(OptionalHandlers, Linking):
                 for kind, t in h.drain().items():
                     # two handlers may emit one kind with different columns in one flush (CUPTI's
                     # MEMORY2 and the managed-allocation registry both make "alloc" rows): columns
-                    # one lacks become nulls, instead of the flush failing and losing every event
-                    tables[kind] = (pa.concat_tables([tables[kind], t], promote_options="permissive")
-                                    if kind in tables else t)
+                    # one lacks become nulls and types are the schema's, instead of the flush
+                    # failing and losing every event
+                    tables[kind] = merge(kind, [tables[kind], t]) if kind in tables else t
             r = self._ranges
             if r["name"]:
                 n = len(r["name"])
@@ -372,6 +372,10 @@ class Session(OptionalHandlers, Linking):
                              "kernels_seen": h.kernels_seen, "reattached": getattr(h, "reattached", 0),
                              "mechanism": getattr(h, "mechanism", "python"), "buffers": getattr(h, "buffers", None)}
                     for h in list(self.handlers)}
+        for h in list(self.handlers):  # found after start (e.g. at CUDA's lazy init)
+            native = getattr(h, "native", None)
+            if getattr(native, "mem_error", None):
+                self.status["tensors"] = native.mem_error
         meta = {
             "schema_version": SCHEMA_VERSION, "rank": self.rank, "pid": self.pid, "host": socket.gethostname(),
             "argv": sys.argv, "started_ns": self.started_ns, "updated_ns": time.time_ns(),

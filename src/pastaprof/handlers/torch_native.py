@@ -32,6 +32,7 @@ class NativeOps:
         self._strings = pa.array([], pa.string())  # all interned strings so far (ids index it)
         self._path_ids: dict[str, int] = {}
         self.mem = False
+        self.mem_error: str | None = None
 
     def start(self, push: int | None, pop: int | None, ext_kind: int, memory: bool, shapes: bool = True,
               call_sites: bool = True) -> str | None:
@@ -45,8 +46,20 @@ class NativeOps:
             # The caching allocator's per-device parts exist only once CUDA is initialized, and a
             # tracker attached earlier is lost: attach right after torch's lazy CUDA init.
             self.mem = True
-            torch.cuda._lazy_call(self.lib.pp_mem_start)
+            torch.cuda._lazy_call(self._attach_allocator)
         return None
+
+    def _attach_allocator(self) -> None:
+        """At torch's lazy CUDA init.  A program that swapped in its own allocator (a
+        CUDAPluggableAllocator, e.g. cudaMallocManaged) has no trace trackers: say so once,
+        record the rest."""
+        if self.lib.pp_mem_start() != 0:
+            self.mem = False
+            self.mem_error = (f"tensor events not recorded: {self.lib.pp_mem_error().decode(errors='replace')}"
+                              " (the program uses its own CUDA allocator)")
+            from pastaprof.handlers.messages import notice
+
+            notice(self.mem_error)
 
     def stop(self) -> None:
         self.lib.pp_obs_stop()

@@ -340,6 +340,7 @@ def _declare_torch(lib: Any) -> None:
     lib.pp_obs_intern.argtypes = [c.c_char_p]
     lib.pp_obs_intern.restype = c.c_int32
     lib.pp_mem_start.restype = c.c_int
+    lib.pp_mem_error.restype = c.c_char_p
     lib.pp_mem_stop.restype = None
     lib.pp_mem_take.restype = c.c_int64
     lib.pp_mem_copy.argtypes = [c.c_int, c.c_void_p]

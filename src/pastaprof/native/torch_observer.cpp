@@ -607,11 +607,21 @@ const char* pp_obs_string(int64_t i) {
 int32_t pp_obs_intern(const char* s) { return intern(std::string(s)); }
 
 // ---- allocator events (only with PP_CUDA) ----
+static std::string g_mem_error;
+const char* pp_mem_error() { return g_mem_error.c_str(); }
+
 int pp_mem_start() {
 #ifdef PP_CUDA
   if (!g_mem_attached) {
     g_san_tensor = reinterpret_cast<void (*)(uint64_t, uint64_t, int)>(dlsym(RTLD_DEFAULT, "pp_san_tensor"));
-    c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&on_alloc_event);
+    try {  // called through ctypes: an exception escaping here would terminate the program
+      c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&on_alloc_event);
+    } catch (const std::exception& e) {  // e.g. a CUDAPluggableAllocator (no trace trackers)
+      g_mem_error = e.what();
+      auto nl = g_mem_error.find('\n');
+      if (nl != std::string::npos) g_mem_error.resize(nl);
+      return 1;
+    }
     g_mem_attached = true;  // trackers cannot be detached; g_mem_on gates them
   }
   g_mem_on.store(true);
