@@ -10,8 +10,9 @@ order by the GPU), ``pingpong`` the one where CPU and GPU take turns; both also 
 an MLP trained on managed memory through a pluggable allocator (``--oversubscribe 1.5``
 makes the driver evict).
 
-1. record: `pastaprof run --uvm -t uvm_advisor` on the naive program, then
-   `pastaprof analyze -t uvm_advisor --uvm-plan plan.json` (the plan);
+1. record: `pastaprof run --uvm` on the naive program and (CuPy) an access run,
+   `pastaprof run -t working_set`, then `pastaprof analyze -t uvm_advisor --uvm-plan
+   plan.json [--access-run DIR]` (the plan);
 2. interleaved ``--repeat`` times, each its own process without capture: naive, the plan
    applied (``--plan``: pastaprof.apply_uvm_plan), hand-tuned prefetch.
 Targets (issue C): plan >= 5x faster than naive, within 1.2x of hand-tuned.  Also prints
@@ -58,7 +59,7 @@ def main() -> None:
     APP = APPS[a.app]
     if a.app == "cupy":
         common = ["--workload", a.workload, "--mib", str(a.mib), "--iters", str(a.iters)]
-        hands = ("hand", "advise")
+        hands = ("hand", "pin", "advise") if a.workload == "gather" else ("hand", "pin")
     else:
         common = ["--steps", str(a.iters), "--oversubscribe", str(a.oversubscribe)]
         hands = ("hand",)
@@ -66,11 +67,18 @@ def main() -> None:
     recorded = run(["--mode", "naive", *common],
                    wrap=[sys.executable, "-m", "pastaprof.cli", "run", "-o", str(rec), "--force", "--uvm", "--"])
     plan = out / "plan.json"
+    access = []
+    if a.app == "cupy":  # an access run too: how much of each page the GPU touches (pin or migrate)
+        acc = out / "access-record"
+        run(["--mode", "naive", *common],
+            wrap=[sys.executable, "-m", "pastaprof.cli", "run", "-o", str(acc), "--force", "-t", "working_set", "--"])
+        access = ["--access-run", str(acc)]
     subprocess.run([sys.executable, "-m", "pastaprof.cli", "analyze", str(rec), "-t", "uvm_advisor", "-q",
-                    "--uvm-plan", str(plan)], check=True)
+                    "--uvm-plan", str(plan), *access], check=True)
     import pastaprof  # the advisor's evidence per allocation and point, for the record
+    from pastaprof.tools.uvm_advisor import UvmAdvisor
 
-    rep = pastaprof.analyze(rec, tools=["uvm_advisor"])[0]
+    rep = pastaprof.analyze(rec, tools=[UvmAdvisor(access_run=access[1] if access else None)])[0]
     evidence = rep.tables["by_allocation_and_point"].to_pylist() if "by_allocation_and_point" in rep.tables else []
     rounds = []
     for _ in range(a.repeat):
@@ -84,7 +92,8 @@ def main() -> None:
            "plan_speedup_vs_naive": med["naive"] / med["plan"], "plan_vs_hand": med["plan"] / med["hand"],
            "best_hand": best, "plan_vs_best_hand": med["plan"] / med[best],
            "recorded_naive_s": recorded["seconds"], "uvm_capture_overhead_x": recorded["seconds"] / med["naive"],
-           "plan_actions": [{k: a.get(k) for k in ("allocation", "action", "to", "before", "advice", "location")}
+           "plan_actions": [{k: a.get(k) for k in ("allocation", "action", "to", "before", "advice", "location",
+                                                   "evidence")}
                             for a in json.loads(plan.read_text())["actions"]],
            "advisor_summary": rep.summary, "evidence": evidence[:12]}
     print(json.dumps(res, indent=1))

@@ -68,6 +68,9 @@ def main() -> None:
         time.sleep(0.2)
         res[name] = {"kernels": burst(), "error": err, "per_thread": str(attr()),
                      "buffers_requested": nat.stat("buffers_requested"), "foreign": nat.stat("foreign_buffers")}
+    with open("/proc/self/maps") as f:
+        res["libcupti"] = sorted({ln.split()[-1] for ln in f if "cupti" in ln})
+    res["under_pastaprof_run"] = bool(__import__("os").environ.get("PASTAPROF_RUN_PARENT"))
     print(json.dumps(res))
     pastaprof.stop()
 

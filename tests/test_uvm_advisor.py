@@ -152,6 +152,10 @@ def test_cli_writes_the_plan_and_refuses_it_without_the_tool(tmp_path):
     r = subprocess.run(cmd + ["-t", "kernels", "--uvm-plan", str(tmp_path / "p2.json")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "uvm_advisor" in r.stderr
     assert not (tmp_path / "p2.json").exists()
+    for extra, needle in ((["-t", "kernels", "--access-run", str(tmp_path)], "uvm_advisor"),
+                          (["-t", "uvm_advisor", "--access-run", str(tmp_path / "nope")], "not a pastaprof run")):
+        r = subprocess.run(cmd + extra, capture_output=True, text=True)
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and needle in r.stderr, r.stderr
 
 
 PLAN = {"schema": "pastaprof-uvm-plan/1", "actions": [
@@ -285,3 +289,74 @@ def test_track_managed_names_allocations_the_capture_cannot_see(tmp_path):
             rep = _report({"alloc": pastaprof.load(out).table("alloc")})
             assert [a["name"] for a in rep.tables["allocations"].to_pylist()] == \
                 [f"{site3}#0 (1048576 B)", f"{site3}#1 (1048576 B)", f"{site4}#0 (4096 B)"]
+
+
+def _access_run(path, sectors_per_launch: int, launches: int = 5):
+    """An access run (pastaprof run -t working_set) of the same program: the same call sites
+    make the same allocations, at other addresses, and the kernel touches the 64 MiB
+    buffer ``sectors_per_launch`` 32-byte sectors per launch."""
+    from pastaprof.store.writer import RunWriter
+
+    prog = _program()
+    there = BASE + (1 << 40)
+    with RunWriter(path) as w:
+        w.write("op", 0, prog["op"])
+        w.write("alloc", 0, _table("alloc", start_ns=[120, 220], address=pa.array([there, there + 256 * MiB], pa.uint64()),
+                                   bytes=[64 * MiB, 1 * MiB], memory_kind=["managed", "managed"], device=[0, 0],
+                                   tid=[1, 1]))
+        n = launches
+        w.write("access_summary", 0, _table("access_summary", start_ns=list(range(13_000, 13_000 + n)),
+                                            correlation=list(range(1, n + 1)), name=["scale"] * n,
+                                            object_address=pa.array([there] * n, pa.uint64()),
+                                            object_bytes=[64 * MiB] * n, sectors=[sectors_per_launch] * n,
+                                            reads=[sectors_per_launch] * n))
+        w.commit({"ranks": [0], "source": "test"})
+    return path
+
+
+def _report_with(tables, access_run):
+    tool = UvmAdvisor(access_run=str(access_run))
+    tool.begin(RunInfo({"ranks": [0]}))
+    for kind, t in tables.items():
+        for batch in t.to_batches():
+            tool.on_batch(kind, batch)
+    return tool.report()
+
+
+def test_an_access_run_that_shows_sparse_gpu_touches_pins_the_allocation_on_the_cpu(tmp_path):
+    """Pin or migrate: the known program migrates 64 MiB each way (128 MiB); the access run
+    says the kernel touches 16,384 sectors (512 KiB) per launch, 2.5 MiB over 5 launches,
+    far under a quarter of that: pin on the CPU, map to the GPU, and no prefetch for it."""
+    rep = _report_with(_program(), _access_run(tmp_path / "acc", sectors_per_launch=16_384))
+    plan = plan_of(rep)
+    mine = [a for a in plan["actions"] if a["allocation"].startswith("app.py(10)")]
+    assert [(a["action"], a.get("advice"), a.get("location"), a.get("accessed_by")) for a in mine] == \
+        [("advise", ["SetPreferredLocation", "SetAccessedBy"], "cpu", "device:0")]
+    ev = mine[0]["evidence"]
+    assert ev == {"bytes_migrated": 128 * MiB, "gpu_sector_bytes": 5 * 16_384 * 32, "launches": 5}
+    assert mine[0]["estimated_saving_ns"] == 64 * 100 + 32 * 200  # every fault-driven migration of it
+
+
+def test_an_access_run_that_shows_dense_gpu_touches_keeps_the_prefetches(tmp_path):
+    """The same program with a kernel that reads every sector of the buffer each launch
+    (2 MiB sectors x 32 B = 64 MiB, 320 MiB over 5 launches > 128 MiB / 4): migrate."""
+    rep = _report_with(_program(), _access_run(tmp_path / "acc", sectors_per_launch=2 * MiB))
+    acts = [(a["action"], a.get("to"), a.get("before")) for a in plan_of(rep)["actions"]]
+    assert acts[0] == ("prefetch", "device:0", "range:compute") and ("prefetch", "cpu", "range:readback") in acts
+
+
+def test_first_touch_on_the_gpu_and_faults_outside_ranges_are_not_planned():
+    """GPU faults that moved no data populated fresh pages (nothing to prefetch); faults
+    outside every range have no point a plan could name: a finding says to add a range."""
+    t = _program()
+    u = [r for r in t["uvm"].to_pylist() if r["uvm_kind"] != "htod"]  # the kernel's faults moved nothing
+    u += [{**u[0], "uvm_kind": "gpu_page_fault", "start_ns": 70_000, "end_ns": 70_000, "count": 4, "cause": "read",
+           "dst_device": 0, "src_device": -1},
+          {**u[0], "uvm_kind": "htod", "start_ns": 70_010, "end_ns": 70_110, "bytes": 2 * MiB, "count": None,
+           "cause": "coherence", "dst_device": 0, "src_device": -1}]
+    t["uvm"] = pa.Table.from_pylist(u, schema=t["uvm"].schema)
+    t["kernel"] = _table("kernel", start_ns=[13_000, 69_000], end_ns=[33_000, 71_000], name=["scale", "late"],
+                         device=[0, 0], op_id=[3, None], correlation=[7, 8])
+    rep = plan_of(rep_ := _report(t))
+    assert [(a["action"], a.get("to"), a.get("before")) for a in rep["actions"]] == [("prefetch", "cpu", "range:readback")]
+    assert any("outside every range" in f.title for f in rep_.findings)

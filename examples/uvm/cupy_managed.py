@@ -1,6 +1,6 @@
 """Unified-memory programs on CuPy managed memory, for issue C's proof.
 
-    python examples/uvm/cupy_managed.py [--workload gather|pingpong] --mode naive|hand|advise
+    python examples/uvm/cupy_managed.py [--workload gather|pingpong] --mode naive|hand|pin|advise
         [--plan plan.json] [--mib 256] [--iters 5] [--threads 128]
 
 ``gather`` (the fault-bound example): the CPU fills a table once (range cpu_fill, outside
@@ -10,15 +10,19 @@ it in a scrambled order (range gpu_gather: ``--threads`` threads; page i of the 
 the driver's prefetcher finds little to do).  Naive, the first gather migrates the table page fault by page fault; ``hand``
 prefetches it to the GPU once, after the fill; ``advise`` marks it read-mostly instead.
 
+Hand-written alternatives in both workloads: ``pin`` keeps the pages on the CPU and lets
+the GPU map them (SetPreferredLocation=cpu, SetAccessedBy=device): with a few bytes
+touched per page, remote access may beat moving every page.
+
 ``pingpong``: each iteration the CPU updates one value in every 4 KiB page of the buffer (range
 cpu_write: a table the host patches sparsely, so every page faults back to the CPU), the
 GPU doubles one value per page, 32 threads each walking a chunk in order (range gpu_scale:
 every page faults back to the GPU, 32 faults in flight at a time) and the CPU reads a
 slice (range cpu_read).  The time goes to page faults, not to the work.  ``naive`` leaves all
 migration to page faults; ``hand`` prefetches by hand: to the GPU before gpu_scale, to
-the CPU before cpu_write; ``advise`` instead keeps the pages on the CPU and lets the GPU
-map them (SetPreferredLocation=cpu, SetAccessedBy=device): with a few values touched per
-page on each side, remote access may beat moving every page twice.  ``--plan`` applies a uvm_advisor plan instead
+the CPU before cpu_write; ``pin`` instead keeps the pages on the CPU and maps them to
+the GPU: with a few values touched per page on each side, remote access may beat moving
+every page twice.  ``--plan`` applies a uvm_advisor plan instead
 (``pastaprof.apply_uvm_plan``, no capture).  Prints one JSON line with the loop's seconds.
 The buffer is at most a quarter of the GPU's free memory (never oversubscribe by accident).
 """
@@ -57,7 +61,7 @@ extern "C" __global__ void walk(float* x, long n) {
 """
 
 
-def advise(ptr: int, size: int, device: int) -> None:
+def pin(ptr: int, size: int, device: int) -> None:
     from cuda.bindings import runtime as rt
 
     cpu = rt.cudaMemLocation()
@@ -117,6 +121,8 @@ def run_gather(a: argparse.Namespace, nbytes: int) -> dict:
         prefetch(mem.ptr, nbytes, cp.cuda.Device().id)
     elif a.mode == "advise":
         read_mostly(mem.ptr, nbytes, cp.cuda.Device().id)
+    elif a.mode == "pin":
+        pin(mem.ptr, nbytes, cp.cuda.Device().id)
     for _ in range(a.iters):
         with pastaprof.range("gpu_gather"):
             kernel((threads // block,), (block,), (x, cp.int64(pages), cp.int64(STRIDE), out))
@@ -128,7 +134,7 @@ def run_gather(a: argparse.Namespace, nbytes: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", choices=["gather", "pingpong"], default="gather")
-    ap.add_argument("--mode", choices=["naive", "hand", "advise"], default="naive")
+    ap.add_argument("--mode", choices=["naive", "hand", "pin", "advise"], default="naive")
     ap.add_argument("--threads", type=int, default=128)
     ap.add_argument("--plan")
     ap.add_argument("--mib", type=int, default=256)
@@ -149,8 +155,8 @@ def main() -> None:
     walk = cp.RawKernel(WALK, "walk")
     host = np.ctypeslib.as_array(ctypes.cast(mem.ptr, ctypes.POINTER(ctypes.c_float)), (n,))
     host[:] = 1.0  # first touch, outside the timed loop
-    if a.mode == "advise":
-        advise(mem.ptr, nbytes, cp.cuda.Device().id)
+    if a.mode in ("pin", "advise"):  # pingpong: both keep the pages on the CPU
+        pin(mem.ptr, nbytes, cp.cuda.Device().id)
     total = 0.0
     t0 = time.perf_counter()
     for it in range(a.iters):

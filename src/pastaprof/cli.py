@@ -107,8 +107,11 @@ def cli() -> None:
 @click.option("--rows", default=15, show_default=True, type=click.IntRange(1, 10_000), help="Rows per table.")
 @click.option("-q", "--quiet", is_flag=True, help="No terminal tables (use with --json).")
 @click.option("--uvm-plan", "uvm_plan", type=click.Path(path_type=Path), help="Write the uvm_advisor plan (JSON) here.")
+@click.option("--access-run", "access_run", type=click.Path(path_type=Path),
+              help="uvm_advisor: an access run of the same program (pastaprof run -t working_set), to choose "
+                   "between migrating an allocation and pinning it on the CPU.")
 def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path | None, ranks: str | None,
-            out: Path | None, rows: int, quiet: bool, uvm_plan: Path | None) -> None:
+            out: Path | None, rows: int, quiet: bool, uvm_plan: Path | None, access_run: Path | None) -> None:
     """Run analysis tools on a trace file, a folder of per-rank traces, or a run directory."""
     from pastaprof.api import analyze as run_analyze
     from pastaprof.api import example_path
@@ -124,8 +127,17 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
     for target in (json_out, uvm_plan):
         if target is not None and not target.parent.exists():
             _fail(f"{target.parent}: directory does not exist")
-    if uvm_plan is not None and tool_list is not None and "uvm_advisor" not in tool_list:
-        _fail("--uvm-plan needs the uvm_advisor tool (-t uvm_advisor)")
+    for flag, given in (("--uvm-plan", uvm_plan), ("--access-run", access_run)):
+        if given is not None and tool_list is not None and "uvm_advisor" not in tool_list:
+            _fail(f"{flag} needs the uvm_advisor tool (-t uvm_advisor)")
+    if access_run is not None:
+        from pastaprof.api import is_run_dir
+        from pastaprof.tools.uvm_advisor import UvmAdvisor
+
+        if not is_run_dir(access_run):
+            _fail(f"{access_run}: not a pastaprof run directory (--access-run)")
+        if tool_list is not None:  # the advisor with its option, in the place of its name
+            tool_list = [UvmAdvisor(access_run=str(access_run)) if t == "uvm_advisor" else t for t in tool_list]
 
     def work() -> None:
         with _progress(source, quiet) as progress:

@@ -141,8 +141,8 @@ class Session(OptionalHandlers, Linking):
             if cupti.native_status and cupti.status is None:
                 self.status["cupti native"] = cupti.native_status
                 _notice(cupti.native_status)
-        if self.config.uvm_plan or self._uvm_wanted:
-            self._start_uvm_plan()
+        if self.config.uvm_plan or self._uvm_wanted or self._access_wanted:  # access runs name managed
+            self._start_uvm_plan()                                         # allocations too (uvm_advisor)
         self._start_torch(cupti)
         if not self._gpu_present():
             self.status["gpu"] = "no GPU found: only host-side events are recorded"

@@ -19,7 +19,9 @@ evidence                           plan action
 =================================  ==========================================================
 migrations caused by eviction      ``oversubscribed``: chunk the working set or shrink it
 thrashing records                  ``advise`` SetPreferredLocation=device + SetAccessedBy=cpu
-GPU faults / coherence HtoD        ``prefetch`` to the device before the point
+GPU touches far less than moves   ``advise`` SetPreferredLocation=cpu + SetAccessedBy=device
+(needs an access run, below)       (pin on the CPU, map to the GPU), instead of prefetches
+GPU faults that moved data         ``prefetch`` to the device before the point
 coherence DtoH (data brought       ``prefetch`` to the CPU before the point (CPU faults
 back by CPU faults)                alone are first touches: nothing to prefetch)
 read-only GPU faults on an         additionally ``advise`` SetReadMostly
@@ -27,6 +29,20 @@ allocation the CPU reads too and
 does not write after the GPU
 first touched it
 =================================  ==========================================================
+
+GPU faults that moved nothing are first touches (pages populated on the GPU): no prefetch.
+A point must be a user range (``range:NAME``); faults outside every range are reported
+as a finding (wrap that code in ``pastaprof.range``), not planned.
+
+Pin or migrate: unified-memory counters cannot tell how much of each page a kernel
+uses -- a kernel reading one float per 4 KiB page and one reading every byte fault
+alike.  An **access run** of the same program (``pastaprof run -t working_set``: issue D's
+instruction-level counts) can: given one (``--access-run DIR``), the advisor compares,
+per allocation, the bytes the GPU would pull over the interconnect if the pages stayed
+on the CPU (32-byte sectors touched, re-reads included: ``sectors x 32``) with the bytes
+migrated in the unified-memory run.  When the former is at most a quarter of the latter
+(``REMOTE_SHARE``), the allocation is pinned on the CPU and mapped to the GPU.  Both runs
+name allocations by call site and ordinal, so they are matched across runs.
 
 Each action carries its evidence (faults, bytes, causes) and an estimated saving: the
 time of the fault-driven migrations it would remove (sum of their durations), which
@@ -55,6 +71,7 @@ MIN_FAULTS = 1           # GPU/CPU fault groups at one point before prefetching 
 MIN_BYTES = 1 << 20      # ... or bytes migrated on demand there
 GPU_SIDE = ("gpu_page_fault", "htod")
 CPU_SIDE = ("cpu_page_fault", "dtoh")
+REMOTE_SHARE = 0.25      # pin on the CPU when GPU sector traffic <= this share of the bytes migrated
 
 
 def _addr(col) -> np.ndarray:
@@ -66,6 +83,10 @@ class UvmAdvisor(Tool):
     name = "uvm_advisor"
     description = "Unified-memory faults and migrations per allocation and program point; a prefetch/advise plan"
     consumes = ("uvm", "alloc", "free", "kernel", "op", "range")
+
+    def __init__(self, access_run: str | None = None, **options: Any) -> None:
+        super().__init__(access_run=access_run, **options)
+        self.access_run = access_run
 
     # ------------------------------------------------------------------ allocations
     def _allocations(self) -> pa.Table:
@@ -196,6 +217,31 @@ class UvmAdvisor(Tool):
         point = np.where(point == "", "unknown", point)
         return point, kname
 
+    # ------------------------------------------------------------------ access evidence
+    def _gpu_traffic(self, allocs: pa.Table) -> dict[int, dict[str, int]]:
+        """Per allocation of this run: the GPU's 32-byte sector traffic to it in the access
+        run (matched by name: call site + ordinal + size), or {} without an access run."""
+        if not self.access_run or allocs.num_rows == 0:
+            return {}
+        from pastaprof.api import load
+
+        other = load(self.access_run)
+        helper = UvmAdvisor()
+        for kind in ("alloc", "free", "op"):
+            helper._batches[kind] = other.table(kind).to_batches()
+        theirs = helper._allocations()
+        acc = other.table("access_summary")
+        if theirs.num_rows == 0 or acc.num_rows == 0:
+            return {}
+        acc = acc.filter(pc.is_valid(acc["object_address"]))
+        per = pa.table({"address": _addr(acc["object_address"]), "sectors": _i64(acc["sectors"], 0)}).group_by(
+            "address", use_threads=False).aggregate([("sectors", "sum"), ("sectors", "count")])
+        sec = dict(zip(_i64(per["address"]).tolist(), zip(_i64(per["sectors_sum"]).tolist(),
+                                                            _i64(per["sectors_count"]).tolist())))
+        named = {n: sec[a] for a, n in zip(_i64(theirs["address"]).tolist(), theirs["name"].to_pylist()) if a in sec}
+        return {i: {"gpu_sector_bytes": 32 * named[n][0], "launches": named[n][1]}
+                for i, n in zip(_i64(allocs["alloc_id"]).tolist(), allocs["name"].to_pylist()) if n in named}
+
     # ------------------------------------------------------------------ report
     def report(self) -> Report:
         uvm = self.table("uvm")
@@ -294,12 +340,38 @@ class UvmAdvisor(Tool):
         rewritten = {a for a, tw in zip(aid[cpu_w].tolist(), t[cpu_w].tolist()) if a in first_gpu and tw > first_gpu[a]}
         actions: list[dict[str, Any]] = []
         findings: list[Finding] = []
+        # pin or migrate (access run): GPU sector traffic vs bytes migrated, per allocation
+        moved = np.isin(kinds, ("htod", "dtoh")) & (cause != "eviction")
+        migrated = {a: int(b[moved & (aid == a)].sum()) for a in np.unique(aid).tolist()}
+        traffic = self._gpu_traffic(allocs)
+        pinned = {a for a, tr in traffic.items() if migrated.get(a, 0) > 0
+                  and tr["gpu_sector_bytes"] <= REMOTE_SHARE * migrated[a]}
+        done: set[int] = set()
         for r in g.to_pylist():
             al = arows[r["alloc_id"]]
             target = {"allocation": al["name"], "site": al["site"], "ordinal": al["ordinal"], "bytes": al["bytes"],
                       "point": r["point"]}
             ev = {k: r[k] for k in sums if r[k]}
-            gpu_side = r["gpu_faults"] >= MIN_FAULTS or r["htod_coherence_bytes"] >= MIN_BYTES
+            if r["alloc_id"] in pinned:
+                if r["alloc_id"] in done:
+                    continue
+                done.add(r["alloc_id"])
+                tr = traffic[r["alloc_id"]]
+                mine = g.filter(pc.equal(g["alloc_id"], r["alloc_id"]))
+                saving = int(pc.sum(mine["gpu_fault_migration_ns"]).as_py() + pc.sum(mine["cpu_fault_migration_ns"]).as_py())
+                act = {**target, "point": "allocation", "action": "advise",
+                       "advice": ["SetPreferredLocation", "SetAccessedBy"], "location": "cpu",
+                       "accessed_by": f"device:{al['device']}", "estimated_saving_ns": saving,
+                       "evidence": {"bytes_migrated": migrated[r["alloc_id"]], **tr}}
+                actions.append(act)
+                findings.append(Finding("warning" if saving >= 1_000_000 else "info",
+                                        f"{al['name']}: pin on the CPU and map to the GPU -- the GPU touches "
+                                        f"{tr['gpu_sector_bytes'] / 2**20:.1f} MiB of it (sectors, access run) where "
+                                        f"{migrated[r['alloc_id']] / 2**20:.1f} MiB migrated (saves ~{saving / 1e6:.2f} ms)",
+                                        act, location=al["site"]))
+                continue
+            # GPU faults that moved no data populated fresh pages on the GPU (first touch)
+            gpu_side = r["htod_coherence_bytes"] + r["htod_prefetch_bytes"] > 0 or r["htod_coherence_bytes"] >= MIN_BYTES
             # CPU faults alone are first touches (nothing to bring back); data migrated back is not
             cpu_side = r["dtoh_coherence_bytes"] > 0
             if r["eviction_bytes"]:
@@ -318,6 +390,11 @@ class UvmAdvisor(Tool):
             else:
                 continue
             act = {**target, **act, "evidence": ev}
+            if act["action"] == "prefetch" and not str(r["point"]).startswith("range:"):
+                findings.append(Finding("info", f"{al['name']}: {act['action']} to {act['to']} would help, but its "
+                                                "faults are outside every range: wrap that code in pastaprof.range(...) "
+                                                "to give the plan a point", act, location=al["site"]))
+                continue
             actions.append(act)
             if act["action"] == "prefetch" and act["to"] != "cpu" and r["alloc_id"] in cpu_reads \
                     and r["alloc_id"] not in gpu_writes and r["alloc_id"] not in rewritten:
