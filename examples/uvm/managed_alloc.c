@@ -15,6 +15,7 @@ typedef int (*malloc_t)(void**, size_t);
 typedef int (*free_t)(void*);
 
 static malloc_managed_t p_malloc_managed;
+static long long live_bytes, peak_bytes; /* managed bytes held by PyTorch now / at most */
 static malloc_t p_malloc;
 static free_t p_free;
 
@@ -36,14 +37,18 @@ void* pp_managed_malloc(ssize_t size, int device, void* stream) {
   (void)stream;
   void* p = 0;
   if (size <= 0 || !resolve() || p_malloc_managed(&p, (size_t)size, 1) != 0) return 0;
+  live_bytes += size; /* PyTorch calls the allocator under its own lock */
+  if (live_bytes > peak_bytes) peak_bytes = live_bytes;
   return p;
 }
 
 void pp_managed_free(void* ptr, ssize_t size, int device, void* stream) {
-  (void)size;
   (void)device;
   (void)stream;
-  if (ptr && resolve()) p_free(ptr);
+  if (ptr && resolve()) {
+    p_free(ptr);
+    live_bytes -= size;
+  }
 }
 
 void* pp_ballast(size_t size) {
@@ -53,3 +58,6 @@ void* pp_ballast(size_t size) {
 }
 
 int pp_resolved(void) { return resolve(); }
+
+/* The most managed memory PyTorch held at once (sizes the oversubscription ballast). */
+long long pp_peak_bytes(void) { return peak_bytes; }

@@ -14,10 +14,13 @@ reads the loss.  The parameters and the batch buffer are announced with
 CPU before it is written and the batch and parameters to the GPU before the step;
 ``--plan`` applies a uvm_advisor plan instead (``pastaprof.apply_uvm_plan``).
 
-``--oversubscribe F`` (> 1): before the model is built, a plain cudaMalloc ballast takes
-GPU memory so that the managed working set gets only 1/F of what it needs, and the driver
+``--oversubscribe F`` (> 1): after one warm-up step (outside the ranges, untimed) that
+measures the most managed memory PyTorch holds at once (counted by the allocator), the
+live tensors are moved back to the CPU and a plain cudaMalloc ballast takes all free GPU
+memory but peak / F, so the managed working set gets 1/F of what it needs and the driver
 must evict.  Safety: the managed memory asked for is never more than the GPU had free at
-start, and the ballast always leaves working set / F free.  Prints one JSON line.
+start (checked against an upper estimate before anything is allocated), and the ballast
+always leaves peak / F free.  Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -89,15 +92,10 @@ def main() -> None:
     if working > free0:
         raise SystemExit(f"working set {working >> 20} MiB exceeds the GPU's free {free0 >> 20} MiB: "
                          "choose a smaller --width/--batch (never oversubscribe by asking for more than is free)")
-    ballast = None
-    if a.oversubscribe > 1.0:
-        lib = ctypes.CDLL(str(lib_path))
-        lib.pp_ballast.restype = ctypes.c_void_p
-        lib.pp_ballast.argtypes = [ctypes.c_size_t]
-        keep = int(working / a.oversubscribe)
-        ballast = lib.pp_ballast(max(0, free0 - keep))
-        if not ballast:
-            raise SystemExit("could not allocate the ballast")
+    lib = ctypes.CDLL(str(lib_path))
+    lib.pp_ballast.restype = ctypes.c_void_p
+    lib.pp_ballast.argtypes = [ctypes.c_size_t]
+    lib.pp_peak_bytes.restype = ctypes.c_longlong
     if a.plan:
         pastaprof.apply_uvm_plan(a.plan)
 
@@ -112,6 +110,32 @@ def main() -> None:
     rng = np.random.default_rng(0)
     noise = rng.standard_normal(w, dtype=np.float32)
     nbytes = batch.numel() * batch.element_size()
+
+    def train() -> float:
+        opt.zero_grad(set_to_none=False)
+        loss = model(batch).square().mean()
+        loss.backward()
+        opt.step()
+        return float(loss)
+
+    # One warm-up step outside the ranges: the most managed memory PyTorch holds at once.
+    host.reshape(b, w)[:] = noise
+    train()
+    peak = int(lib.pp_peak_bytes())
+    ballast = None
+    if a.oversubscribe > 1.0:
+        # Move what lives on the GPU back to the CPU, then take all but peak / F of the free
+        # GPU memory: the managed working set gets 1/F of what it needs and must evict.
+        live = [batch, *model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None),
+                *(s["momentum_buffer"] for s in opt.state.values() if s.get("momentum_buffer") is not None)]
+        for t in live:
+            prefetch(t.data_ptr(), t.numel() * t.element_size(), None)
+        torch.cuda.synchronize()
+        free_now, _ = torch.cuda.mem_get_info(dev)
+        ballast_bytes = max(0, free_now - int(peak / a.oversubscribe))
+        ballast = lib.pp_ballast(ballast_bytes)
+        if not ballast:
+            raise SystemExit("could not allocate the ballast")
     losses = []
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -126,15 +150,12 @@ def main() -> None:
             for p in model.parameters():
                 prefetch(p.data_ptr(), p.numel() * p.element_size(), dev)
         with pastaprof.range("train_step"):
-            opt.zero_grad(set_to_none=False)
-            loss = model(batch).square().mean()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss))
+            losses.append(train())
     seconds = time.perf_counter() - t0
-    print(json.dumps({"mode": "plan" if a.plan else a.mode, "working_set_bytes": working,
-                      "oversubscribe": a.oversubscribe, "ballast_bytes": max(0, free0 - int(working / a.oversubscribe))
-                      if ballast else 0, "steps": a.steps, "seconds": seconds, "loss": losses[-1]}))
+    print(json.dumps({"mode": "plan" if a.plan else a.mode, "estimated_working_set_bytes": working,
+                      "managed_peak_bytes": peak, "oversubscribe": a.oversubscribe,
+                      "ballast_bytes": ballast_bytes if ballast else 0, "steps": a.steps, "seconds": seconds,
+                      "loss": losses[-1]}))
 
 
 if __name__ == "__main__":

@@ -92,6 +92,7 @@ class CuptiActivityHandler:
         self.records = 0
         self.sampled_out = 0
         self.kernels_seen = 0  # kernel records CUPTI delivered, before any filtering
+        self.force_flush = False  # set once a foreign CUPTI client has come and gone
         self.reattached = 0
         self._lock = threading.Lock()
         self._launch_seq = 0
@@ -197,6 +198,14 @@ class CuptiActivityHandler:
             for kind in self._enabled:
                 cupti.activity_enable(kind)
             self._filter_api()
+            try:  # the foreign client may have changed CUPTI's flush period
+                cupti.activity_flush_period(self.config.flush_ms)
+            except Exception:
+                pass
+            # and from now on each of our flushes forces one: on the H200 records after a
+            # torch.profiler session stayed in a buffer CUPTI never completed by itself,
+            # while forced flushes delivered them (scripts/gpu_coexist_diag.py)
+            self.force_flush = True
             self.reattached += 1
             if self._native is not None:
                 self.buffers_at_reattach = self._native.stat("buffers_requested")

@@ -322,6 +322,9 @@ class Session(OptionalHandlers, Linking):
             for h in self.handlers:
                 if isinstance(h, CuptiActivityHandler):
                     h.reattach()
+        for h in self.handlers:
+            if isinstance(h, CuptiActivityHandler) and h.force_flush and not final:
+                h.flush()
         with self._lock:
             tables: dict[str, pa.Table] = {}
             for h in self.handlers:
