@@ -651,6 +651,42 @@ def test_two_handlers_emitting_one_kind_in_one_flush_keep_all_events(tmp_path):
     assert len(pq_rows(out / "range")) == 1
 
 
+def test_gpu_work_rows_conformed_by_their_handler_are_stored(tmp_path):
+    """Seen on the H200: the sanitizer's memcpy rows come conformed to the schema (op_id
+    already a column, null); the flush's op linking appended a second op_id and the flush
+    failed, losing every event of the run.  (The sanitizer's real conversion; no GPU here.)"""
+    from pastaprof.handlers.sanitizer import SanitizerHandler
+    from pastaprof.handlers.session import Session
+
+    class Copies:
+        name = "copies"
+        status, records, dropped, sampled_out, kernels_seen = None, 0, 0, 0, 0
+        done = False
+
+        def drain(self):
+            if self.done:
+                return {}
+            self.done = True
+            san = SanitizerHandler.__new__(SanitizerHandler)
+            san.rank, san.pid = 0, 7
+            c = {"kind": np.array([0, 0, 1]), "start_ns": np.array([10, 20, 30]), "stream": np.array([1, 1, 2]),
+                 "bytes": np.array([64, 128, 256]), "direction": np.array([1, 2, 0])}
+            return san._copies(c)
+
+        def stop(self):
+            pass
+
+    out = tmp_path / "run"
+    s = Session(CaptureConfig(out=str(out), flush_ms=100000), gpu=False)
+    s.start()
+    s.handlers.append(Copies())
+    s.flush(final=True)
+    s.stop()
+    assert sorted((r["start_ns"], r["bytes"], r["op_id"]) for r in pq_rows(out / "memcpy")) == [(10, 64, None),
+                                                                                            (20, 128, None)]
+    assert [(r["bytes"], r["op_id"]) for r in pq_rows(out / "memset")] == [(256, None)]
+
+
 def pq_rows(d: Path) -> list[dict]:
     import pyarrow.parquet as pq
 

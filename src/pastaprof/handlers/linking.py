@@ -65,6 +65,9 @@ class Linking:
             if t is not None and t.num_rows:
                 corr = _np_i64(t["correlation"])
                 op = map_keys(corr, keys, vals)
+                if "op_id" in t.column_names:  # rows conformed by their handler (e.g. the sanitizer's copies)
+                    op = np.where(op >= 0, op, _np_i64(t["op_id"]))
+                    t = t.drop_columns(["op_id"])
                 tables[kind] = t.append_column("op_id", pa.array(op, pa.int64(), mask=op < 0))
                 unlinked = (op < 0) & (corr > 0)
                 # hold only where an op could still claim it: this process tags launches with
