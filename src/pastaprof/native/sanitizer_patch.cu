@@ -21,17 +21,6 @@ static __device__ __forceinline__ unsigned lane_id() {
   return r;
 }
 
-// The shard of this warp's counters: its SM (all lanes of a warp share it).
-static __device__ __forceinline__ unsigned shard_id() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
-  return r & (PP_SHARDS - 1);
-}
-
-static __device__ __forceinline__ void misc_add(PPState* s, unsigned slot, unsigned long long v) {
-  atomicAdd(&s->misc[shard_id() * PP_M_SLOTS + slot], v);
-}
-
 static __device__ __forceinline__ int find(const PPObj* t, unsigned n, unsigned long long a) {
   unsigned lo = 0, hi = n;
   while (lo < hi) {  // first entry with base > a
@@ -47,8 +36,7 @@ static __device__ __forceinline__ void pc_add(PPState* s, unsigned long long pc,
                                               unsigned long long reads, unsigned long long writes) {
   unsigned cap = s->pc_cap;
   if (cap == 0) return;
-  pc = (pc & PP_PC_MASK) | ((unsigned long long)(shard_id() + 1) << PP_PC_SHARD_SHIFT);
-  unsigned h = (unsigned)(((pc >> 4) ^ (pc >> PP_PC_SHARD_SHIFT) * 40503u) * 2654435761u) & (cap - 1);
+  unsigned h = (unsigned)((pc >> 4) * 2654435761u) & (cap - 1);
   for (unsigned probe = 0; probe < 32; ++probe) {
     PPPc* e = &s->pcs[(h + probe) & (cap - 1)];
     unsigned long long old = atomicCAS(&e->pc, 0ull, pc);
@@ -62,7 +50,7 @@ static __device__ __forceinline__ void pc_add(PPState* s, unsigned long long pc,
       return;
     }
   }
-  misc_add(s, PP_M_PC_DROPPED, 1ull);
+  atomicAdd(&s->misc[PP_M_PC_DROPPED], 1ull);
 }
 
 static __device__ __forceinline__ void raw_store(PPState* s, unsigned mask, unsigned lane, unsigned long long pc,
@@ -112,12 +100,12 @@ static __device__ __forceinline__ void account(PPState* s, unsigned long long pc
   unsigned same_obj = __match_any_sync(mask, oid);
   if ((__ffs(same_obj) - 1) == lane) {
     unsigned long long n = __popc(same_obj);
-    PPCounters* c = &s->counters[shard_id() * (n_obj + 1) + oid];
+    PPCounters* c = &s->counters[oid];
     if (rd) { atomicAdd(&c->reads, n); atomicAdd(&c->bytes_read, n * size); }
     if (wr) { atomicAdd(&c->writes, n); atomicAdd(&c->bytes_written, n * size); }
     atomicAdd(&c->sectors, (unsigned long long)__popc(sector_leaders & same_obj));
     if (o < 0) {
-      misc_add(s, PP_M_UNATTRIBUTED, n);
+      atomicAdd(&s->misc[PP_M_UNATTRIBUTED], n);
       if (s->misc[PP_M_UNATTR_ADDR] == 0ull) atomicCAS(&s->misc[PP_M_UNATTR_ADDR], 0ull, a);
     }
   }
@@ -134,12 +122,12 @@ static __device__ __forceinline__ void account(PPState* s, unsigned long long pc
   unsigned same_page = __match_any_sync(mask, slot);
   if ((__ffs(same_page) - 1) == lane) {
     if (slot != PP_NO_PAGES) atomicAdd(&s->pages[slot], (unsigned long long)__popc(same_page));
-    else if (o >= 0) misc_add(s, PP_M_PAGE_DROPPED, (unsigned long long)__popc(same_page));
+    else if (o >= 0) atomicAdd(&s->misc[PP_M_PAGE_DROPPED], (unsigned long long)__popc(same_page));
   }
   if (lane == leader) {
     unsigned long long lanes = __popc(mask);
-    misc_add(s, PP_M_REQUESTS, 1ull);
-    misc_add(s, PP_M_LANES, lanes);
+    atomicAdd(&s->misc[PP_M_REQUESTS], 1ull);
+    atomicAdd(&s->misc[PP_M_LANES], lanes);
     pc_add(s, pc, lanes, lanes * size, __popc(sector_leaders), rd ? lanes : 0, wr ? lanes : 0);
   }
 }
@@ -162,8 +150,8 @@ static __device__ __forceinline__ void count_space(PPState* s, unsigned lanes_sl
                                                    uint64_t pc, uint32_t size) {
   unsigned mask = __match_any_sync(__activemask(), pc);
   if ((__ffs(mask) - 1) == lane_id()) {
-    misc_add(s, lanes_slot, (unsigned long long)__popc(mask));
-    misc_add(s, bytes_slot, (unsigned long long)__popc(mask) * size);
+    atomicAdd(&s->misc[lanes_slot], (unsigned long long)__popc(mask));
+    atomicAdd(&s->misc[bytes_slot], (unsigned long long)__popc(mask) * size);
   }
 }
 
@@ -188,7 +176,7 @@ extern "C" __device__ __noinline__ SanitizerPatchResult pp_memcpy_async(void* ud
   if (s) {
     if (s->mode == PP_MODE_GPU) {
       unsigned mask = __match_any_sync(__activemask(), pc);
-      if ((__ffs(mask) - 1) == lane_id()) misc_add(s, PP_M_ASYNC_LANES, (unsigned long long)__popc(mask));
+      if ((__ffs(mask) - 1) == lane_id()) atomicAdd(&s->misc[PP_M_ASYNC_LANES], (unsigned long long)__popc(mask));
     }
     account(s, pc, (unsigned long long)src, size, PP_READ);
   }
@@ -201,7 +189,7 @@ extern "C" __device__ __noinline__ SanitizerPatchResult pp_bulk_copy(void* ud, u
                                                                      uint32_t barrier, uint32_t data,
                                                                      uint32_t multicast) {
   PPState* s = (PPState*)ud;
-  if (s) misc_add(s, PP_M_BULK_COPIES, 1ull);
+  if (s) atomicAdd(&s->misc[PP_M_BULK_COPIES], 1ull);
   return SANITIZER_PATCH_SUCCESS;
 }
 
@@ -211,7 +199,7 @@ extern "C" __device__ __noinline__ SanitizerPatchResult pp_wgmma(void* ud, uint6
   PPState* s = (PPState*)ud;
   if (s) {
     unsigned mask = __activemask();
-    if ((__ffs(mask) - 1) == lane_id()) misc_add(s, PP_M_WGMMA, 1ull);
+    if ((__ffs(mask) - 1) == lane_id()) atomicAdd(&s->misc[PP_M_WGMMA], 1ull);
   }
   return SANITIZER_PATCH_SUCCESS;
 }

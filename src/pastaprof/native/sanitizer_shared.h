@@ -7,16 +7,6 @@
 #define PP_MODE_GPU 1u /* reduce on the device: counters, page histograms, per-PC table */
 #define PP_MODE_RAW 2u /* copy every warp request into a bounded buffer for the host */
 
-/* Counters (objects, misc, per-PC entries) are kept in PP_SHARDS copies, chosen by the SM
- * a warp runs on: every warp of a kernel updating one address serialized the atomics
- * (measured on the H200: ~15 same-address atomics per warp request made counting 40-50x
- * slower than the kernel).  The host sums the shards.  counters[shard * (n_obj + 1) + oid],
- * misc[shard * PP_M_SLOTS + slot] (PP_M_RAW_COUNT and PP_M_UNATTR_ADDR: shard 0 only),
- * per-PC entries keyed by pc | (shard + 1) << PP_PC_SHARD_SHIFT. */
-#define PP_SHARDS 16u
-#define PP_PC_SHARD_SHIFT 56
-#define PP_PC_MASK ((1ull << PP_PC_SHARD_SHIFT) - 1)
-
 #define PP_READ 1u
 #define PP_WRITE 2u
 #define PP_ATOMIC 4u
@@ -49,7 +39,7 @@ typedef struct {
 } PPCounters;
 
 typedef struct {
-  unsigned long long pc; /* 0 = empty slot; else pc | (shard + 1) << PP_PC_SHARD_SHIFT */
+  unsigned long long pc; /* 0 = empty slot */
   unsigned long long requests, lanes, bytes, sectors, reads, writes;
 } PPPc;
 
@@ -66,14 +56,14 @@ typedef struct {
   unsigned int page_shift;
   unsigned int n_tensor, n_alloc;  /* objects: tensors first, then allocations */
   const PPObj *tensors, *allocs;
-  PPCounters *counters;            /* PP_SHARDS x (n_tensor + n_alloc + 1) (last: unattributed) */
+  PPCounters *counters;            /* n_tensor + n_alloc + 1 (last: unattributed) */
   const unsigned long long *page_base; /* per object: first slot in pages[], or PP_NO_PAGES */
   unsigned long long *pages;
   unsigned long long n_pages;
   PPPc *pcs;
   unsigned int pc_cap;             /* power of two */
   unsigned int pad;
-  unsigned long long *misc;        /* PP_SHARDS x PP_M_SLOTS */
+  unsigned long long *misc;        /* PP_M_SLOTS */
   PPRaw *raw;
   unsigned long long raw_cap;
 } PPState;

@@ -160,7 +160,7 @@ void dfree(CUcontext ctx, T*& p, size_t n, size_t& bytes) {
 // Device buffers big enough for n objects (grown, never silently short).
 bool ensure(CUcontext ctx, Dev* d, size_t n_obj) {
   if (!d->state) {
-    if (!dalloc(ctx, d->state, 1, d->bytes) || !dalloc(ctx, d->misc, PP_M_SLOTS * PP_SHARDS, d->bytes) ||
+    if (!dalloc(ctx, d->state, 1, d->bytes) || !dalloc(ctx, d->misc, PP_M_SLOTS, d->bytes) ||
         !dalloc(ctx, d->pcs, cfg.pc_cap, d->bytes))
       return false;
     if (cfg.mode == PP_MODE_GPU && !dalloc(ctx, d->pages, cfg.page_cap, d->bytes)) return false;
@@ -172,9 +172,9 @@ bool ensure(CUcontext ctx, Dev* d, size_t n_obj) {
     size_t cap = std::max<size_t>(n_obj + 1, std::max<size_t>(1024, d->cap_obj * 2));
     dfree(ctx, d->t, d->cap_obj, d->bytes);
     dfree(ctx, d->a, d->cap_obj, d->bytes);
-    dfree(ctx, d->c, d->cap_obj * PP_SHARDS, d->bytes);
+    dfree(ctx, d->c, d->cap_obj, d->bytes);
     dfree(ctx, d->pb, d->cap_obj, d->bytes);
-    if (!dalloc(ctx, d->t, cap, d->bytes) || !dalloc(ctx, d->a, cap, d->bytes) || !dalloc(ctx, d->c, cap * PP_SHARDS, d->bytes) ||
+    if (!dalloc(ctx, d->t, cap, d->bytes) || !dalloc(ctx, d->a, cap, d->bytes) || !dalloc(ctx, d->c, cap, d->bytes) ||
         !dalloc(ctx, d->pb, cap, d->bytes))
       return false;
     d->cap_obj = cap;
@@ -311,10 +311,10 @@ void launch_begin(const Sanitizer_LaunchData* ld) {
     if (r == SANITIZER_SUCCESS)
       r = sanitizerMemcpyHostToDeviceAsync(d->pb, p.page_base.data(), n_obj * sizeof(uint64_t), hs);
   }
-  if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->c, 0, PP_SHARDS * (n_obj + 1) * sizeof(PPCounters), hs);
+  if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->c, 0, (n_obj + 1) * sizeof(PPCounters), hs);
   if (r == SANITIZER_SUCCESS && p.n_pages) r = sanitizerMemset(d->pages, 0, p.n_pages * 8, hs);
   if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->pcs, 0, cfg.pc_cap * sizeof(PPPc), hs);
-  if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->misc, 0, PP_SHARDS * PP_M_SLOTS * 8, hs);
+  if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->misc, 0, PP_M_SLOTS * 8, hs);
   PPState st;
   memset(&st, 0, sizeof st);
   st.mode = cfg.mode; st.page_shift = cfg.page_shift; st.n_tensor = p.n_t; st.n_alloc = p.n_a;
@@ -342,28 +342,14 @@ void launch_end(const Sanitizer_LaunchData* ld) {
   SanitizerResult r = sanitizerStreamSynchronize(hs);
   int64_t end_ns = now_ns();
   size_t n_obj = p.objs.size();
-  std::vector<unsigned long long> shard_misc(PP_SHARDS * PP_M_SLOTS);
-  std::vector<PPCounters> shard_cnt(PP_SHARDS * (n_obj + 1));
+  unsigned long long misc[PP_M_SLOTS];
+  std::vector<PPCounters> cnt(n_obj + 1);
   std::vector<PPPc> pcs(cfg.pc_cap);
-  if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(shard_misc.data(), d->misc, shard_misc.size() * 8, hs);
+  if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(misc, d->misc, sizeof misc, hs);
   if (r == SANITIZER_SUCCESS && cfg.mode == PP_MODE_GPU) {
-    r = sanitizerMemcpyDeviceToHost(shard_cnt.data(), d->c, shard_cnt.size() * sizeof(PPCounters), hs);
+    r = sanitizerMemcpyDeviceToHost(cnt.data(), d->c, cnt.size() * sizeof(PPCounters), hs);
     if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(pcs.data(), d->pcs, pcs.size() * sizeof(PPPc), hs);
   }
-  // sum the shards (sanitizer_shared.h)
-  unsigned long long misc[PP_M_SLOTS];
-  for (unsigned k = 0; k < PP_M_SLOTS; ++k) {
-    misc[k] = shard_misc[k];
-    if (k == PP_M_RAW_COUNT || k == PP_M_UNATTR_ADDR) continue;  // shard 0 only
-    for (unsigned sh = 1; sh < PP_SHARDS; ++sh) misc[k] += shard_misc[sh * PP_M_SLOTS + k];
-  }
-  std::vector<PPCounters> cnt(n_obj + 1);
-  for (unsigned sh = 0; sh < PP_SHARDS; ++sh)
-    for (size_t i = 0; i <= n_obj; ++i) {
-      const PPCounters& c = shard_cnt[sh * (n_obj + 1) + i];
-      cnt[i].reads += c.reads; cnt[i].writes += c.writes; cnt[i].bytes_read += c.bytes_read;
-      cnt[i].bytes_written += c.bytes_written; cnt[i].sectors += c.sectors;
-    }
   std::vector<PPRaw> raw;
   if (r == SANITIZER_SUCCESS && cfg.mode == PP_MODE_RAW) {
     raw.resize(std::min<unsigned long long>(misc[PP_M_RAW_COUNT], d->cap_raw));
@@ -419,18 +405,10 @@ void launch_end(const Sanitizer_LaunchData* ld) {
                    none ? -1 : (i < p.n_t ? 0 : 1), int64_t(c.reads), int64_t(c.writes), int64_t(c.bytes_read),
                    int64_t(c.bytes_written), int64_t(c.sectors), page_start, page_len});
     }
-    std::map<unsigned long long, PPPc> by_pc;  // the shards' entries of one PC, summed
-    for (auto& e : pcs) {
-      if (!e.pc) continue;
-      PPPc& t = by_pc[e.pc & PP_PC_MASK];
-      t.requests += e.requests; t.lanes += e.lanes; t.bytes += e.bytes; t.sectors += e.sectors;
-      t.reads += e.reads; t.writes += e.writes;
-    }
-    for (auto& kv : by_pc) {
-      const PPPc& e = kv.second;
-      push(T_PC, {p.seq, rel(kv.first), int64_t(e.requests), int64_t(e.lanes), int64_t(e.bytes), int64_t(e.sectors),
-                  int64_t(e.reads), int64_t(e.writes)});
-    }
+    for (auto& e : pcs)
+      if (e.pc)
+        push(T_PC, {p.seq, rel(e.pc), int64_t(e.requests), int64_t(e.lanes), int64_t(e.bytes), int64_t(e.sectors),
+                    int64_t(e.reads), int64_t(e.writes)});
   } else {
     for (auto& q : raw) {
       push(T_RAW, {p.seq, rel(q.pc), q.flags, q.size, q.active, q.cta, q.warp, 0});
