@@ -202,9 +202,9 @@ class CuptiActivityHandler:
                 cupti.activity_flush_period(self.config.flush_ms)
             except Exception:
                 pass
-            # and from now on each of our flushes forces one: on the H200 records after a
-            # torch.profiler session stayed in a buffer CUPTI never completed by itself,
-            # while forced flushes delivered them (scripts/gpu_coexist_diag.py)
+            # and from now on each of our flushes forces one.  On the H200 this is not enough
+            # (docs/live-capture.md, known gap 2): forced flushes from the launching thread
+            # deliver the records after a torch.profiler session, ours (flush thread) do not.
             self.force_flush = True
             self.reattached += 1
             if self._native is not None:
