@@ -654,7 +654,8 @@ def test_two_handlers_emitting_one_kind_in_one_flush_keep_all_events(tmp_path):
 def test_gpu_work_rows_conformed_by_their_handler_are_stored(tmp_path):
     """Seen on the H200: the sanitizer's memcpy rows come conformed to the schema (op_id
     already a column, null); the flush's op linking appended a second op_id and the flush
-    failed, losing every event of the run.  (The sanitizer's real conversion; no GPU here.)"""
+    failed, losing every event of the run.  Also: the copies keep their addresses and the
+    synchronize callbacks become sync rows.  (The sanitizer's real conversion; no GPU here.)"""
     from pastaprof.handlers.sanitizer import SanitizerHandler
     from pastaprof.handlers.session import Session
 
@@ -669,8 +670,10 @@ def test_gpu_work_rows_conformed_by_their_handler_are_stored(tmp_path):
             self.done = True
             san = SanitizerHandler.__new__(SanitizerHandler)
             san.rank, san.pid = 0, 7
-            c = {"kind": np.array([0, 0, 1]), "start_ns": np.array([10, 20, 30]), "stream": np.array([1, 1, 2]),
-                 "bytes": np.array([64, 128, 256]), "direction": np.array([1, 2, 0])}
+            c = {"kind": np.array([0, 0, 1, 2, 3]), "start_ns": np.array([10, 20, 30, 40, 50]),
+                 "stream": np.array([1, 1, 2, 2, 0]), "bytes": np.array([64, 128, 256, 0, 0]),
+                 "direction": np.array([1, 2, 0, 0, 0]), "dst": np.array([1 << 40, 1 << 41, 1 << 42, 0, 0]),
+                 "src": np.array([4096, 8192, 0, 0, 0])}
             return san._copies(c)
 
         def stop(self):
@@ -682,9 +685,13 @@ def test_gpu_work_rows_conformed_by_their_handler_are_stored(tmp_path):
     s.handlers.append(Copies())
     s.flush(final=True)
     s.stop()
-    assert sorted((r["start_ns"], r["bytes"], r["op_id"]) for r in pq_rows(out / "memcpy")) == [(10, 64, None),
-                                                                                            (20, 128, None)]
-    assert [(r["bytes"], r["op_id"]) for r in pq_rows(out / "memset")] == [(256, None)]
+    copies = sorted((r["start_ns"], r["bytes"], r["op_id"], r["direction"], r["dst_address"], r["src_address"])
+                    for r in pq_rows(out / "memcpy"))
+    assert copies == [(10, 64, None, "HtoH", 1 << 40, 4096), (20, 128, None, "HtoD", 1 << 41, 8192)]
+    assert [(r["bytes"], r["op_id"], r["address"]) for r in pq_rows(out / "memset")] == [(256, None, 1 << 42)]
+    # the synchronize callbacks: stream and context syncs, host time of completion
+    assert sorted((r["start_ns"], r["sync_kind"], r["stream"]) for r in pq_rows(out / "sync")) == \
+        [(40, "stream", 2), (50, "context", 0)]
 
 
 def pq_rows(d: Path) -> list[dict]:

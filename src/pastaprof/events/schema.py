@@ -46,14 +46,19 @@ _SPECIFIC: dict[str, list[pa.Field]] = {
         pa.field("op_id", pa.int64()),
     ],
     # A GPU copy. ``direction`` is HtoD, DtoH, DtoD, HtoH, PtoP or unknown.
+    # ``dst_address``/``src_address`` (memcpy) and ``address`` (memset): known when the copy
+    # comes from the sanitizer's API callbacks (CUPTI's records carry no addresses).
     "memcpy": [
         pa.field("bytes", pa.int64()),
         pa.field("direction", NAME),
         pa.field("op_id", pa.int64()),
+        pa.field("dst_address", pa.uint64()),
+        pa.field("src_address", pa.uint64()),
     ],
     "memset": [
         pa.field("bytes", pa.int64()),
         pa.field("op_id", pa.int64()),
+        pa.field("address", pa.uint64()),
     ],
     # Raw allocations by the driver/runtime. ``memory_kind``: device, pinned, managed, pool.
     "alloc": [

@@ -213,20 +213,30 @@ class SanitizerHandler:
     copies = False
 
     def _copies(self, c: dict[str, np.ndarray]) -> dict[str, pa.Table]:
+        """memcpy / memset rows (with their addresses) and sync rows from the API callbacks."""
         out: dict[str, pa.Table] = {}
-        for kind, code in (("memcpy", 0), ("memset", 1)):
-            sel = c["kind"] == code
+        for kind, codes in (("memcpy", (0,)), ("memset", (1,)), ("sync", (2, 3))):
+            sel = np.isin(c["kind"], codes)
             k = int(sel.sum())
             if not k:
                 continue
             cols = {"start_ns": c["start_ns"][sel], "end_ns": c["start_ns"][sel], "rank": np.full(k, self.rank, np.int32),
-                    "pid": np.full(k, self.pid, np.int64), "stream": c["stream"][sel], "bytes": c["bytes"][sel],
+                    "pid": np.full(k, self.pid, np.int64), "stream": c["stream"][sel],
                     "name": pa.DictionaryArray.from_arrays(np.zeros(k, np.int32),
                                                            pa.array([f"{kind} (host-side, sanitizer)"]))}
             if kind == "memcpy":  # codes 0..4 index DIRECTIONS; anything else is "unknown" (0)
                 d = c["direction"][sel]
-                codes = np.where((d >= 0) & (d < len(DIRECTIONS)), d, 0).astype(np.int32)
-                cols["direction"] = pa.DictionaryArray.from_arrays(codes, pa.array(DIRECTIONS))
+                codes_ = np.where((d >= 0) & (d < len(DIRECTIONS)), d, 0).astype(np.int32)
+                cols["direction"] = pa.DictionaryArray.from_arrays(codes_, pa.array(DIRECTIONS))
+                cols["dst_address"] = c["dst"][sel].astype(np.uint64)
+                cols["src_address"] = c["src"][sel].astype(np.uint64)
+            if kind in ("memcpy", "memset"):
+                cols["bytes"] = c["bytes"][sel]
+            if kind == "memset":
+                cols["address"] = c["dst"][sel].astype(np.uint64)
+            if kind == "sync":
+                cols["sync_kind"] = pa.DictionaryArray.from_arrays((c["kind"][sel] - 2).astype(np.int32),
+                                                                   pa.array(["stream", "context"]))
             out[kind] = conform(kind, pa.table(cols))
         return out
 

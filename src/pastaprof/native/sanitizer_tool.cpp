@@ -511,8 +511,8 @@ void memory_event(Sanitizer_CallbackId cbid, const void* data) {
 
 // Copies and memsets as the API issues them (host time, no GPU duration): the rows CUPTI
 // would give, which it cannot while the sanitizer is subscribed.  T_COPY columns: time,
-// kind (0 memcpy, 1 memset), bytes, direction (Sanitizer_MemcpyDirection), stream,
-// destination, source.
+// kind (0 memcpy, 1 memset, 2 stream sync, 3 context sync), bytes, direction
+// (Sanitizer_MemcpyDirection), stream, destination, source.
 std::atomic<int> copies_on{0};
 
 void copy_event(Sanitizer_CallbackDomain dom, const void* data) {
@@ -531,10 +531,26 @@ void copy_event(Sanitizer_CallbackDomain dom, const void* data) {
   }
 }
 
+// Stream / context synchronizations, as they complete (kind 2 stream, 3 context).
+void sync_event(Sanitizer_CallbackId cbid, const void* data) {
+  if (!copies_on.load(std::memory_order_relaxed) || !enabled.load(std::memory_order_relaxed)) return;
+  if (cbid != SANITIZER_CBID_SYNCHRONIZE_STREAM_SYNCHRONIZED && cbid != SANITIZER_CBID_SYNCHRONIZE_CONTEXT_SYNCHRONIZED)
+    return;
+  auto* s = (const Sanitizer_SynchronizeData*)data;
+  int64_t t = now_ns();
+  bool stream = cbid == SANITIZER_CBID_SYNCHRONIZE_STREAM_SYNCHRONIZED;
+  std::lock_guard<std::mutex> g(mu);
+  push(T_COPY, {t, stream ? 2 : 3, 0, 0, stream ? int64_t(uintptr_t(s->stream)) : 0, 0, 0});
+}
+
 void SANITIZERAPI callback(void* ud, Sanitizer_CallbackDomain dom, Sanitizer_CallbackId cbid, const void* data) {
   if ((dom == SANITIZER_CB_DOMAIN_MEMCPY && cbid == SANITIZER_CBID_MEMCPY_STARTING) ||
       (dom == SANITIZER_CB_DOMAIN_MEMSET && cbid == SANITIZER_CBID_MEMSET_STARTING)) {
     copy_event(dom, data);
+    return;
+  }
+  if (dom == SANITIZER_CB_DOMAIN_SYNCHRONIZE) {
+    sync_event(cbid, data);
     return;
   }
   if (dom == SANITIZER_CB_DOMAIN_LAUNCH) {
@@ -624,6 +640,8 @@ int pp_san_record_copies(int on) {
     note("memcpy/memset callbacks not available (SanitizerResult " + std::to_string(int(r)) + ")");
     return 1;
   }
+  if ((r = sanitizerEnableDomain(1, sub, SANITIZER_CB_DOMAIN_SYNCHRONIZE)) != SANITIZER_SUCCESS)
+    note("synchronize callbacks not available (SanitizerResult " + std::to_string(int(r)) + ")");
   return 0;
 }
 
