@@ -605,6 +605,23 @@ def test_custom_functions_failing_ops_and_threads(tmp_path):
     assert sq == [(True, f"{app}(15): <module>")]  # backward op: its forward op's line
 
 
+class _OnceHandler:
+    """A handler whose first drain returns ``tables()`` and later ones nothing."""
+
+    name = "once"
+    status, records, dropped, sampled_out, kernels_seen = None, 0, 0, 0, 0
+    done = False
+
+    def drain(self):
+        if self.done:
+            return {}
+        self.done = True
+        return self.tables()
+
+    def stop(self):
+        pass
+
+
 def test_two_handlers_emitting_one_kind_in_one_flush_keep_all_events(tmp_path):
     """Seen on the H200: CUPTI's MEMORY2 rows and the managed-allocation registry's rows are
     both ``alloc`` with different columns (and ``memory_kind`` dictionary-encoded in one, a
@@ -616,25 +633,14 @@ def test_two_handlers_emitting_one_kind_in_one_flush_keep_all_events(tmp_path):
     from pastaprof.handlers.session import Session
     from pastaprof.handlers.uvm_plan import SCHEMA, UvmPlanApplier
 
-    class Feed:
-        name = "feed"
-        status, records, dropped, sampled_out, kernels_seen = None, 0, 0, 0, 0
-
-        done = False
-
-        def drain(self):
-            if self.done:
-                return {}
-            self.done = True
+    class Feed(_OnceHandler):
+        def tables(self):
             return {"alloc": pa.table({"start_ns": [5], "end_ns": [5], "rank": pa.array([0], pa.int32()),
                                        "device": pa.array([0], pa.int32()), "correlation": [9],
                                        "address": pa.array([4096], pa.uint64()), "bytes": [64],
                                        # dictionary-encoded, as the C drain gives it; the registry's is a string
                                        "memory_kind": pa.array(["device_static"]).dictionary_encode(),
                                        "is_async": [False]})}
-
-        def stop(self):
-            pass
 
     out = tmp_path / "run"
     s = Session(CaptureConfig(out=str(out), flush_ms=100000), gpu=False)
@@ -659,15 +665,8 @@ def test_gpu_work_rows_conformed_by_their_handler_are_stored(tmp_path):
     from pastaprof.handlers.sanitizer import SanitizerHandler
     from pastaprof.handlers.session import Session
 
-    class Copies:
-        name = "copies"
-        status, records, dropped, sampled_out, kernels_seen = None, 0, 0, 0, 0
-        done = False
-
-        def drain(self):
-            if self.done:
-                return {}
-            self.done = True
+    class Copies(_OnceHandler):
+        def tables(self):
             san = SanitizerHandler.__new__(SanitizerHandler)
             san.rank, san.pid = 0, 7
             c = {"kind": np.array([0, 0, 1, 2, 3]), "start_ns": np.array([10, 20, 30, 40, 50]),
@@ -675,9 +674,6 @@ def test_gpu_work_rows_conformed_by_their_handler_are_stored(tmp_path):
                  "direction": np.array([1, 2, 0, 0, 0]), "dst": np.array([1 << 40, 1 << 41, 1 << 42, 0, 0]),
                  "src": np.array([4096, 8192, 0, 0, 0])}
             return san._copies(c)
-
-        def stop(self):
-            pass
 
     out = tmp_path / "run"
     s = Session(CaptureConfig(out=str(out), flush_ms=100000), gpu=False)
