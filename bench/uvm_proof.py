@@ -80,6 +80,15 @@ def main() -> None:
 
     rep = pastaprof.analyze(rec, tools=[UvmAdvisor(access_run=access[1] if access else None)])[0]
     evidence = rep.tables["by_allocation_and_point"].to_pylist() if "by_allocation_and_point" in rep.tables else []
+    # what the records were, attributed or not (e.g. eviction migrations under oversubscription)
+    recs = (rep.details or {}).get("records")
+    by_cause = []
+    if recs is not None and recs.num_rows:
+        import pyarrow.compute as pc
+
+        recs = recs.append_column("attributed", pc.greater_equal(recs["alloc_id"], 0))
+        by_cause = recs.group_by(["uvm_kind", "cause", "attributed"], use_threads=False).aggregate(
+            [("bytes", "sum"), ("count", "sum"), ("alloc_id", "count")]).to_pylist()
     rounds = []
     for _ in range(a.repeat):
         r = {"naive": run(["--mode", "naive", *common])["seconds"],
@@ -95,7 +104,7 @@ def main() -> None:
            "plan_actions": [{k: a.get(k) for k in ("allocation", "action", "to", "before", "advice", "location",
                                                    "evidence")}
                             for a in json.loads(plan.read_text())["actions"]],
-           "advisor_summary": rep.summary, "evidence": evidence[:12]}
+           "advisor_summary": rep.summary, "evidence": evidence[:12], "records_by_cause": by_cause}
     print(json.dumps(res, indent=1))
     (out / "uvm_proof.json").write_text(json.dumps(res, indent=1))
 
