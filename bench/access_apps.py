@@ -12,6 +12,9 @@ APP:
   resnet50    torchvision ResNet-50 (weights=None) forward, batch 16, bf16 autocast.
   gemm        a bf16 matmul (cuBLAS: TMA / wgmma on H100/H200, reported as uncovered).
 
+``--after-window``: then sleep 1.2 s and time ``--iters`` more steps outside every range
+(``after_window_seconds``: modules unpatched again once a window has closed).
+
 Prints one JSON line: the timed region's seconds (inside ``pastaprof.range("measure")``)
 and what the checks need (array addresses and sizes).
 """
@@ -71,7 +74,7 @@ def known(n: int) -> dict:
     return {"seconds": seconds, "n": n, "arrays": arrays, "strides": list(STRIDES)}
 
 
-def torch_app(app: str, n: int, iters: int) -> dict:
+def torch_app(app: str, n: int, iters: int, after_window: bool = False) -> dict:
     import torch
 
     dev = "cuda"
@@ -126,7 +129,18 @@ def torch_app(app: str, n: int, iters: int) -> dict:
     if app == "torch_add":
         info["c"] = [r.data_ptr(), r.nbytes]
         assert float(r[-1]) == n
-    return {"seconds": seconds, "warmup_seconds": warmup, "n": n, "iters": iters, "arrays": info}
+    after = None
+    if after_window:  # the window has closed: >1 s later the modules should run unpatched again
+        time.sleep(1.2)
+        step()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+        after = time.perf_counter() - t0
+    return {"seconds": seconds, "warmup_seconds": warmup, "after_window_seconds": after, "n": n, "iters": iters,
+            "arrays": info}
 
 
 def main() -> None:
@@ -135,8 +149,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1 << 20)
     ap.add_argument("--iters", type=int, default=1)
     ap.add_argument("--json")
+    ap.add_argument("--after-window", action="store_true",
+                    help="then wait 1.2 s and time --iters more steps outside every range")
     a = ap.parse_args()
-    res = known(a.n) if a.app == "known" else torch_app(a.app, a.n, a.iters)
+    res = known(a.n) if a.app == "known" else torch_app(a.app, a.n, a.iters, a.after_window)
     res["app"] = a.app
     line = json.dumps(res)
     print(line)

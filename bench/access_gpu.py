@@ -15,7 +15,8 @@
 4. Launches that are not selected: the same workloads with the sanitizer attached but no
    launch selected -- outside every range (``--ranges never``: modules unpatched, the
    default, and kept patched with PASTAPROF_SAN_UNPATCH=0) and with a kernel regex that
-   matches nothing (patched, the patches see a null pointer) -- vs bare.
+   matches nothing (patched, the patches see a null pointer) -- vs bare; and steps timed
+   1.2 s after a selected window closed (modules unpatched again, ``modules_unpatched``).
 3. Counting tools' cost (working_set, hotness, --process gpu) vs bare, wall time of the
    measured region: an elementwise suite and a ResNet-50 forward.  Target: <= 20x.  The
    warm-up step before it is selected too and reported apart: modules are patched at
@@ -197,6 +198,16 @@ def unselected(out: Path, repeat: int) -> dict:
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
         res[name] = {"seconds": med, "x_bare": {k: round(v / med["bare"], 3) for k, v in med.items()},
                      "sanitizer": san}
+        # after a window: one selected region, then (gate closed > 1 s) the same steps unpatched
+        w = {}
+        for k, pp in (("bare", None), ("after_window", ["-t", "working_set", "--ranges", "measure"])):
+            info, rd = app(name, out, f"{name}-window-{k}", [*extra, "--after-window"], pp)
+            w[k] = info["after_window_seconds"]
+            if rd is not None:
+                w["sanitizer"] = {x: (pastaprof.load(rd).manifest["processes"][0].get("sanitizer") or {}).get(x)
+                                  for x in ("launches_instrumented", "modules_unpatched", "modules_repatched")}
+        w["x_bare"] = round(w["after_window"] / w["bare"], 3)
+        res[name]["after_window"] = w
     return res
 
 
