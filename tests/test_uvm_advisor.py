@@ -360,3 +360,15 @@ def test_first_touch_on_the_gpu_and_faults_outside_ranges_are_not_planned():
     rep = plan_of(rep_ := _report(t))
     assert [(a["action"], a.get("to"), a.get("before")) for a in rep["actions"]] == [("prefetch", "cpu", "range:readback")]
     assert any("outside every range" in f.title for f in rep_.findings)
+
+
+def test_an_access_run_without_instruction_level_data_changes_nothing(tmp_path):
+    """An access run that recorded no accesses (e.g. the sanitizer was unavailable) gives
+    the same plan as no access run: nothing is pinned on a guess."""
+    from pastaprof.store.writer import RunWriter
+
+    empty = tmp_path / "acc"
+    with RunWriter(empty) as w:
+        w.write("op", 0, _program()["op"])
+        w.commit({"ranks": [0], "source": "test"})
+    assert plan_of(_report_with(_program(), empty)) == plan_of(_report(_program()))
