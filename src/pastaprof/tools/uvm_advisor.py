@@ -67,8 +67,6 @@ from pastaprof.tools.memory import _i64, _str
 
 PLAN_SCHEMA = "pastaprof-uvm-plan/1"
 NEVER = np.iinfo(np.int64).max
-MIN_FAULTS = 1           # GPU/CPU fault groups at one point before prefetching is advised
-MIN_BYTES = 1 << 20      # ... or bytes migrated on demand there
 GPU_SIDE = ("gpu_page_fault", "htod")
 CPU_SIDE = ("cpu_page_fault", "dtoh")
 REMOTE_SHARE = 0.25      # pin on the CPU when GPU sector traffic <= this share of the bytes migrated
@@ -342,7 +340,8 @@ class UvmAdvisor(Tool):
         findings: list[Finding] = []
         # pin or migrate (access run): GPU sector traffic vs bytes migrated, per allocation
         moved = np.isin(kinds, ("htod", "dtoh")) & (cause != "eviction")
-        migrated = {a: int(b[moved & (aid == a)].sum()) for a in np.unique(aid).tolist()}
+        per_alloc = np.bincount(aid[moved], weights=b[moved]) if moved.any() else np.zeros(0)
+        migrated = {a: int(v) for a, v in enumerate(per_alloc.tolist()) if v}
         traffic = self._gpu_traffic(allocs)
         pinned = {a for a, tr in traffic.items() if migrated.get(a, 0) > 0
                   and tr["gpu_sector_bytes"] <= REMOTE_SHARE * migrated[a]}
@@ -371,7 +370,7 @@ class UvmAdvisor(Tool):
                                         act, location=al["site"]))
                 continue
             # GPU faults that moved no data populated fresh pages on the GPU (first touch)
-            gpu_side = r["htod_coherence_bytes"] + r["htod_prefetch_bytes"] > 0 or r["htod_coherence_bytes"] >= MIN_BYTES
+            gpu_side = r["htod_coherence_bytes"] + r["htod_prefetch_bytes"] > 0
             # CPU faults alone are first touches (nothing to bring back); data migrated back is not
             cpu_side = r["dtoh_coherence_bytes"] > 0
             if r["eviction_bytes"]:
