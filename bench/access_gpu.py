@@ -151,7 +151,7 @@ def cost(out: Path, repeat: int) -> dict:
     res = {}
     for name, extra in (("elementwise", ["--n", str(1 << 24), "--iters", "10"]), ("resnet50", ["--iters", "1"]),
                         ("gemm", ["--iters", "3"])):
-        bare, tools, wbare, wtools = [], [], [], []
+        bare, tools, wbare, wtools, nopc = [], [], [], [], []
         for i in range(repeat):
             info = app(name, out, f"{name}-bare-{i}", extra, None)[0]
             bare.append(info["seconds"])
@@ -162,6 +162,9 @@ def cost(out: Path, repeat: int) -> dict:
                            ["-t", "working_set,hotness", "--ranges", "warmup,measure"])
             tools.append(info["seconds"])
             wtools.append(info["warmup_seconds"])
+            # the same without the per-PC table (no tool here reads access_pc): what it costs
+            nopc.append(app(name, out, f"{name}-nopc-{i}", extra, ["-t", "working_set,hotness", "--ranges",
+                                                                   "warmup,measure"], {"PASTAPROF_SAN_PCS": "0"})[0]["seconds"])
         run = pastaprof.load(rd)
         cov = run.sql("SELECT count(*), sum(requests), sum(uncovered_bulk_copies), sum(uncovered_wgmma), "
                       "sum(unattributed_lanes), max(device_bytes) FROM access_launch").fetchall()[0]
@@ -176,6 +179,7 @@ def cost(out: Path, repeat: int) -> dict:
                      "sanitizer": run.manifest["processes"][0].get("sanitizer")}
         res[name]["x"] = res[name]["tools_s"] / res[name]["bare_s"]
         res[name]["first_step_bare_s"], res[name]["first_step_tools_s"] = min(wbare), min(wtools)
+        res[name]["x_without_pc_table"] = sorted(nopc)[len(nopc) // 2] / res[name]["bare_s"]
     return res
 
 

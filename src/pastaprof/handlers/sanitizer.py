@@ -107,7 +107,7 @@ class SanitizerHandler:
             return
         page_shift = int(np.log2(self.config.page_bytes))
         # table sizes (entries): per-PC hash slots, page counters, raw requests (288 B each)
-        pc_cap = _env_int("PASTAPROF_SAN_PCS", 4096)
+        pc_cap = _env_int("PASTAPROF_SAN_PCS", 4096)  # 0: no per-PC table (coalescing gets no rows)
         page_cap = _env_int("PASTAPROF_SAN_PAGES", 1 << 22)
         raw_cap = _env_int("PASTAPROF_SAN_RAW_MB", 1024) * (1 << 20) // 288
         flags = sum(INSTRUCTIONS.values())

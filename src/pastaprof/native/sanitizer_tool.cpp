@@ -161,7 +161,7 @@ void dfree(CUcontext ctx, T*& p, size_t n, size_t& bytes) {
 bool ensure(CUcontext ctx, Dev* d, size_t n_obj) {
   if (!d->state) {
     if (!dalloc(ctx, d->state, 1, d->bytes) || !dalloc(ctx, d->misc, PP_M_SLOTS, d->bytes) ||
-        !dalloc(ctx, d->pcs, cfg.pc_cap, d->bytes))
+        (cfg.pc_cap && !dalloc(ctx, d->pcs, cfg.pc_cap, d->bytes)))
       return false;
     if (cfg.mode == PP_MODE_GPU && !dalloc(ctx, d->pages, cfg.page_cap, d->bytes)) return false;
     d->cap_pages = cfg.mode == PP_MODE_GPU ? cfg.page_cap : 0;
@@ -313,7 +313,7 @@ void launch_begin(const Sanitizer_LaunchData* ld) {
   }
   if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->c, 0, (n_obj + 1) * sizeof(PPCounters), hs);
   if (r == SANITIZER_SUCCESS && p.n_pages) r = sanitizerMemset(d->pages, 0, p.n_pages * 8, hs);
-  if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->pcs, 0, cfg.pc_cap * sizeof(PPPc), hs);
+  if (r == SANITIZER_SUCCESS && cfg.pc_cap) r = sanitizerMemset(d->pcs, 0, cfg.pc_cap * sizeof(PPPc), hs);
   if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->misc, 0, PP_M_SLOTS * 8, hs);
   PPState st;
   memset(&st, 0, sizeof st);
@@ -348,7 +348,8 @@ void launch_end(const Sanitizer_LaunchData* ld) {
   if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(misc, d->misc, sizeof misc, hs);
   if (r == SANITIZER_SUCCESS && cfg.mode == PP_MODE_GPU) {
     r = sanitizerMemcpyDeviceToHost(cnt.data(), d->c, cnt.size() * sizeof(PPCounters), hs);
-    if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(pcs.data(), d->pcs, pcs.size() * sizeof(PPPc), hs);
+    if (r == SANITIZER_SUCCESS && !pcs.empty())
+      r = sanitizerMemcpyDeviceToHost(pcs.data(), d->pcs, pcs.size() * sizeof(PPPc), hs);
   }
   std::vector<PPRaw> raw;
   if (r == SANITIZER_SUCCESS && cfg.mode == PP_MODE_RAW) {
@@ -602,9 +603,9 @@ int pp_san_configure(int mode, const char* patch, const char* regex, long every,
   }
   cfg.every = every > 0 ? every : 1;
   cfg.page_shift = unsigned(page_shift);
-  unsigned cap = 1;
+  unsigned cap = 1;  // a power of two; 0 = no per-PC table (the patches skip it)
   while (cap < unsigned(pc_cap)) cap <<= 1;
-  cfg.pc_cap = cap;
+  cfg.pc_cap = pc_cap > 0 ? cap : 0;
   cfg.page_cap = size_t(page_cap);
   cfg.raw_cap = size_t(raw_cap);
   cfg.shared = flags & 1; cfg.local = flags & 2; cfg.async = flags & 4; cfg.bulk = flags & 8; cfg.wgmma = flags & 16;
