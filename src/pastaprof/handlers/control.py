@@ -26,6 +26,11 @@ PASTAPROF_TOOLS     -t kernels,ops           tools whose reports print at exit
 PASTAPROF_OUT       -o DIR                   the run directory
 ==================  =======================  ==========================================
 
+The sanitizer's tuning knobs are environment-only (docs/instruction-level.md):
+``PASTAPROF_SAN_PCS`` (per-PC slots, 0 = none), ``PASTAPROF_SAN_PAGES`` (page counters),
+``PASTAPROF_SAN_RAW_MB`` (raw buffer), ``PASTAPROF_HEATMAP_CTA``, ``PASTAPROF_SAN_UNPATCH``
+(0 keeps modules patched outside the windows).
+
 Bad values are a ``UsageError`` raised before the target starts (exit code 2).
 Allocations are always tracked; the settings gate only what is *recorded*, so a
 free inside a range of memory allocated before it is still understood.
@@ -150,6 +155,12 @@ class CaptureConfig:
                 return False
             raise UsageError(f"{ENV_PREFIX}{name}={v!r}: expected 0 or 1")
 
+        # the sanitizer's table sizes and switches (handlers/sanitizer.py reads them): checked
+        # here, so that a bad value stops `pastaprof run` before the program starts
+        for name in ("SAN_PCS", "SAN_PAGES", "SAN_RAW_MB", "HEATMAP_CTA"):
+            if integer(name, 0) < 0:
+                raise UsageError(f"{ENV_PREFIX}{name}={get(name)!r}: must be 0 or more")
+        boolean("SAN_UNPATCH")
         tools = tuple(t.strip() for t in (get("TOOLS") or "").split(",") if t.strip())
         ranges = tuple(r.strip() for r in (get("RANGES") or "").split(",") if r.strip())
         return cls(

@@ -111,7 +111,7 @@ class SanitizerHandler:
         page_cap = _env_int("PASTAPROF_SAN_PAGES", 1 << 22)
         raw_cap = _env_int("PASTAPROF_SAN_RAW_MB", 1024) * (1 << 20) // 288
         flags = sum(INSTRUCTIONS.values())
-        if os.environ.get("PASTAPROF_SAN_UNPATCH", "1") == "0":
+        if os.environ.get("PASTAPROF_SAN_UNPATCH", "1").lower() in ("0", "false", "no", "off"):
             flags |= 32  # keep modules patched outside ranges (to measure what unpatching saves)
         if lib.pp_san_configure(2 if self.process == "cpu" else 1, lib.patch_path.encode(),
                                 (self.config.kernels or "").encode(), self.config.sample, page_shift, pc_cap,
