@@ -183,6 +183,12 @@ def cost(out: Path, repeat: int) -> dict:
     return res
 
 
+def sanitizer_stats(run_dir: Path, *keys: str) -> dict:
+    """Counters the sanitizer handler wrote into a run's manifest."""
+    san = pastaprof.load(run_dir).manifest["processes"][0].get("sanitizer") or {}
+    return {k: san.get(k) for k in keys}
+
+
 def unselected(out: Path, repeat: int) -> dict:
     configs = {"bare": (None, None), "outside_ranges_unpatched": (["-t", "working_set", "--ranges", "never"], None),
                "outside_ranges_patched": (["-t", "working_set", "--ranges", "never"], {"PASTAPROF_SAN_UNPATCH": "0"}),
@@ -196,9 +202,8 @@ def unselected(out: Path, repeat: int) -> dict:
                 info, rd = app(name, out, f"{name}-{k}-{i}", extra, pp, env)
                 times[k].append(info["seconds"])
                 if rd is not None:
-                    san[k] = {x: (pastaprof.load(rd).manifest["processes"][0].get("sanitizer") or {}).get(x)
-                              for x in ("launches_seen", "launches_instrumented", "modules_unpatched",
-                                        "modules_repatched")}
+                    san[k] = sanitizer_stats(rd, "launches_seen", "launches_instrumented", "modules_unpatched",
+                                             "modules_repatched")
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
         res[name] = {"seconds": med, "x_bare": {k: round(v / med["bare"], 3) for k, v in med.items()},
                      "sanitizer": san}
@@ -208,8 +213,7 @@ def unselected(out: Path, repeat: int) -> dict:
             info, rd = app(name, out, f"{name}-window-{k}", [*extra, "--after-window"], pp)
             w[k] = info["after_window_seconds"]
             if rd is not None:
-                w["sanitizer"] = {x: (pastaprof.load(rd).manifest["processes"][0].get("sanitizer") or {}).get(x)
-                                  for x in ("launches_instrumented", "modules_unpatched", "modules_repatched")}
+                w["sanitizer"] = sanitizer_stats(rd, "launches_instrumented", "modules_unpatched", "modules_repatched")
         w["x_bare"] = round(w["after_window"] / w["bare"], 3)
         res[name]["after_window"] = w
     return res

@@ -40,7 +40,8 @@ import numpy as np
 import pastaprof
 
 
-def prefetch(ptr: int, size: int, device: int | None) -> None:
+def location(device: int | None):
+    """The CPU (None) or a GPU, as cudaMemPrefetchAsync and cudaMemAdvise take it."""
     from cuda.bindings import runtime as rt
 
     loc = rt.cudaMemLocation()
@@ -48,9 +49,18 @@ def prefetch(ptr: int, size: int, device: int | None) -> None:
         loc.type, loc.id = rt.cudaMemLocationType.cudaMemLocationTypeHost, 0
     else:
         loc.type, loc.id = rt.cudaMemLocationType.cudaMemLocationTypeDevice, device
-    (err,) = rt.cudaMemPrefetchAsync(ptr, size, loc, 0, 0)
+    return loc
+
+
+def check(what: str, err) -> None:
     if int(err) != 0:
-        raise RuntimeError(f"cudaMemPrefetchAsync: CUDA error {int(err)}")
+        raise RuntimeError(f"{what}: CUDA error {int(err)}")
+
+
+def prefetch(ptr: int, size: int, device: int | None) -> None:
+    from cuda.bindings import runtime as rt
+
+    check("cudaMemPrefetchAsync", rt.cudaMemPrefetchAsync(ptr, size, location(device), 0, 0)[0])
 
 
 WALK = r"""
@@ -64,15 +74,9 @@ extern "C" __global__ void walk(float* x, long n) {
 def pin(ptr: int, size: int, device: int) -> None:
     from cuda.bindings import runtime as rt
 
-    cpu = rt.cudaMemLocation()
-    cpu.type, cpu.id = rt.cudaMemLocationType.cudaMemLocationTypeHost, 0
-    gpu = rt.cudaMemLocation()
-    gpu.type, gpu.id = rt.cudaMemLocationType.cudaMemLocationTypeDevice, device
-    for advice, loc in ((rt.cudaMemoryAdvise.cudaMemAdviseSetPreferredLocation, cpu),
-                        (rt.cudaMemoryAdvise.cudaMemAdviseSetAccessedBy, gpu)):
-        (err,) = rt.cudaMemAdvise(ptr, size, advice, loc)
-        if int(err) != 0:
-            raise RuntimeError(f"cudaMemAdvise: CUDA error {int(err)}")
+    A = rt.cudaMemoryAdvise
+    check("cudaMemAdvise", rt.cudaMemAdvise(ptr, size, A.cudaMemAdviseSetPreferredLocation, location(None))[0])
+    check("cudaMemAdvise", rt.cudaMemAdvise(ptr, size, A.cudaMemAdviseSetAccessedBy, location(device))[0])
 
 
 GATHER = r"""
@@ -94,11 +98,8 @@ STRIDE = 2654435761  # odd: page i of the walk is (i * STRIDE) mod pages, every 
 def read_mostly(ptr: int, size: int, device: int) -> None:
     from cuda.bindings import runtime as rt
 
-    loc = rt.cudaMemLocation()
-    loc.type, loc.id = rt.cudaMemLocationType.cudaMemLocationTypeDevice, device
-    (err,) = rt.cudaMemAdvise(ptr, size, rt.cudaMemoryAdvise.cudaMemAdviseSetReadMostly, loc)
-    if int(err) != 0:
-        raise RuntimeError(f"cudaMemAdvise: CUDA error {int(err)}")
+    advice = rt.cudaMemoryAdvise.cudaMemAdviseSetReadMostly
+    check("cudaMemAdvise", rt.cudaMemAdvise(ptr, size, advice, location(device))[0])
 
 
 def run_gather(a: argparse.Namespace, nbytes: int) -> dict:

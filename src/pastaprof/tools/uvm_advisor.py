@@ -226,7 +226,8 @@ class UvmAdvisor(Tool):
         other = load(self.access_run)
         helper = UvmAdvisor()
         for kind in ("alloc", "free", "op"):
-            helper._batches[kind] = other.table(kind).to_batches()
+            for batch in other.table(kind).to_batches():
+                helper.on_batch(kind, batch)
         theirs = helper._allocations()
         acc = other.table("access_summary")
         if theirs.num_rows == 0 or acc.num_rows == 0:
