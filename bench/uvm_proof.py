@@ -100,7 +100,7 @@ def main() -> None:
     res = {"app": a.app, "args": common, "median_s": med, "rounds": rounds,
            "plan_speedup_vs_naive": med["naive"] / med["plan"], "plan_vs_hand": med["plan"] / med["hand"],
            "best_hand": best, "plan_vs_best_hand": med["plan"] / med[best],
-           "recorded_naive_s": recorded["seconds"], "uvm_capture_overhead_x": recorded["seconds"] / med["naive"],
+           "recorded_naive_s": recorded["seconds"], "recorded_app": recorded, "uvm_capture_overhead_x": recorded["seconds"] / med["naive"],
            "plan_actions": [{k: a.get(k) for k in ("allocation", "action", "to", "before", "advice", "location",
                                                    "evidence")}
                             for a in json.loads(plan.read_text())["actions"]],

@@ -138,6 +138,7 @@ def main() -> None:
             raise SystemExit("could not allocate the ballast")
     losses = []
     torch.cuda.synchronize()
+    free_start = torch.cuda.mem_get_info(dev)[0]  # what the managed working set may use now
     t0 = time.perf_counter()
     for step in range(a.steps):
         if a.mode == "hand":
@@ -154,7 +155,8 @@ def main() -> None:
     seconds = time.perf_counter() - t0
     print(json.dumps({"mode": "plan" if a.plan else a.mode, "estimated_working_set_bytes": working,
                       "managed_peak_bytes": peak, "oversubscribe": a.oversubscribe,
-                      "ballast_bytes": ballast_bytes if ballast else 0, "steps": a.steps, "seconds": seconds,
+                      "ballast_bytes": ballast_bytes if ballast else 0, "free_at_start_bytes": free_start,
+                      "free_at_end_bytes": torch.cuda.mem_get_info(dev)[0], "steps": a.steps, "seconds": seconds,
                       "loss": losses[-1]}))
 
 

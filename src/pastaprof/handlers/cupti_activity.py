@@ -118,6 +118,7 @@ class CuptiActivityHandler:
         try:
             self._native = self._bind_native()
             self._register()
+            self._own_clock()
             # DRIVER too: cuBLAS/cuDNN launch through the driver API, and CUPTI emits the
             # external-correlation record (op -> kernel) only for traced API calls.
             kinds = [K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION, K.RUNTIME, K.DRIVER]
@@ -152,6 +153,16 @@ class CuptiActivityHandler:
             return None
         self.mechanism = "native"
         return drain
+
+    def _own_clock(self) -> None:
+        """Timestamps on time.time_ns()'s clock, registered before kinds are enabled (CUPTI's
+        rule).  Only the native drain can: cupti-python takes no C timestamp callback; its
+        path keeps CUPTI's default clock, which is the same one until a foreign client ran."""
+        if self._native is not None:
+            try:
+                self._native.own_clock()
+            except RuntimeError as e:  # CUPTI's own clock then; say so in the manifest
+                self.native_status = f"timestamps on CUPTI's default clock ({e})"
 
     def _register(self) -> None:
         if self._native is not None:
@@ -192,6 +203,7 @@ class CuptiActivityHandler:
                 except RuntimeError:
                     pass  # best effort: the re-registration below is what matters
             self._register()
+            self._own_clock()  # Kineto leaves its own (TSC) clock registered
             # Complete every buffer CUPTI still holds (it may have been requested through the
             # foreign client's callback) so the next records go to buffers we hand out.
             cupti.activity_flush_all(1)

@@ -56,6 +56,12 @@ class NativeCupti:
         if self.lib.pp_cupti_shared_buffers() != 0:
             raise RuntimeError(self.lib.pp_cupti_error().decode())
 
+    def own_clock(self) -> None:
+        """Stamp records with CLOCK_REALTIME (time.time_ns) through CUPTI's timestamp
+        callback, replacing any clock a foreign client (Kineto) left registered."""
+        if self.lib.pp_cupti_own_clock() < 0:
+            raise RuntimeError(self.lib.pp_cupti_error().decode())
+
     def keep_api(self, driver: bool, cbid: int, keep: bool) -> None:
         self.lib.pp_cupti_keep_api(int(driver), int(cbid), int(keep))
 

@@ -388,6 +388,7 @@ def _declare_cupti(lib: Any) -> None:
     lib.pp_cupti_register.restype = c.c_int
     lib.pp_cupti_error.restype = c.c_char_p
     lib.pp_cupti_shared_buffers.restype = c.c_int
+    lib.pp_cupti_own_clock.restype = c.c_int
     lib.pp_cupti_keep_api.argtypes = [c.c_int, c.c_int, c.c_int]
     lib.pp_cupti_keep_api.restype = None
     lib.pp_cupti_take.argtypes = [c.c_int]

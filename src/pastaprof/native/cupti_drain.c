@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_API, K_EXTERNAL, K_MEMORY, K_POOL, K_UVM, K_COUNT };
 static const int NCOLS[K_COUNT] = {14, 7, 6, 5, 7, 2, 10, 10, 9};
@@ -60,6 +61,7 @@ typedef CUptiResult (*pop_fn_t)(CUpti_ExternalCorrelationKind, uint64_t*);
 typedef CUptiResult (*uvm_cfg_fn_t)(CUpti_ActivityUnifiedMemoryCounterConfig*, uint32_t);
 typedef CUptiResult (*result_str_fn_t)(CUptiResult, const char**);
 typedef CUptiResult (*set_attr_fn_t)(CUpti_ActivityAttribute, size_t*, void*);
+typedef CUptiResult (*ts_cb_fn_t)(CUpti_TimestampCallbackFunc);
 static next_fn_t p_get_next;
 static reg_fn_t p_register;
 static dropped_fn_t p_dropped;
@@ -68,6 +70,7 @@ static pop_fn_t p_pop;
 static uvm_cfg_fn_t p_uvm_cfg;
 static result_str_fn_t p_result_str;
 static set_attr_fn_t p_set_attr;
+static ts_cb_fn_t p_ts_cb;
 
 /* The buffers we handed to CUPTI.  After a foreign client (Kineto) CUPTI may complete, through
  * our callback, buffers that client allocated: their records are decoded, but only ours are
@@ -304,6 +307,7 @@ int pp_cupti_init(const char* path, size_t buffer_bytes) {
   p_uvm_cfg = (uvm_cfg_fn_t)dlsym(h, "cuptiActivityConfigureUnifiedMemoryCounter");
   p_result_str = (result_str_fn_t)dlsym(h, "cuptiGetResultString");
   p_set_attr = (set_attr_fn_t)dlsym(h, "cuptiActivitySetAttribute");
+  p_ts_cb = (ts_cb_fn_t)dlsym(h, "cuptiActivityRegisterTimestampCallback");
   if (!p_get_next || !p_register || !p_push || !p_pop) {
     snprintf(g_error, sizeof g_error, "libcupti at %s lacks the activity API", path);
     return -1;
@@ -342,6 +346,26 @@ int pp_cupti_shared_buffers(void) {
   CUptiResult r = p_set_attr(CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER, &n, &value);
   if (r != CUPTI_SUCCESS) {
     snprintf(g_error, sizeof g_error, "cuptiActivitySetAttribute(PER_THREAD_ACTIVITY_BUFFER, 0) failed (%d)", (int)r);
+    return -1;
+  }
+  return 0;
+}
+
+/* CUPTI's timestamps on time.time_ns()'s clock (CLOCK_REALTIME), whoever used CUPTI before:
+ * Kineto (torch.profiler) registers its own TSC-based "approximate" clock and leaves it
+ * behind after its session, so records taken after one were stamped on another clock and
+ * landed before the program began (measured on the H200).  Call before enabling kinds. */
+static uint64_t CUPTIAPI realtime_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+int pp_cupti_own_clock(void) {
+  if (!p_ts_cb) return 1; /* older libcupti: its default clock is CLOCK_REALTIME already */
+  CUptiResult r = p_ts_cb(realtime_ns);
+  if (r != CUPTI_SUCCESS) {
+    snprintf(g_error, sizeof g_error, "cuptiActivityRegisterTimestampCallback failed (%d)", (int)r);
     return -1;
   }
   return 0;
