@@ -147,24 +147,36 @@ def speed(out: Path, big: int) -> dict:
     return res
 
 
+# Variants of the counting run, each measured against the same bare runs: the default
+# (16 SM shards of counters), one shard (every warp on the same counters, as before the
+# sharding), 64 shards, and no per-PC table (no tool here reads access_pc).
+COST_VARIANTS = {"one_shard": {"PASTAPROF_SAN_SHARDS": "1"}, "shards64": {"PASTAPROF_SAN_SHARDS": "64"},
+                 "without_pc_table": {"PASTAPROF_SAN_PCS": "0"}}
+HOST_TIMES = ("launches_instrumented", "setup_seconds", "wait_seconds", "readback_seconds")
+
+
 def cost(out: Path, repeat: int) -> dict:
     res = {}
+    tools_args = ["-t", "working_set,hotness", "--ranges", "warmup,measure"]
     for name, extra in (("elementwise", ["--n", str(1 << 24), "--iters", "10"]), ("resnet50", ["--iters", "1"]),
                         ("gemm", ["--iters", "3"])):
-        bare, tools, wbare, wtools, nopc = [], [], [], [], []
+        bare, tools, wbare, wtools = [], [], [], []
+        variants: dict[str, list[float]] = {v: [] for v in COST_VARIANTS}
+        host: dict[str, dict] = {}
         for i in range(repeat):
             info = app(name, out, f"{name}-bare-{i}", extra, None)[0]
             bare.append(info["seconds"])
             wbare.append(info["warmup_seconds"])
             # the warm-up step is selected too: modules are patched at their first launch in a
             # window, a one-time cost reported apart from the steady state (the measured region)
-            info, rd = app(name, out, f"{name}-pp-{i}", extra,
-                           ["-t", "working_set,hotness", "--ranges", "warmup,measure"])
+            info, rd = app(name, out, f"{name}-pp-{i}", extra, tools_args)
             tools.append(info["seconds"])
             wtools.append(info["warmup_seconds"])
-            # the same without the per-PC table (no tool here reads access_pc): what it costs
-            nopc.append(app(name, out, f"{name}-nopc-{i}", extra, ["-t", "working_set,hotness", "--ranges",
-                                                                   "warmup,measure"], {"PASTAPROF_SAN_PCS": "0"})[0]["seconds"])
+            host["default"] = sanitizer_stats(rd, *HOST_TIMES)
+            for v, env in COST_VARIANTS.items():
+                vi, vrd = app(name, out, f"{name}-{v}-{i}", extra, tools_args, env)
+                variants[v].append(vi["seconds"])
+                host[v] = sanitizer_stats(vrd, *HOST_TIMES)
         run = pastaprof.load(rd)
         cov = run.sql("SELECT count(*), sum(requests), sum(uncovered_bulk_copies), sum(uncovered_wgmma), "
                       "sum(unattributed_lanes), max(device_bytes) FROM access_launch").fetchall()[0]
@@ -176,10 +188,12 @@ def cost(out: Path, repeat: int) -> dict:
                      "attributed_span": [(c, hex(lo or 0), hex(hi or 0)) for c, lo, hi in span],
                      "bare_s": sorted(bare)[len(bare) // 2], "tools_s": sorted(tools)[len(tools) // 2],
                      "launches_requests_tma_wgmma_unattributed_devbytes": cov,
-                     "sanitizer": run.manifest["processes"][0].get("sanitizer")}
+                     "sanitizer": run.manifest["processes"][0].get("sanitizer"),
+                     "host_time_of_instrumented_launches": host}
         res[name]["x"] = res[name]["tools_s"] / res[name]["bare_s"]
         res[name]["first_step_bare_s"], res[name]["first_step_tools_s"] = min(wbare), min(wtools)
-        res[name]["x_without_pc_table"] = sorted(nopc)[len(nopc) // 2] / res[name]["bare_s"]
+        for v, secs in variants.items():
+            res[name][f"x_{v}"] = sorted(secs)[len(secs) // 2] / res[name]["bare_s"]
     return res
 
 

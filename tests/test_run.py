@@ -100,6 +100,8 @@ def test_no_gpu_is_reported_once_and_capture_continues(tmp_path, app):
     ({"PASTAPROF_SAN_PCS": "lots"}, (), "PASTAPROF_SAN_PCS='lots'"),
     ({"PASTAPROF_SAN_RAW_MB": "-5"}, (), "PASTAPROF_SAN_RAW_MB='-5'"),
     ({"PASTAPROF_SAN_UNPATCH": "sometimes"}, (), "PASTAPROF_SAN_UNPATCH='sometimes'"),
+    ({"PASTAPROF_SAN_SHARDS": "0"}, (), "PASTAPROF_SAN_SHARDS='0'"),
+    ({"PASTAPROF_SAN_SHARDS": "128"}, (), "PASTAPROF_SAN_SHARDS='128'"),
     ({}, ("-t", "kernels,nosuch"), "unknown tool 'nosuch'"),
 ])
 def test_bad_settings_stop_before_the_program_starts(tmp_path, env, flags, needle):

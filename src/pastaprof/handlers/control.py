@@ -28,8 +28,9 @@ PASTAPROF_OUT       -o DIR                   the run directory
 
 The sanitizer's tuning knobs are environment-only (docs/instruction-level.md):
 ``PASTAPROF_SAN_PCS`` (per-PC slots, 0 = none), ``PASTAPROF_SAN_PAGES`` (page counters),
-``PASTAPROF_SAN_RAW_MB`` (raw buffer), ``PASTAPROF_HEATMAP_CTA``, ``PASTAPROF_SAN_UNPATCH``
-(0 keeps modules patched outside the windows).
+``PASTAPROF_SAN_RAW_MB`` (raw buffer), ``PASTAPROF_SAN_SHARDS`` (counter copies per SM
+shard, 1-64, default 16), ``PASTAPROF_HEATMAP_CTA``, ``PASTAPROF_SAN_UNPATCH`` (0 keeps
+modules patched outside the windows).
 
 Bad values are a ``UsageError`` raised before the target starts (exit code 2).
 Allocations are always tracked; the settings gate only what is *recorded*, so a
@@ -160,6 +161,8 @@ class CaptureConfig:
         for name in ("SAN_PCS", "SAN_PAGES", "SAN_RAW_MB", "HEATMAP_CTA"):
             if integer(name, 0) < 0:
                 raise UsageError(f"{ENV_PREFIX}{name}={get(name)!r}: must be 0 or more")
+        if not 1 <= integer("SAN_SHARDS", 16) <= 64:
+            raise UsageError(f"{ENV_PREFIX}SAN_SHARDS={get('SAN_SHARDS')!r}: must be 1 to 64")
         boolean("SAN_UNPATCH")
         tools = tuple(t.strip() for t in (get("TOOLS") or "").split(",") if t.strip())
         ranges = tuple(r.strip() for r in (get("RANGES") or "").split(",") if r.strip())

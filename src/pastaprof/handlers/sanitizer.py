@@ -124,6 +124,7 @@ class SanitizerHandler:
                 lib.pp_san_set_cubin_dir(str(self.cubins).encode())
             except OSError:
                 pass  # no source lines, nothing else lost
+        lib.pp_san_set_shards(_env_int("PASTAPROF_SAN_SHARDS", 16))  # rounded up to a power of two
         if lib.InitializeInjection() != 0:
             self.status = f"instruction-level accesses not recorded: {lib.pp_san_error().decode()}"
             return
@@ -335,5 +336,8 @@ class SanitizerHandler:
                 "launches_skipped_busy": lib.pp_san_stat(2), "device_bytes": lib.pp_san_stat(3),
                 "live_tensors": lib.pp_san_stat(4), "live_allocations": lib.pp_san_stat(5),
                 "modules_repatched": lib.pp_san_stat(6), "modules_unpatched": lib.pp_san_stat(7),
+                # host time of the instrumented launches: set-up, waiting for the kernel, read-back
+                "setup_seconds": lib.pp_san_stat(8) / 1e9, "wait_seconds": lib.pp_san_stat(9) / 1e9,
+                "readback_seconds": lib.pp_san_stat(10) / 1e9,
                 "cpu_reduce_seconds": round(self.reduce_seconds, 6), "requests_reduced": self.requests_reduced,
                 "drain_seconds": round(self.drain_seconds, 6), "notes": notes, "error": err or None}

@@ -352,6 +352,8 @@ def _declare_sanitizer(lib: Any) -> None:
                                      c.c_long, c.c_int]
     lib.pp_san_configure.restype = c.c_int
     lib.InitializeInjection.restype = c.c_int
+    lib.pp_san_set_shards.argtypes = [c.c_int]
+    lib.pp_san_set_shards.restype = None
     lib.pp_san_set_enabled.argtypes = [c.c_int]
     lib.pp_san_set_enabled.restype = None
     lib.pp_san_record_copies.argtypes = [c.c_int]

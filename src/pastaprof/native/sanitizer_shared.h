@@ -11,7 +11,9 @@
 #define PP_WRITE 2u
 #define PP_ATOMIC 4u
 
-/* misc[] slots: per-launch totals */
+/* misc[] slots: per-launch totals.  misc holds one row of PP_M_SLOTS per shard (see
+ * PPState.n_shards); the additive counters are summed over the rows by the host, the
+ * others (marked "row 0") live in row 0 only. */
 enum {
   PP_M_REQUESTS = 0,     /* global warp requests (incl. cp.async) */
   PP_M_LANES,            /* global lane accesses */
@@ -23,10 +25,12 @@ enum {
   PP_M_WGMMA,            /* warpgroup MMAs: operands not seen as memory accesses */
   PP_M_PC_DROPPED,       /* requests whose PC found no slot in the per-PC table */
   PP_M_PAGE_DROPPED,     /* attributed lanes whose object has no page histogram */
-  PP_M_RAW_COUNT,        /* raw requests claimed (may exceed the buffer) */
+  PP_M_RAW_COUNT,        /* row 0: raw requests claimed (may exceed the buffer) */
   PP_M_SHARED_BYTES,
   PP_M_LOCAL_BYTES,
-  PP_M_UNATTR_ADDR,      /* one address that fell in no live object (diagnosis) */
+  PP_M_UNATTR_ADDR,      /* row 0: one address that fell in no live object (diagnosis) */
+  PP_M_OBJ_SLOTS,        /* row 0: objects touched by this launch (claimed object blocks) */
+  PP_M_PC_SLOTS,         /* row 0: PCs seen by this launch (claimed PC blocks) */
   PP_M_SLOTS = 16
 };
 
@@ -34,14 +38,36 @@ typedef struct {
   unsigned long long base, end; /* [base, end), sorted by base, disjoint within a table */
 } PPObj;
 
+/* Counters are spread over n_shards copies (shard = SM id mod n_shards) so that the warps
+ * of different SMs do not serialize on the same addresses; the host sums the copies.
+ * Objects and PCs get a dense "slot" at their first access in a launch, so that the
+ * host copies back only the blocks this launch used:
+ *   object block k: PPObjHead, then n_shards x PPCounters
+ *   PC block k:     PPPcHead,  then n_shards x PPPcCounters */
 typedef struct {
-  unsigned long long reads, writes, bytes_read, bytes_written, sectors;
+  unsigned long long reads, writes, bytes_read, bytes_written, sectors, pad[3]; /* 64 B */
 } PPCounters;
 
 typedef struct {
-  unsigned long long pc; /* 0 = empty slot */
-  unsigned long long requests, lanes, bytes, sectors, reads, writes;
-} PPPc;
+  unsigned long long object; /* object index + 1 (n_tensor + n_alloc + 1 = unattributed) */
+  unsigned long long pad[7];
+} PPObjHead;
+
+typedef struct {
+  unsigned long long requests, lanes, sectors, pad; /* 32 B; bytes, reads and writes follow from the head */
+} PPPcCounters;
+
+typedef struct {
+  unsigned long long pc;
+  unsigned int size, flags; /* an instruction's access size and PP_READ/WRITE/ATOMIC never change */
+  unsigned long long pad[2];
+} PPPcHead;
+
+typedef struct {
+  unsigned long long pc;  /* 0 = empty hash entry */
+  unsigned int slot1;     /* claimed PC block + 1; 0 while its claimer writes the block head */
+  unsigned int pad;
+} PPPcKey;
 
 typedef struct {
   unsigned long long pc;
@@ -50,20 +76,23 @@ typedef struct {
 } PPRaw;
 
 #define PP_NO_PAGES 0xffffffffffffffffull
+#define PP_CLAIMING 0xffffffffu
 
 typedef struct {
   unsigned int mode;
   unsigned int page_shift;
   unsigned int n_tensor, n_alloc;  /* objects: tensors first, then allocations */
   const PPObj *tensors, *allocs;
-  PPCounters *counters;            /* n_tensor + n_alloc + 1 (last: unattributed) */
+  unsigned int *obj_slot;          /* per object (n_tensor + n_alloc + 1): block + 1, PP_CLAIMING, or 0 */
+  unsigned long long *obj_blocks;  /* (n_tensor + n_alloc + 1) blocks of (1 + n_shards) x 64 B */
   const unsigned long long *page_base; /* per object: first slot in pages[], or PP_NO_PAGES */
   unsigned long long *pages;
   unsigned long long n_pages;
-  PPPc *pcs;
-  unsigned int pc_cap;             /* power of two */
-  unsigned int pad;
-  unsigned long long *misc;        /* PP_M_SLOTS */
+  PPPcKey *pc_keys;                /* pc_cap hash entries */
+  unsigned long long *pc_blocks;   /* pc_cap blocks of (1 + n_shards) x 32 B */
+  unsigned int pc_cap;             /* power of two; 0 = no per-PC table */
+  unsigned int n_shards;           /* power of two */
+  unsigned long long *misc;        /* n_shards x PP_M_SLOTS */
   PPRaw *raw;
   unsigned long long raw_cap;
 } PPState;

@@ -51,6 +51,7 @@ struct Config {
   long every = 1;
   unsigned page_shift = 12;
   unsigned pc_cap = 4096;
+  unsigned n_shards = 16;       // counter copies (SM id mod n_shards), summed here
   size_t page_cap = 1u << 22;   // page counters (8 B each)
   size_t raw_cap = 1u << 20;    // raw requests (288 B each)
   bool shared = true, local = true, async = true, bulk = true, wgmma = true;
@@ -61,9 +62,10 @@ struct Dev {
   bool patches = false;
   PPState* state = nullptr;
   PPObj *t = nullptr, *a = nullptr;
-  PPCounters* c = nullptr;
+  unsigned* obj_slot = nullptr;
+  unsigned long long *obj_blocks = nullptr, *pc_blocks = nullptr;
+  PPPcKey* pc_keys = nullptr;
   unsigned long long *pb = nullptr, *pages = nullptr, *misc = nullptr;
-  PPPc* pcs = nullptr;
   PPRaw* raw = nullptr;
   size_t cap_obj = 0, cap_pages = 0, cap_raw = 0;
   uint64_t version = 0;
@@ -89,6 +91,8 @@ std::atomic<int> enabled{1};
 std::atomic<int64_t> gate_closed_ns{0};             // when the gate last closed; 0 while open
 const int64_t UNPATCH_AFTER_NS = 1000000000;        // closed this long: unpatch at the next launch
 std::atomic<long> matched{0}, launches{0}, instrumented{0}, skipped_busy{0}, repatches{0}, unpatches{0};
+// host time of instrumented launches (ns): setup before, waiting for the kernel, reading back
+std::atomic<int64_t> t_setup{0}, t_wait{0}, t_readback{0};
 std::mutex mu;  // tables, devices, output
 std::map<uint64_t, uint64_t> tensors, allocs;  // base -> end
 uint64_t version = 1;
@@ -157,11 +161,17 @@ void dfree(CUcontext ctx, T*& p, size_t n, size_t& bytes) {
   p = nullptr;
 }
 
+// u64 words of one object / PC block: a head and one counter row per shard.
+size_t obj_words() { return size_t(1 + cfg.n_shards) * 8; }
+size_t pc_words() { return size_t(1 + cfg.n_shards) * 4; }
+
 // Device buffers big enough for n objects (grown, never silently short).
 bool ensure(CUcontext ctx, Dev* d, size_t n_obj) {
   if (!d->state) {
-    if (!dalloc(ctx, d->state, 1, d->bytes) || !dalloc(ctx, d->misc, PP_M_SLOTS, d->bytes) ||
-        (cfg.pc_cap && !dalloc(ctx, d->pcs, cfg.pc_cap, d->bytes)))
+    if (!dalloc(ctx, d->state, 1, d->bytes) || !dalloc(ctx, d->misc, size_t(PP_M_SLOTS) * cfg.n_shards, d->bytes))
+      return false;
+    if (cfg.mode == PP_MODE_GPU && cfg.pc_cap &&
+        (!dalloc(ctx, d->pc_keys, cfg.pc_cap, d->bytes) || !dalloc(ctx, d->pc_blocks, cfg.pc_cap * pc_words(), d->bytes)))
       return false;
     if (cfg.mode == PP_MODE_GPU && !dalloc(ctx, d->pages, cfg.page_cap, d->bytes)) return false;
     d->cap_pages = cfg.mode == PP_MODE_GPU ? cfg.page_cap : 0;
@@ -170,12 +180,14 @@ bool ensure(CUcontext ctx, Dev* d, size_t n_obj) {
   }
   if (n_obj + 1 > d->cap_obj) {
     size_t cap = std::max<size_t>(n_obj + 1, std::max<size_t>(1024, d->cap_obj * 2));
+    size_t words = cfg.mode == PP_MODE_GPU ? obj_words() : 0;
     dfree(ctx, d->t, d->cap_obj, d->bytes);
     dfree(ctx, d->a, d->cap_obj, d->bytes);
-    dfree(ctx, d->c, d->cap_obj, d->bytes);
+    dfree(ctx, d->obj_slot, d->cap_obj, d->bytes);
+    dfree(ctx, d->obj_blocks, d->cap_obj * words, d->bytes);
     dfree(ctx, d->pb, d->cap_obj, d->bytes);
-    if (!dalloc(ctx, d->t, cap, d->bytes) || !dalloc(ctx, d->a, cap, d->bytes) || !dalloc(ctx, d->c, cap, d->bytes) ||
-        !dalloc(ctx, d->pb, cap, d->bytes))
+    if (!dalloc(ctx, d->t, cap, d->bytes) || !dalloc(ctx, d->a, cap, d->bytes) || !dalloc(ctx, d->pb, cap, d->bytes) ||
+        (words && (!dalloc(ctx, d->obj_slot, cap, d->bytes) || !dalloc(ctx, d->obj_blocks, cap * words, d->bytes))))
       return false;
     d->cap_obj = cap;
     d->version = 0;  // re-upload
@@ -311,16 +323,23 @@ void launch_begin(const Sanitizer_LaunchData* ld) {
     if (r == SANITIZER_SUCCESS)
       r = sanitizerMemcpyHostToDeviceAsync(d->pb, p.page_base.data(), n_obj * sizeof(uint64_t), hs);
   }
-  if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->c, 0, (n_obj + 1) * sizeof(PPCounters), hs);
+  bool gpu = cfg.mode == PP_MODE_GPU;
+  // zeroed on the device, in the launch's stream (no host wait): the object slots and
+  // blocks this launch may claim, the PC table, the misc rows, the used page counters
+  if (r == SANITIZER_SUCCESS && gpu) r = sanitizerMemset(d->obj_slot, 0, (n_obj + 1) * sizeof(unsigned), hs);
+  if (r == SANITIZER_SUCCESS && gpu) r = sanitizerMemset(d->obj_blocks, 0, (n_obj + 1) * obj_words() * 8, hs);
   if (r == SANITIZER_SUCCESS && p.n_pages) r = sanitizerMemset(d->pages, 0, p.n_pages * 8, hs);
-  if (r == SANITIZER_SUCCESS && cfg.pc_cap) r = sanitizerMemset(d->pcs, 0, cfg.pc_cap * sizeof(PPPc), hs);
-  if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->misc, 0, PP_M_SLOTS * 8, hs);
+  if (r == SANITIZER_SUCCESS && gpu && cfg.pc_cap) r = sanitizerMemset(d->pc_keys, 0, cfg.pc_cap * sizeof(PPPcKey), hs);
+  if (r == SANITIZER_SUCCESS && gpu && cfg.pc_cap)
+    r = sanitizerMemset(d->pc_blocks, 0, cfg.pc_cap * pc_words() * 8, hs);
+  if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->misc, 0, size_t(PP_M_SLOTS) * cfg.n_shards * 8, hs);
   PPState st;
   memset(&st, 0, sizeof st);
   st.mode = cfg.mode; st.page_shift = cfg.page_shift; st.n_tensor = p.n_t; st.n_alloc = p.n_a;
-  st.tensors = d->t; st.allocs = d->a; st.counters = d->c; st.page_base = d->pb; st.pages = d->pages;
-  st.n_pages = p.n_pages; st.pcs = d->pcs; st.pc_cap = cfg.pc_cap; st.misc = d->misc; st.raw = d->raw;
-  st.raw_cap = d->cap_raw;
+  st.tensors = d->t; st.allocs = d->a; st.obj_slot = d->obj_slot; st.obj_blocks = d->obj_blocks;
+  st.page_base = d->pb; st.pages = d->pages; st.n_pages = p.n_pages; st.pc_keys = d->pc_keys;
+  st.pc_blocks = d->pc_blocks; st.pc_cap = gpu ? cfg.pc_cap : 0; st.n_shards = cfg.n_shards; st.misc = d->misc;
+  st.raw = d->raw; st.raw_cap = d->cap_raw;
   static thread_local PPState st_keep;  // must outlive the async copy
   st_keep = st;
   if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyHostToDeviceAsync(d->state, &st_keep, sizeof st_keep, hs);
@@ -331,7 +350,12 @@ void launch_begin(const Sanitizer_LaunchData* ld) {
     return;
   }
   p.active = true;
+  t_setup += now_ns() - p.start_ns;
 }
+
+// One object's or PC's counters, summed over the shards.
+struct ObjSum { size_t obj; PPCounters c; };
+struct PcSum { uint64_t pc; unsigned size, flags; unsigned long long requests, lanes, sectors; };
 
 void launch_end(const Sanitizer_LaunchData* ld) {
   Pending& p = pend;
@@ -339,17 +363,49 @@ void launch_end(const Sanitizer_LaunchData* ld) {
   p.active = false;
   Dev* d = p.dev;
   Sanitizer_StreamHandle hs = ld->hStream;
+  int64_t t0 = now_ns();
   SanitizerResult r = sanitizerStreamSynchronize(hs);
   int64_t end_ns = now_ns();
+  t_wait += end_ns - t0;
   size_t n_obj = p.objs.size();
-  unsigned long long misc[PP_M_SLOTS];
-  std::vector<PPCounters> cnt(n_obj + 1);
-  std::vector<PPPc> pcs(cfg.pc_cap);
-  if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(misc, d->misc, sizeof misc, hs);
+  const unsigned NS = cfg.n_shards;
+  std::vector<unsigned long long> rows(size_t(PP_M_SLOTS) * NS);
+  if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(rows.data(), d->misc, rows.size() * 8, hs);
+  unsigned long long misc[PP_M_SLOTS] = {0};
+  for (unsigned sh = 0; sh < NS; ++sh)
+    for (int i = 0; i < PP_M_SLOTS; ++i) misc[i] += rows[size_t(sh) * PP_M_SLOTS + i];
+  for (int i : {PP_M_RAW_COUNT, PP_M_UNATTR_ADDR, PP_M_OBJ_SLOTS, PP_M_PC_SLOTS}) misc[i] = rows[i];  // row 0 only
+  std::vector<ObjSum> objs;
+  std::vector<PcSum> pcs;
   if (r == SANITIZER_SUCCESS && cfg.mode == PP_MODE_GPU) {
-    r = sanitizerMemcpyDeviceToHost(cnt.data(), d->c, cnt.size() * sizeof(PPCounters), hs);
-    if (r == SANITIZER_SUCCESS && !pcs.empty())
-      r = sanitizerMemcpyDeviceToHost(pcs.data(), d->pcs, pcs.size() * sizeof(PPPc), hs);
+    size_t k = std::min<size_t>(misc[PP_M_OBJ_SLOTS], n_obj + 1);
+    std::vector<unsigned long long> blk(k * obj_words());
+    if (k) r = sanitizerMemcpyDeviceToHost(blk.data(), d->obj_blocks, blk.size() * 8, hs);
+    for (size_t j = 0; j < k && r == SANITIZER_SUCCESS; ++j) {
+      const unsigned long long* b = blk.data() + j * obj_words();
+      if (b[0] == 0 || b[0] > n_obj + 1) continue;  // claimed but never written: cannot happen
+      ObjSum o{size_t(b[0] - 1), {}};
+      for (unsigned sh = 0; sh < NS; ++sh) {
+        const unsigned long long* c = b + (1 + sh) * 8;
+        o.c.reads += c[0]; o.c.writes += c[1]; o.c.bytes_read += c[2]; o.c.bytes_written += c[3]; o.c.sectors += c[4];
+      }
+      objs.push_back(o);
+    }
+    std::sort(objs.begin(), objs.end(), [](const ObjSum& x, const ObjSum& y) { return x.obj < y.obj; });
+    size_t kp = std::min<size_t>(misc[PP_M_PC_SLOTS], cfg.pc_cap);
+    std::vector<unsigned long long> pblk(kp * pc_words());
+    if (kp && r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(pblk.data(), d->pc_blocks, pblk.size() * 8, hs);
+    for (size_t j = 0; j < kp && r == SANITIZER_SUCCESS; ++j) {
+      const unsigned long long* b = pblk.data() + j * pc_words();
+      const PPPcHead* h = (const PPPcHead*)b;
+      if (!h->pc) continue;
+      PcSum q{h->pc, h->size, h->flags, 0, 0, 0};
+      for (unsigned sh = 0; sh < NS; ++sh) {
+        const unsigned long long* c = b + (1 + sh) * 4;
+        q.requests += c[0]; q.lanes += c[1]; q.sectors += c[2];
+      }
+      pcs.push_back(q);
+    }
   }
   std::vector<PPRaw> raw;
   if (r == SANITIZER_SUCCESS && cfg.mode == PP_MODE_RAW) {
@@ -361,15 +417,35 @@ void launch_end(const Sanitizer_LaunchData* ld) {
     d->busy = false;
     return;
   }
-  // page slices of the objects this launch touched
-  std::vector<std::pair<size_t, std::vector<unsigned long long>>> page_rows;
+  // page slices of the objects this launch touched: one copy of the span they cover when
+  // it is small, else one per object
+  std::vector<std::vector<unsigned long long>> page_rows(objs.size());
   if (cfg.mode == PP_MODE_GPU) {
-    for (size_t i = 0; i < n_obj; ++i) {
-      if ((cnt[i].reads | cnt[i].writes) == 0 || p.page_base[i] == PP_NO_PAGES) continue;
-      size_t np = size_t(((p.objs[i].end - p.objs[i].base) + (1ull << cfg.page_shift) - 1) >> cfg.page_shift);
-      std::vector<unsigned long long> v(np);
-      if (sanitizerMemcpyDeviceToHost(v.data(), d->pages + p.page_base[i], np * 8, hs) == SANITIZER_SUCCESS)
-        page_rows.emplace_back(i, std::move(v));
+    auto pages_of = [&](size_t i) {
+      return size_t(((p.objs[i].end - p.objs[i].base) + (1ull << cfg.page_shift) - 1) >> cfg.page_shift);
+    };
+    size_t lo = SIZE_MAX, hi = 0, used = 0;
+    for (auto& o : objs)
+      if (o.obj < n_obj && p.page_base[o.obj] != PP_NO_PAGES) {
+        lo = std::min<size_t>(lo, p.page_base[o.obj]);
+        hi = std::max<size_t>(hi, p.page_base[o.obj] + pages_of(o.obj));
+        used += pages_of(o.obj);
+      }
+    std::vector<unsigned long long> span;
+    bool one = used && (hi - lo) <= std::max<size_t>(2 * used, 1u << 16) &&
+               sanitizerMemcpyDeviceToHost((span.resize(hi - lo), span.data()), d->pages + lo, (hi - lo) * 8, hs) ==
+                   SANITIZER_SUCCESS;
+    for (size_t j = 0; j < objs.size(); ++j) {
+      size_t i = objs[j].obj;
+      if (i >= n_obj || p.page_base[i] == PP_NO_PAGES) continue;
+      size_t np = pages_of(i);
+      if (one) {
+        page_rows[j].assign(span.begin() + (p.page_base[i] - lo), span.begin() + (p.page_base[i] - lo + np));
+      } else {
+        std::vector<unsigned long long> v(np);
+        if (sanitizerMemcpyDeviceToHost(v.data(), d->pages + p.page_base[i], np * 8, hs) == SANITIZER_SUCCESS)
+          page_rows[j] = std::move(v);
+      }
     }
   }
   d->busy = false;
@@ -388,28 +464,28 @@ void launch_end(const Sanitizer_LaunchData* ld) {
                   int64_t(d->bytes), int64_t(misc[PP_M_SHARED_BYTES] + misc[PP_M_LOCAL_BYTES]),
                   int64_t(misc[PP_M_UNATTR_ADDR]), p.module_hash});
   if (cfg.mode == PP_MODE_GPU) {
-    size_t pr = 0;
-    for (size_t i = 0; i <= n_obj; ++i) {
-      const PPCounters& c = cnt[i];
+    for (size_t j = 0; j < objs.size(); ++j) {
+      const PPCounters& c = objs[j].c;
+      size_t i = objs[j].obj;
       if ((c.reads | c.writes) == 0) continue;
       int64_t page_start = -1, page_len = 0;
-      if (pr < page_rows.size() && page_rows[pr].first == i) {
+      if (!page_rows[j].empty()) {
         auto& col = out[T_PAGE];
         if (col.empty()) col.resize(NCOLS[T_PAGE]);
         page_start = int64_t(col[0].size());
-        page_len = int64_t(page_rows[pr].second.size());
-        for (auto v : page_rows[pr].second) col[0].push_back(int64_t(v));
-        ++pr;
+        page_len = int64_t(page_rows[j].size());
+        for (auto v : page_rows[j]) col[0].push_back(int64_t(v));
       }
       bool none = i == n_obj;
       push(T_OBJ, {p.seq, none ? 0 : int64_t(p.objs[i].base), none ? 0 : int64_t(p.objs[i].end - p.objs[i].base),
                    none ? -1 : (i < p.n_t ? 0 : 1), int64_t(c.reads), int64_t(c.writes), int64_t(c.bytes_read),
                    int64_t(c.bytes_written), int64_t(c.sectors), page_start, page_len});
     }
-    for (auto& e : pcs)
-      if (e.pc)
-        push(T_PC, {p.seq, rel(e.pc), int64_t(e.requests), int64_t(e.lanes), int64_t(e.bytes), int64_t(e.sectors),
-                    int64_t(e.reads), int64_t(e.writes)});
+    for (auto& e : pcs) {
+      int64_t lanes = int64_t(e.lanes);
+      push(T_PC, {p.seq, rel(e.pc), int64_t(e.requests), lanes, lanes * int64_t(e.size), int64_t(e.sectors),
+                  (e.flags & (PP_READ | PP_ATOMIC)) ? lanes : 0, (e.flags & (PP_WRITE | PP_ATOMIC)) ? lanes : 0});
+    }
   } else {
     for (auto& q : raw) {
       push(T_RAW, {p.seq, rel(q.pc), q.flags, q.size, q.active, q.cta, q.warp, 0});
@@ -418,6 +494,7 @@ void launch_end(const Sanitizer_LaunchData* ld) {
     for (size_t i = 0; i < n_obj; ++i)
       push(T_SNAP, {p.seq, int64_t(p.objs[i].base), int64_t(p.objs[i].end - p.objs[i].base), i < p.n_t ? 0 : 1});
   }
+  t_readback += now_ns() - end_ns;
 }
 
 // A module image with line info (.debug_line) is kept as <cubin_dir>/<hash>.cubin, so
@@ -613,6 +690,14 @@ int pp_san_configure(int mode, const char* patch, const char* regex, long every,
   return 0;
 }
 
+// Counter copies per SM shard (a power of two, 1..64): fewer = less to zero and read back
+// per launch, more = less atomic contention.
+void pp_san_set_shards(int n) {
+  unsigned v = 1;
+  while (v < unsigned(n > 0 ? n : 1) && v < 64) v <<= 1;
+  cfg.n_shards = v;
+}
+
 int InitializeInjection() {
   if (sub) return 0;
   SanitizerResult r = sanitizerSubscribe(&sub, callback, nullptr);
@@ -683,6 +768,9 @@ int64_t pp_san_stat(int i) {
     case 5: { std::lock_guard<std::mutex> g(mu); return int64_t(allocs.size()); }
     case 6: return repatches.load();
     case 7: return unpatches.load();
+    case 8: return t_setup.load();
+    case 9: return t_wait.load();
+    case 10: return t_readback.load();
     default: return -1;
   }
 }
