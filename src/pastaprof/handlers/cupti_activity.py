@@ -15,6 +15,7 @@ which is the main cost -- see docs/benchmarks.md.
 
 from __future__ import annotations
 
+import os
 import threading
 from operator import attrgetter
 from typing import Any
@@ -114,6 +115,9 @@ class CuptiActivityHandler:
         from cupti import cupti
 
         self._cupti = cupti
+        # torch.profiler (Kineto) otherwise tears CUPTI down (cuptiFinalize) lazily at a
+        # callback after its session, undoing our re-attachment; a user's own setting wins.
+        os.environ.setdefault("TEARDOWN_CUPTI", "0")
         K = cupti.ActivityKind
         try:
             self._native = self._bind_native()
@@ -203,10 +207,17 @@ class CuptiActivityHandler:
                 except RuntimeError:
                     pass  # best effort: the re-registration below is what matters
             self._register()
-            self._own_clock()  # Kineto leaves its own (TSC) clock registered
             # Complete every buffer CUPTI still holds (it may have been requested through the
             # foreign client's callback) so the next records go to buffers we hand out.
             cupti.activity_flush_all(1)
+            # Kineto leaves its own (TSC) timestamp callback registered, and CUPTI takes a new
+            # one only while no kind is enabled: disable every kind (theirs too), then ours.
+            for kind in cupti.ActivityKind:
+                try:
+                    cupti.activity_disable(kind)
+                except Exception:  # noqa: BLE001 -- kinds this CUPTI or device does not have
+                    pass
+            self._own_clock()
             for kind in self._enabled:
                 cupti.activity_enable(kind)
             self._filter_api()

@@ -50,7 +50,9 @@ static __device__ __forceinline__ unsigned long long* misc_row(PPState* s, unsig
 // being claimed waits the few instructions that takes (another warp: it always progresses).
 static __device__ __forceinline__ unsigned long long* obj_block(PPState* s, unsigned oid) {
   volatile unsigned* slot = s->obj_slot + oid;
-  unsigned v = *slot;
+  unsigned v = __ldca(s->obj_slot + oid);  // L1: once published, a slot never changes in a launch
+  if (v == PP_CLAIMING) v = *slot;
+  if (v == 0u) v = *slot;                  // perhaps claimed since: ask L2
   if (v == 0u) {
     unsigned old = atomicCAS(s->obj_slot + oid, 0u, PP_CLAIMING);
     if (old == 0u) {
@@ -75,7 +77,14 @@ static __device__ __forceinline__ unsigned long long* pc_block(PPState* s, unsig
   unsigned h = (unsigned)((pc >> 4) * 2654435761u) & (cap - 1);
   for (unsigned probe = 0; probe < 32; ++probe) {
     PPPcKey* e = &s->pc_keys[(h + probe) & (cap - 1)];
-    unsigned long long k = *(volatile unsigned long long*)&e->pc;
+    // L1 first: a published entry never changes within a launch (L1 starts empty at each
+    // launch); an empty or half-published one is read again from L2
+    unsigned long long k = __ldca(&e->pc);
+    if (k == pc) {
+      unsigned v = __ldca(&e->slot1);
+      if (v) return s->pc_blocks + (size_t)(v - 1u) * (1u + s->n_shards) * 4u;
+    }
+    if (k == 0ull) k = *(volatile unsigned long long*)&e->pc;
     if (k == 0ull) {
       k = atomicCAS(&e->pc, 0ull, pc);
       if (k == 0ull) {  // ours: claim a block, write its head, publish it

@@ -92,7 +92,7 @@ std::atomic<int64_t> gate_closed_ns{0};             // when the gate last closed
 const int64_t UNPATCH_AFTER_NS = 1000000000;        // closed this long: unpatch at the next launch
 std::atomic<long> matched{0}, launches{0}, instrumented{0}, skipped_busy{0}, repatches{0}, unpatches{0};
 // host time of instrumented launches (ns): setup before, waiting for the kernel, reading back
-std::atomic<int64_t> t_setup{0}, t_wait{0}, t_readback{0};
+std::atomic<int64_t> t_setup{0}, t_wait{0}, t_readback{0}, t_pages{0};  // t_pages: part of t_readback
 std::mutex mu;  // tables, devices, output
 std::map<uint64_t, uint64_t> tensors, allocs;  // base -> end
 uint64_t version = 1;
@@ -420,6 +420,7 @@ void launch_end(const Sanitizer_LaunchData* ld) {
   // page slices of the objects this launch touched: one copy of the span they cover when
   // it is small, else one per object
   std::vector<std::vector<unsigned long long>> page_rows(objs.size());
+  int64_t tp = now_ns();
   if (cfg.mode == PP_MODE_GPU) {
     auto pages_of = [&](size_t i) {
       return size_t(((p.objs[i].end - p.objs[i].base) + (1ull << cfg.page_shift) - 1) >> cfg.page_shift);
@@ -448,6 +449,7 @@ void launch_end(const Sanitizer_LaunchData* ld) {
       }
     }
   }
+  t_pages += now_ns() - tp;
   d->busy = false;
   std::lock_guard<std::mutex> g(mu);
   auto rel = [&](unsigned long long pc) -> int64_t {
@@ -771,6 +773,7 @@ int64_t pp_san_stat(int i) {
     case 8: return t_setup.load();
     case 9: return t_wait.load();
     case 10: return t_readback.load();
+    case 11: return t_pages.load();
     default: return -1;
   }
 }
