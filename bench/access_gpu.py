@@ -156,13 +156,17 @@ COST_VARIANTS = {"one_shard": {"PASTAPROF_SAN_SHARDS": "1"}, "without_pc_table":
 HOST_TIMES = ("launches_instrumented", "setup_seconds", "wait_seconds", "readback_seconds", "page_copy_seconds")
 
 
-def cost(out: Path, repeat: int) -> dict:
+COST_WORKLOADS = {"elementwise": ["--n", str(1 << 24), "--iters", "10"], "resnet50": ["--iters", "1"],
+                  "gemm": ["--iters", "3"]}
+
+
+def cost(out: Path, repeat: int, workloads: list[str] | None = None, variants_of: list[str] | None = None) -> dict:
     res = {}
     tools_args = ["-t", "working_set,hotness", "--ranges", "warmup,measure"]
-    for name, extra in (("elementwise", ["--n", str(1 << 24), "--iters", "10"]), ("resnet50", ["--iters", "1"]),
-                        ("gemm", ["--iters", "3"])):
+    for name in workloads or list(COST_WORKLOADS):
+        extra = COST_WORKLOADS[name]
         bare, tools, wbare, wtools = [], [], [], []
-        variants: dict[str, list[float]] = {v: [] for v in COST_VARIANTS}
+        variants: dict[str, list[float]] = {v: [] for v in (variants_of if variants_of is not None else COST_VARIANTS)}
         host: dict[str, dict] = {}
         for i in range(repeat):
             info = app(name, out, f"{name}-bare-{i}", extra, None)[0]
@@ -174,8 +178,8 @@ def cost(out: Path, repeat: int) -> dict:
             tools.append(info["seconds"])
             wtools.append(info["warmup_seconds"])
             host["default"] = sanitizer_stats(rd, *HOST_TIMES)
-            for v, env in COST_VARIANTS.items():
-                vi, vrd = app(name, out, f"{name}-{v}-{i}", extra, tools_args, env)
+            for v in variants:
+                vi, vrd = app(name, out, f"{name}-{v}-{i}", extra, tools_args, COST_VARIANTS[v])
                 variants[v].append(vi["seconds"])
                 host[v] = sanitizer_stats(vrd, *HOST_TIMES)
         run = pastaprof.load(rd)
@@ -241,14 +245,24 @@ def main() -> None:
     ap.add_argument("--big", type=int, default=1 << 22)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--parts", default="fidelity,speed,cost,unselected")
+    ap.add_argument("--cost-workloads", default=",".join(COST_WORKLOADS), help="of: " + ",".join(COST_WORKLOADS))
+    ap.add_argument("--cost-variants", default=",".join(COST_VARIANTS), help="of: " + ",".join(COST_VARIANTS))
     a = ap.parse_args()
+    workloads = [w for w in a.cost_workloads.split(",") if w]
+    variants = [v for v in a.cost_variants.split(",") if v]
+    for w in workloads:
+        if w not in COST_WORKLOADS:
+            ap.error(f"unknown cost workload {w!r}")
+    for v in variants:
+        if v not in COST_VARIANTS:
+            ap.error(f"unknown cost variant {v!r}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     res = {}
     for part in a.parts.split(","):
         try:
             res[part] = {"fidelity": lambda: fidelity(out, a.n), "speed": lambda: speed(out, a.big),
-                         "cost": lambda: cost(out, a.repeat), "unselected": lambda: unselected(out, a.repeat)}[part]()
+                         "cost": lambda: cost(out, a.repeat, workloads, variants), "unselected": lambda: unselected(out, a.repeat)}[part]()
         except Exception as e:  # report and go on to the next part
             res[part] = {"error": f"{type(e).__name__}: {e}"[-3000:]}
         print(json.dumps({part: res[part]}, indent=1, default=str), flush=True)

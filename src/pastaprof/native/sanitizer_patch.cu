@@ -182,19 +182,19 @@ static __device__ __forceinline__ void account(PPState* s, unsigned long long pc
     else if (o >= 0) atomicAdd(&misc[PP_M_PAGE_DROPPED], (unsigned long long)__popc(same_page));
   }
   if (lane == leader) {
+    // requests and lanes go to the PC's block; the launch totals get only what has none
+    // (the host adds the PC blocks to them)
     unsigned long long lanes = __popc(mask);
-    atomicAdd(&misc[PP_M_REQUESTS], 1ull);
-    atomicAdd(&misc[PP_M_LANES], lanes);
-    if (s->pc_cap) {
-      unsigned long long* b = pc_block(s, pc, size, flags);
-      if (b) {
-        b += (1u + shard) * 4u;  // this shard's PPPcCounters
-        atomicAdd(&b[0], 1ull);
-        atomicAdd(&b[1], lanes);
-        atomicAdd(&b[2], (unsigned long long)__popc(sector_leaders));
-      } else {
-        atomicAdd(&misc[PP_M_PC_DROPPED], 1ull);
-      }
+    unsigned long long* b = s->pc_cap ? pc_block(s, pc, size, flags) : nullptr;
+    if (b) {
+      b += (1u + shard) * 4u;  // this shard's PPPcCounters
+      atomicAdd(&b[0], 1ull);
+      atomicAdd(&b[1], lanes);
+      atomicAdd(&b[2], (unsigned long long)__popc(sector_leaders));
+    } else {
+      atomicAdd(&misc[PP_M_REQUESTS], 1ull);
+      atomicAdd(&misc[PP_M_LANES], lanes);
+      if (s->pc_cap) atomicAdd(&misc[PP_M_PC_DROPPED], 1ull);
     }
   }
 }

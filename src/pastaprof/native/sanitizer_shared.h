@@ -15,8 +15,8 @@
  * PPState.n_shards); the additive counters are summed over the rows by the host, the
  * others (marked "row 0") live in row 0 only. */
 enum {
-  PP_M_REQUESTS = 0,     /* global warp requests (incl. cp.async) */
-  PP_M_LANES,            /* global lane accesses */
+  PP_M_REQUESTS = 0,     /* global warp requests (incl. cp.async) without a PC block (the host adds those) */
+  PP_M_LANES,            /* their lane accesses */
   PP_M_UNATTRIBUTED,     /* lane accesses in no live object */
   PP_M_SHARED_LANES,     /* shared-memory lane accesses (counted, not attributed) */
   PP_M_LOCAL_LANES,      /* local-memory lane accesses */

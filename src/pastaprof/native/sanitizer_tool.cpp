@@ -405,6 +405,8 @@ void launch_end(const Sanitizer_LaunchData* ld) {
         q.requests += c[0]; q.lanes += c[1]; q.sectors += c[2];
       }
       pcs.push_back(q);
+      misc[PP_M_REQUESTS] += q.requests;  // the launch totals: requests with a PC block too
+      misc[PP_M_LANES] += q.lanes;
     }
   }
   std::vector<PPRaw> raw;
@@ -419,7 +421,11 @@ void launch_end(const Sanitizer_LaunchData* ld) {
   }
   // page slices of the objects this launch touched: one copy of the span they cover when
   // it is small, else one per object
-  std::vector<std::vector<unsigned long long>> page_rows(objs.size());
+  // per touched object: its page counters (a slice of `span`, or a copy of its own)
+  std::vector<std::pair<const unsigned long long*, size_t>> page_rows(objs.size(), {nullptr, 0});
+  std::vector<std::vector<unsigned long long>> own_pages;
+  own_pages.reserve(objs.size());
+  std::vector<unsigned long long> span;  // the touched objects' pages in one copy, when close
   int64_t tp = now_ns();
   if (cfg.mode == PP_MODE_GPU) {
     auto pages_of = [&](size_t i) {
@@ -432,7 +438,6 @@ void launch_end(const Sanitizer_LaunchData* ld) {
         hi = std::max<size_t>(hi, p.page_base[o.obj] + pages_of(o.obj));
         used += pages_of(o.obj);
       }
-    std::vector<unsigned long long> span;
     bool one = used && (hi - lo) <= std::max<size_t>(2 * used, 1u << 16) &&
                sanitizerMemcpyDeviceToHost((span.resize(hi - lo), span.data()), d->pages + lo, (hi - lo) * 8, hs) ==
                    SANITIZER_SUCCESS;
@@ -441,11 +446,12 @@ void launch_end(const Sanitizer_LaunchData* ld) {
       if (i >= n_obj || p.page_base[i] == PP_NO_PAGES) continue;
       size_t np = pages_of(i);
       if (one) {
-        page_rows[j].assign(span.begin() + (p.page_base[i] - lo), span.begin() + (p.page_base[i] - lo + np));
+        page_rows[j] = {span.data() + (p.page_base[i] - lo), np};
       } else {
-        std::vector<unsigned long long> v(np);
-        if (sanitizerMemcpyDeviceToHost(v.data(), d->pages + p.page_base[i], np * 8, hs) == SANITIZER_SUCCESS)
-          page_rows[j] = std::move(v);
+        own_pages.emplace_back(np);
+        if (sanitizerMemcpyDeviceToHost(own_pages.back().data(), d->pages + p.page_base[i], np * 8, hs) ==
+            SANITIZER_SUCCESS)
+          page_rows[j] = {own_pages.back().data(), np};
       }
     }
   }
@@ -471,12 +477,13 @@ void launch_end(const Sanitizer_LaunchData* ld) {
       size_t i = objs[j].obj;
       if ((c.reads | c.writes) == 0) continue;
       int64_t page_start = -1, page_len = 0;
-      if (!page_rows[j].empty()) {
+      if (page_rows[j].second) {
         auto& col = out[T_PAGE];
         if (col.empty()) col.resize(NCOLS[T_PAGE]);
         page_start = int64_t(col[0].size());
-        page_len = int64_t(page_rows[j].size());
-        for (auto v : page_rows[j]) col[0].push_back(int64_t(v));
+        page_len = int64_t(page_rows[j].second);
+        col[0].resize(col[0].size() + page_rows[j].second);  // counts fit int64 (< 2^63 accesses)
+        memcpy(col[0].data() + page_start, page_rows[j].first, page_rows[j].second * 8);
       }
       bool none = i == n_obj;
       push(T_OBJ, {p.seq, none ? 0 : int64_t(p.objs[i].base), none ? 0 : int64_t(p.objs[i].end - p.objs[i].base),
