@@ -57,7 +57,11 @@ def main() -> None:
     print(json.dumps(res))
     (out / "coexist.json").write_text(json.dumps(res))
     assert res["torch_profiler_cuda_events"] > 0, res
-    assert res["ours_before"] >= 100 and res["ours_after"] >= 100, res
+    # 50 iterations of (matmul, tanh) = 150 kernels in each phase; "before" would also hold any
+    # kernel after the session stamped on another clock (Kineto's), which is what failed until
+    # the fifth session
+    assert 100 <= res["ours_before"] <= 160, res
+    assert res["ours_right_after"] >= 100 and res["ours_late"] >= 100, res
     assert res["warnings"] == 1, res
 
 

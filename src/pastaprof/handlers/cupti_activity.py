@@ -225,9 +225,8 @@ class CuptiActivityHandler:
                 cupti.activity_flush_period(self.config.flush_ms)
             except Exception:
                 pass
-            # and from now on each of our flushes forces one.  On the H200 this is not enough
-            # (docs/live-capture.md, known gap 2): forced flushes from the launching thread
-            # deliver the records after a torch.profiler session, ours (flush thread) do not.
+            # and from now on each of our flushes forces one: Kineto may leave records in
+            # per-thread buffers that only a forced flush completes
             self.force_flush = True
             self.reattached += 1
             if self._native is not None:

@@ -100,14 +100,14 @@ class OptionalHandlers:
     def _foreign_profiler(self, cupti: CuptiActivityHandler | None, starting: bool) -> None:
         """torch.profiler in the program: CUPTI serves one activity client at a time
         (driver 580), so GPU activity during its session goes to torch.profiler.  We
-        flush before it starts and re-register after it stops; on the H200 the
-        re-registration does not yet bring records back (scripts/gpu_coexist_check.py
-        fails: 0 kernels after the session) -- the warning says so."""
+        flush before it starts and re-register (callbacks, clock, kinds) after it stops;
+        on the H200 every kernel after the session is recorded again
+        (scripts/gpu_coexist_check.py).  The warning says what the session took."""
         key = "torch.profiler"
         if starting:
             if key not in self.status:
                 self.status[key] = ("torch.profiler ran in the program: CUPTI serves one client at a time, so GPU "
-                                    "activity from its first session on may be missing here (ops and tensors are not)")
+                                    "activity during its sessions is missing here (ops and tensors are not)")
                 _notice(self.status[key])
             self._reattach_flushes = 0
             if cupti is not None:
