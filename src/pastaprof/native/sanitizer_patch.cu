@@ -40,69 +40,82 @@ static __device__ __forceinline__ unsigned shard_of(const PPState* s) {
   return r & (s->n_shards - 1);
 }
 
-// This launch's misc row for this SM's shard.
+// This launch's misc row for this SM's shard (row 0 also holds the launch-wide words).
 static __device__ __forceinline__ unsigned long long* misc_row(PPState* s, unsigned shard) {
-  return s->misc + (size_t)shard * PP_M_SLOTS;
+  return s->arena + (size_t)shard * PP_M_SLOTS;
 }
 
-// The dense block of object `oid` (claimed at its first access in this launch).  The
-// claimer writes the block head before it publishes the slot; a warp that finds the slot
-// being claimed waits the few instructions that takes (another warp: it always progresses).
-static __device__ __forceinline__ unsigned long long* obj_block(PPState* s, unsigned oid) {
-  volatile unsigned* slot = s->obj_slot + oid;
-  unsigned v = __ldca(s->obj_slot + oid);  // L1: once published, a slot never changes in a launch
-  if (v == PP_CLAIMING) v = *slot;
-  if (v == 0u) v = *slot;                  // perhaps claimed since: ask L2
+// `words` fresh words of the block area (zeroed by the host before the launch).  The host
+// sizes the area for every object and every PC table entry, so it cannot run out.
+static __device__ __forceinline__ unsigned long long* claim_words(PPState* s, unsigned long long words,
+                                                                  unsigned long long* slot_out) {
+  unsigned long long w = atomicAdd(&s->arena[PP_M_BUMP], words);
+  *slot_out = w / 4u + 1u;
+  return s->arena + (size_t)s->n_shards * PP_M_SLOTS + w;
+}
+
+static __device__ __forceinline__ unsigned long long* block_at(PPState* s, unsigned long long slot) {
+  return s->arena + (size_t)s->n_shards * PP_M_SLOTS + (slot - 1u) * 4u;
+}
+
+// The block of object `sw`'s owner, claimed at its first access in this launch.  The
+// slot word sits in the object's table entry (uploaded as 0), in the line the search has
+// just read.  The claimer writes the block head before it publishes the slot; a warp that
+// finds the slot being claimed waits the few instructions that takes (another warp: it
+// always progresses).
+static __device__ __forceinline__ unsigned long long* obj_block(PPState* s, unsigned* sw, unsigned oid) {
+  unsigned v = __ldca(sw);  // L1: once published, a slot never changes in a launch
+  if (v == 0u || v == PP_CLAIMING) v = *(volatile unsigned*)sw;
   if (v == 0u) {
-    unsigned old = atomicCAS(s->obj_slot + oid, 0u, PP_CLAIMING);
+    unsigned old = atomicCAS(sw, 0u, PP_CLAIMING);
     if (old == 0u) {
-      unsigned k = (unsigned)atomicAdd(&s->misc[PP_M_OBJ_SLOTS], 1ull);
-      unsigned long long* head = s->obj_blocks + (size_t)k * (1u + s->n_shards) * 8u;
+      unsigned long long slot;
+      unsigned long long* head = claim_words(s, (1u + s->n_shards) * 8u, &slot);
       head[0] = (unsigned long long)oid + 1ull;
+      head[3] = PP_KIND_OBJ;
       __threadfence();
-      atomicExch(s->obj_slot + oid, k + 1u);
-      v = k + 1u;
-    } else {
-      v = old;
+      atomicExch(sw, (unsigned)slot);
+      return head;
     }
+    v = old;
   }
-  while (v == PP_CLAIMING) v = *slot;
-  return s->obj_blocks + (size_t)(v - 1u) * (1u + s->n_shards) * 8u;
+  while (v == PP_CLAIMING) v = *(volatile unsigned*)sw;
+  return block_at(s, v);
 }
 
-// The dense block of this PC, or null when the hash table has no room for it.
+// The block of this PC, or null when the hash table has no room for it.
 static __device__ __forceinline__ unsigned long long* pc_block(PPState* s, unsigned long long pc, unsigned size,
                                                               unsigned flags) {
   unsigned cap = s->pc_cap;
   unsigned h = (unsigned)((pc >> 4) * 2654435761u) & (cap - 1);
   for (unsigned probe = 0; probe < 32; ++probe) {
     PPPcKey* e = &s->pc_keys[(h + probe) & (cap - 1)];
-    // L1 first: a published entry never changes within a launch (L1 starts empty at each
-    // launch); an empty or half-published one is read again from L2
-    unsigned long long k = __ldca(&e->pc);
-    if (k == pc) {
-      unsigned v = __ldca(&e->slot1);
-      if (v) return s->pc_blocks + (size_t)(v - 1u) * (1u + s->n_shards) * 4u;
-    }
+    // one vector load from L1 first: a published entry never changes within a launch (L1
+    // starts empty at each launch); an empty or half-published one is read again from L2
+    ulonglong2 kv = __ldca((const ulonglong2*)e);
+    if (kv.x == pc && kv.y) return block_at(s, kv.y);
+    unsigned long long k = kv.x;
     if (k == 0ull) k = *(volatile unsigned long long*)&e->pc;
     if (k == 0ull) {
       k = atomicCAS(&e->pc, 0ull, pc);
       if (k == 0ull) {  // ours: claim a block, write its head, publish it
-        unsigned j = (unsigned)atomicAdd(&s->misc[PP_M_PC_SLOTS], 1ull);
-        PPPcHead* head = (PPPcHead*)(s->pc_blocks + (size_t)j * (1u + s->n_shards) * 4u);
+        unsigned long long slot;
+        unsigned long long* b = claim_words(s, (1u + s->n_shards) * 4u, &slot);
+        PPPcHead* head = (PPPcHead*)b;
         head->pc = pc;
         head->size = size;
         head->flags = flags;
+        head->kind = PP_KIND_PC;
         __threadfence();
-        atomicExch(&e->slot1, j + 1u);
-        return (unsigned long long*)head;
+        atomicExch(&e->slot, slot);
+        return b;
       }
     }
     if (k == pc) {
-      unsigned v;
-      while ((v = *(volatile unsigned*)&e->slot1) == 0u) {
+      unsigned long long v;
+      while ((v = *(volatile unsigned long long*)&e->slot) == 0ull) {
       }
-      return s->pc_blocks + (size_t)(v - 1u) * (1u + s->n_shards) * 4u;
+      return block_at(s, v);
     }
   }
   return nullptr;
@@ -112,7 +125,7 @@ static __device__ __forceinline__ void raw_store(PPState* s, unsigned mask, unsi
                                                  unsigned long long a, unsigned size, unsigned flags) {
   unsigned leader = __ffs(mask) - 1;
   unsigned long long slot = 0;
-  if (lane == leader) slot = atomicAdd(&s->misc[PP_M_RAW_COUNT], 1ull);
+  if (lane == leader) slot = atomicAdd(&s->arena[PP_M_RAW_COUNT], 1ull);
   slot = __shfl_sync(mask, slot, leader);
   if (slot >= s->raw_cap) return;
   PPRaw* r = &s->raw[slot];
@@ -142,9 +155,15 @@ static __device__ __forceinline__ void account(PPState* s, unsigned long long pc
   unsigned shard = shard_of(s);
   unsigned long long* misc = misc_row(s, shard);
   int o = find(s->tensors, s->n_tensor, a);
-  if (o < 0) {
+  PPObj* t = nullptr;
+  if (o >= 0) {
+    t = &s->tensors[o];
+  } else {
     o = find(s->allocs, s->n_alloc, a);
-    if (o >= 0) o += (int)s->n_tensor;
+    if (o >= 0) {
+      t = &s->allocs[o];
+      o += (int)s->n_tensor;
+    }
   }
   unsigned n_obj = s->n_tensor + s->n_alloc;
   unsigned oid = o < 0 ? n_obj : (unsigned)o;
@@ -157,29 +176,26 @@ static __device__ __forceinline__ void account(PPState* s, unsigned long long pc
   unsigned same_obj = __match_any_sync(mask, oid);
   if ((__ffs(same_obj) - 1) == lane) {
     unsigned long long n = __popc(same_obj);
-    unsigned long long* c = obj_block(s, oid) + (1u + shard) * 8u;  // this shard's PPCounters
+    unsigned* sw = t ? &t->slot : (unsigned*)&s->arena[PP_M_UNATTR_SLOT];
+    unsigned long long* c = obj_block(s, sw, oid) + (1u + shard) * 8u;  // this shard's PPCounters
     if (rd) { atomicAdd(&c[0], n); atomicAdd(&c[2], n * size); }
     if (wr) { atomicAdd(&c[1], n); atomicAdd(&c[3], n * size); }
     atomicAdd(&c[4], (unsigned long long)__popc(sector_leaders & same_obj));
-    if (o < 0) {
+    if (!t) {
       atomicAdd(&misc[PP_M_UNATTRIBUTED], n);
-      if (s->misc[PP_M_UNATTR_ADDR] == 0ull) atomicCAS(&s->misc[PP_M_UNATTR_ADDR], 0ull, a);
+      if (s->arena[PP_M_UNATTR_ADDR] == 0ull) atomicCAS(&s->arena[PP_M_UNATTR_ADDR], 0ull, a);
     }
   }
   // page histogram: one add per distinct page of the warp
   unsigned long long slot = PP_NO_PAGES;
-  if (o >= 0) {
-    unsigned long long pb = s->page_base[o];
-    if (pb != PP_NO_PAGES) {
-      const PPObj* t = (unsigned)o < s->n_tensor ? &s->tensors[o] : &s->allocs[o - s->n_tensor];
-      slot = pb + ((a - t->base) >> s->page_shift);
-      if (slot >= s->n_pages) slot = PP_NO_PAGES;
-    }
+  if (t && t->page_base != PP_NO_PAGES) {
+    slot = t->page_base + ((a - t->base) >> s->page_shift);
+    if (slot >= s->n_pages) slot = PP_NO_PAGES;
   }
   unsigned same_page = __match_any_sync(mask, slot);
   if ((__ffs(same_page) - 1) == lane) {
     if (slot != PP_NO_PAGES) atomicAdd(&s->pages[slot], (unsigned long long)__popc(same_page));
-    else if (o >= 0) atomicAdd(&misc[PP_M_PAGE_DROPPED], (unsigned long long)__popc(same_page));
+    else if (t) atomicAdd(&misc[PP_M_PAGE_DROPPED], (unsigned long long)__popc(same_page));
   }
   if (lane == leader) {
     // requests and lanes go to the PC's block; the launch totals get only what has none

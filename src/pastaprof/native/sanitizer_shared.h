@@ -29,28 +29,37 @@ enum {
   PP_M_SHARED_BYTES,
   PP_M_LOCAL_BYTES,
   PP_M_UNATTR_ADDR,      /* row 0: one address that fell in no live object (diagnosis) */
-  PP_M_OBJ_SLOTS,        /* row 0: objects touched by this launch (claimed object blocks) */
-  PP_M_PC_SLOTS,         /* row 0: PCs seen by this launch (claimed PC blocks) */
+  PP_M_BUMP,             /* row 0: words of the block area claimed by this launch */
+  PP_M_UNATTR_SLOT,      /* row 0: the slot word (low 32 bits) of "no live object" */
   PP_M_SLOTS = 16
 };
 
 typedef struct {
-  unsigned long long base, end; /* [base, end), sorted by base, disjoint within a table */
-} PPObj;
+  unsigned long long base, end;  /* [base, end), sorted by base, disjoint within a table */
+  unsigned long long page_base;  /* first slot in pages[], or PP_NO_PAGES */
+  unsigned int slot;             /* this launch: 0, PP_CLAIMING, or (word offset of its block) / 4 + 1 */
+  unsigned int pad;
+} PPObj;                         /* 32 B; uploaded with slot = 0 at every instrumented launch */
 
 /* Counters are spread over n_shards copies (shard = SM id mod n_shards) so that the warps
  * of different SMs do not serialize on the same addresses; the host sums the copies.
- * Objects and PCs get a dense "slot" at their first access in a launch, so that the
- * host copies back only the blocks this launch used:
- *   object block k: PPObjHead, then n_shards x PPCounters
- *   PC block k:     PPPcHead,  then n_shards x PPPcCounters */
+ * Objects and PCs claim a block in the arena at their first access in a launch (a bump
+ * allocator: PP_M_BUMP), so the host copies back the misc rows and the used blocks in one
+ * piece.  Block = head (kind in word 3), then one counter row per shard:
+ *   object: PPObjHead (8 words), n_shards x PPCounters (8 words)
+ *   PC:     PPPcHead (4 words),  n_shards x PPPcCounters (4 words) */
+#define PP_KIND_OBJ 1ull
+#define PP_KIND_PC 2ull
+
 typedef struct {
   unsigned long long reads, writes, bytes_read, bytes_written, sectors, pad[3]; /* 64 B */
 } PPCounters;
 
 typedef struct {
   unsigned long long object; /* object index + 1 (n_tensor + n_alloc + 1 = unattributed) */
-  unsigned long long pad[7];
+  unsigned long long pad[2];
+  unsigned long long kind;   /* PP_KIND_OBJ */
+  unsigned long long pad2[4];
 } PPObjHead;
 
 typedef struct {
@@ -60,14 +69,14 @@ typedef struct {
 typedef struct {
   unsigned long long pc;
   unsigned int size, flags; /* an instruction's access size and PP_READ/WRITE/ATOMIC never change */
-  unsigned long long pad[2];
+  unsigned long long pad;
+  unsigned long long kind;  /* PP_KIND_PC */
 } PPPcHead;
 
 typedef struct {
-  unsigned long long pc;  /* 0 = empty hash entry */
-  unsigned int slot1;     /* claimed PC block + 1; 0 while its claimer writes the block head */
-  unsigned int pad;
-} PPPcKey;
+  unsigned long long pc;    /* 0 = empty hash entry */
+  unsigned long long slot;  /* (word offset of its block) / 4 + 1; 0 while its claimer writes the head */
+} PPPcKey;                  /* 16 B: read with one vector load */
 
 typedef struct {
   unsigned long long pc;
@@ -82,17 +91,14 @@ typedef struct {
   unsigned int mode;
   unsigned int page_shift;
   unsigned int n_tensor, n_alloc;  /* objects: tensors first, then allocations */
-  const PPObj *tensors, *allocs;
-  unsigned int *obj_slot;          /* per object (n_tensor + n_alloc + 1): block + 1, PP_CLAIMING, or 0 */
-  unsigned long long *obj_blocks;  /* (n_tensor + n_alloc + 1) blocks of (1 + n_shards) x 64 B */
-  const unsigned long long *page_base; /* per object: first slot in pages[], or PP_NO_PAGES */
+  PPObj *tensors, *allocs;
   unsigned long long *pages;
   unsigned long long n_pages;
   PPPcKey *pc_keys;                /* pc_cap hash entries */
-  unsigned long long *pc_blocks;   /* pc_cap blocks of (1 + n_shards) x 32 B */
   unsigned int pc_cap;             /* power of two; 0 = no per-PC table */
   unsigned int n_shards;           /* power of two */
-  unsigned long long *misc;        /* n_shards x PP_M_SLOTS */
+  unsigned long long *arena;       /* n_shards x PP_M_SLOTS misc rows, then block_cap words of blocks */
+  unsigned long long block_cap;
   PPRaw *raw;
   unsigned long long raw_cap;
 } PPState;

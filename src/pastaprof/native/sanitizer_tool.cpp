@@ -10,11 +10,12 @@
 //   MODULE_LOADED  add the patch fatbin once per context, patch global / shared /
 //             local / cp.async / bulk-copy / wgmma instructions, patch the module;
 //   LAUNCH_BEGIN  if this launch is selected (enabled gate from Python's ranges and
-//             steps, kernel regex, every-Nth): upload the sorted object tables (only
-//             when they changed), zero the counters, set this launch's callback data;
-//             otherwise the patches see a null pointer and return at once;
-//   LAUNCH_END  synchronize the stream and copy the fixed-size tables back into
-//             host columns that Python drains (pp_san_take / pp_san_copy).
+//             steps, kernel regex, every-Nth): upload the state and the sorted object
+//             tables in one copy, zero what the previous launch used, set this launch's
+//             callback data; otherwise the patches see a null pointer and return at once;
+//   LAUNCH_END  synchronize the stream, copy the misc rows and the counter blocks the
+//             launch claimed back in one piece (plus the touched page counters), and
+//             append rows to host columns that Python drains (pp_san_take / pp_san_copy).
 // Instrumented launches never block: if one is in flight on another thread, the
 // launch is left uninstrumented and counted as skipped.
 #include <cuda.h>
@@ -58,17 +59,25 @@ struct Config {
   bool unpatch = true;          // run modules unpatched while the gate (ranges, steps) is off
 } cfg;
 
+static_assert(sizeof(PPObj) == 32 && sizeof(PPCounters) == 64 && sizeof(PPObjHead) == 64 &&
+                  sizeof(PPPcCounters) == 32 && sizeof(PPPcHead) == 32 && sizeof(PPPcKey) == 16,
+              "block layout shared with sanitizer_patch.cu");
+const size_t STATE_WORDS = (sizeof(PPState) + 63) / 64 * 8;  // PPState, padded to 64 B, then the tables
+
+// One context's device buffers.  Per instrumented launch the host makes one upload (state
+// and object tables), zeroes what the previous launch used, and reads the arena back in
+// one copy (misc rows and the blocks this launch claimed) plus one for the page counters.
 struct Dev {
-  bool patches = false;
-  PPState* state = nullptr;
-  PPObj *t = nullptr, *a = nullptr;
-  unsigned* obj_slot = nullptr;
-  unsigned long long *obj_blocks = nullptr, *pc_blocks = nullptr;
+  bool patches = false, init = false;
+  unsigned long long* tables = nullptr;  // STATE_WORDS of PPState, then cap_obj PPObj
+  unsigned long long* arena = nullptr;   // misc rows, then block_cap words of blocks
   PPPcKey* pc_keys = nullptr;
-  unsigned long long *pb = nullptr, *pages = nullptr, *misc = nullptr;
+  unsigned long long* pages = nullptr;
   PPRaw* raw = nullptr;
-  size_t cap_obj = 0, cap_pages = 0, cap_raw = 0;
-  uint64_t version = 0;
+  size_t cap_obj = 0, cap_pages = 0, cap_raw = 0, block_cap = 0, table_words = 0, arena_words = 0;
+  size_t dirty = 0;      // block words that may be non-zero (all of them until a read-back says less)
+  size_t last_used = 0;  // block words the last launch used: the size of the next read-back's guess
+  std::vector<unsigned char> stage;  // the upload's host copy, kept until the next launch
   std::atomic<bool> busy{false};
   size_t bytes = 0;
 };
@@ -164,33 +173,34 @@ void dfree(CUcontext ctx, T*& p, size_t n, size_t& bytes) {
 // u64 words of one object / PC block: a head and one counter row per shard.
 size_t obj_words() { return size_t(1 + cfg.n_shards) * 8; }
 size_t pc_words() { return size_t(1 + cfg.n_shards) * 4; }
+size_t misc_words() { return size_t(PP_M_SLOTS) * cfg.n_shards; }
 
-// Device buffers big enough for n objects (grown, never silently short).
+// Device buffers big enough for n objects (grown, never silently short).  The block area
+// holds a block for every object and every PC table entry, so the patches never run out.
 bool ensure(CUcontext ctx, Dev* d, size_t n_obj) {
-  if (!d->state) {
-    if (!dalloc(ctx, d->state, 1, d->bytes) || !dalloc(ctx, d->misc, size_t(PP_M_SLOTS) * cfg.n_shards, d->bytes))
-      return false;
-    if (cfg.mode == PP_MODE_GPU && cfg.pc_cap &&
-        (!dalloc(ctx, d->pc_keys, cfg.pc_cap, d->bytes) || !dalloc(ctx, d->pc_blocks, cfg.pc_cap * pc_words(), d->bytes)))
-      return false;
-    if (cfg.mode == PP_MODE_GPU && !dalloc(ctx, d->pages, cfg.page_cap, d->bytes)) return false;
-    d->cap_pages = cfg.mode == PP_MODE_GPU ? cfg.page_cap : 0;
-    if (cfg.mode == PP_MODE_RAW && !dalloc(ctx, d->raw, cfg.raw_cap, d->bytes)) return false;
-    d->cap_raw = cfg.mode == PP_MODE_RAW ? cfg.raw_cap : 0;
+  bool gpu = cfg.mode == PP_MODE_GPU;
+  if (!d->init) {
+    if (gpu && cfg.pc_cap && !dalloc(ctx, d->pc_keys, cfg.pc_cap, d->bytes)) return false;
+    if (gpu && !dalloc(ctx, d->pages, cfg.page_cap, d->bytes)) return false;
+    d->cap_pages = gpu ? cfg.page_cap : 0;
+    if (!gpu && !dalloc(ctx, d->raw, cfg.raw_cap, d->bytes)) return false;
+    d->cap_raw = gpu ? 0 : cfg.raw_cap;
+    d->init = true;
   }
   if (n_obj + 1 > d->cap_obj) {
     size_t cap = std::max<size_t>(n_obj + 1, std::max<size_t>(1024, d->cap_obj * 2));
-    size_t words = cfg.mode == PP_MODE_GPU ? obj_words() : 0;
-    dfree(ctx, d->t, d->cap_obj, d->bytes);
-    dfree(ctx, d->a, d->cap_obj, d->bytes);
-    dfree(ctx, d->obj_slot, d->cap_obj, d->bytes);
-    dfree(ctx, d->obj_blocks, d->cap_obj * words, d->bytes);
-    dfree(ctx, d->pb, d->cap_obj, d->bytes);
-    if (!dalloc(ctx, d->t, cap, d->bytes) || !dalloc(ctx, d->a, cap, d->bytes) || !dalloc(ctx, d->pb, cap, d->bytes) ||
-        (words && (!dalloc(ctx, d->obj_slot, cap, d->bytes) || !dalloc(ctx, d->obj_blocks, cap * words, d->bytes))))
-      return false;
+    size_t block_cap = gpu ? cap * obj_words() + size_t(cfg.pc_cap) * pc_words() : 0;
+    dfree(ctx, d->tables, d->table_words, d->bytes);
+    dfree(ctx, d->arena, d->arena_words, d->bytes);
+    d->cap_obj = d->table_words = d->arena_words = d->block_cap = 0;
+    size_t table_words = STATE_WORDS + cap * (sizeof(PPObj) / 8), arena_words = misc_words() + block_cap;
+    if (!dalloc(ctx, d->tables, table_words, d->bytes)) return false;
+    d->table_words = table_words;
+    if (!dalloc(ctx, d->arena, arena_words, d->bytes)) return false;
+    d->arena_words = arena_words;
     d->cap_obj = cap;
-    d->version = 0;  // re-upload
+    d->block_cap = block_cap;
+    d->dirty = block_cap;  // zeroed in full before the first launch
   }
   return true;
 }
@@ -282,10 +292,13 @@ void launch_begin(const Sanitizer_LaunchData* ld) {
     p.name = intern(ld->functionName);
     p.seq = instrumented++;
     p.objs.clear();
-    for (auto& kv : tensors) p.objs.push_back({kv.first, kv.second});
+    for (auto& kv : tensors) p.objs.push_back({kv.first, kv.second, PP_NO_PAGES, 0, 0});
     p.n_t = unsigned(tensors.size());
     p.live_bytes = 0;
-    for (auto& kv : allocs) { p.objs.push_back({kv.first, kv.second}); p.live_bytes += int64_t(kv.second - kv.first); }
+    for (auto& kv : allocs) {
+      p.objs.push_back({kv.first, kv.second, PP_NO_PAGES, 0, 0});
+      p.live_bytes += int64_t(kv.second - kv.first);
+    }
     p.n_a = unsigned(allocs.size());
     auto mh = module_hash.find(ld->module);
     p.module_hash = mh == module_hash.end() ? 0 : mh->second;
@@ -314,36 +327,28 @@ void launch_begin(const Sanitizer_LaunchData* ld) {
       if (p.n_pages + np <= d->cap_pages) { p.page_base[i] = p.n_pages; p.n_pages += np; }
     }
   }
-  Sanitizer_StreamHandle hs = ld->hStream;
-  SanitizerResult r = SANITIZER_SUCCESS;
-  if (n_obj) {
-    if (p.n_t) r = sanitizerMemcpyHostToDeviceAsync(d->t, p.objs.data(), p.n_t * sizeof(PPObj), hs);
-    if (r == SANITIZER_SUCCESS && p.n_a)
-      r = sanitizerMemcpyHostToDeviceAsync(d->a, p.objs.data() + p.n_t, p.n_a * sizeof(PPObj), hs);
-    if (r == SANITIZER_SUCCESS)
-      r = sanitizerMemcpyHostToDeviceAsync(d->pb, p.page_base.data(), n_obj * sizeof(uint64_t), hs);
-  }
+  for (size_t i = 0; i < n_obj; ++i) p.objs[i].page_base = p.page_base[i];
   bool gpu = cfg.mode == PP_MODE_GPU;
-  // zeroed on the device, in the launch's stream (no host wait): the object slots and
-  // blocks this launch may claim, the PC table, the misc rows, the used page counters
-  if (r == SANITIZER_SUCCESS && gpu) r = sanitizerMemset(d->obj_slot, 0, (n_obj + 1) * sizeof(unsigned), hs);
-  if (r == SANITIZER_SUCCESS && gpu) r = sanitizerMemset(d->obj_blocks, 0, (n_obj + 1) * obj_words() * 8, hs);
-  if (r == SANITIZER_SUCCESS && p.n_pages) r = sanitizerMemset(d->pages, 0, p.n_pages * 8, hs);
-  if (r == SANITIZER_SUCCESS && gpu && cfg.pc_cap) r = sanitizerMemset(d->pc_keys, 0, cfg.pc_cap * sizeof(PPPcKey), hs);
-  if (r == SANITIZER_SUCCESS && gpu && cfg.pc_cap)
-    r = sanitizerMemset(d->pc_blocks, 0, cfg.pc_cap * pc_words() * 8, hs);
-  if (r == SANITIZER_SUCCESS) r = sanitizerMemset(d->misc, 0, size_t(PP_M_SLOTS) * cfg.n_shards * 8, hs);
   PPState st;
   memset(&st, 0, sizeof st);
   st.mode = cfg.mode; st.page_shift = cfg.page_shift; st.n_tensor = p.n_t; st.n_alloc = p.n_a;
-  st.tensors = d->t; st.allocs = d->a; st.obj_slot = d->obj_slot; st.obj_blocks = d->obj_blocks;
-  st.page_base = d->pb; st.pages = d->pages; st.n_pages = p.n_pages; st.pc_keys = d->pc_keys;
-  st.pc_blocks = d->pc_blocks; st.pc_cap = gpu ? cfg.pc_cap : 0; st.n_shards = cfg.n_shards; st.misc = d->misc;
-  st.raw = d->raw; st.raw_cap = d->cap_raw;
-  static thread_local PPState st_keep;  // must outlive the async copy
-  st_keep = st;
-  if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyHostToDeviceAsync(d->state, &st_keep, sizeof st_keep, hs);
-  if (r == SANITIZER_SUCCESS) r = sanitizerSetLaunchCallbackData(ld->hLaunch, ld->function, hs, d->state);
+  st.tensors = (PPObj*)(d->tables + STATE_WORDS); st.allocs = st.tensors + p.n_t;
+  st.pages = d->pages; st.n_pages = p.n_pages; st.pc_keys = d->pc_keys; st.pc_cap = gpu ? cfg.pc_cap : 0;
+  st.n_shards = cfg.n_shards; st.arena = d->arena; st.block_cap = d->block_cap; st.raw = d->raw;
+  st.raw_cap = d->cap_raw;
+  d->stage.resize(STATE_WORDS * 8 + n_obj * sizeof(PPObj));
+  memcpy(d->stage.data(), &st, sizeof st);
+  if (n_obj) memcpy(d->stage.data() + STATE_WORDS * 8, p.objs.data(), n_obj * sizeof(PPObj));
+  Sanitizer_StreamHandle hs = ld->hStream;
+  // in the launch's stream, no host wait: the state and tables (object slots 0), then zero
+  // the misc rows and the blocks the previous launch used, the PC table, the used pages
+  SanitizerResult r = sanitizerMemcpyHostToDeviceAsync(d->tables, d->stage.data(), d->stage.size(), hs);
+  if (r == SANITIZER_SUCCESS)
+    r = sanitizerMemset(d->arena, 0, (misc_words() + std::min(d->dirty, d->block_cap)) * 8, hs);
+  if (r == SANITIZER_SUCCESS && gpu && cfg.pc_cap) r = sanitizerMemset(d->pc_keys, 0, cfg.pc_cap * sizeof(PPPcKey), hs);
+  if (r == SANITIZER_SUCCESS && p.n_pages) r = sanitizerMemset(d->pages, 0, p.n_pages * 8, hs);
+  d->dirty = d->block_cap;  // until this launch's read-back says how much it used
+  if (r == SANITIZER_SUCCESS) r = sanitizerSetLaunchCallbackData(ld->hLaunch, ld->function, hs, d->tables);
   if (r != SANITIZER_SUCCESS) {
     fail("launch setup", r);
     d->busy = false;
@@ -369,36 +374,39 @@ void launch_end(const Sanitizer_LaunchData* ld) {
   t_wait += end_ns - t0;
   size_t n_obj = p.objs.size();
   const unsigned NS = cfg.n_shards;
-  std::vector<unsigned long long> rows(size_t(PP_M_SLOTS) * NS);
-  if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(rows.data(), d->misc, rows.size() * 8, hs);
+  const size_t M = misc_words();
+  // one copy: the misc rows and as many block words as the last launch used (at least
+  // 32 KiB); a second one only if this launch used more
+  size_t guess = std::min(d->block_cap, std::max<size_t>(4096, d->last_used));
+  std::vector<unsigned long long> ar(M + guess);
+  if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(ar.data(), d->arena, ar.size() * 8, hs);
+  size_t used = r == SANITIZER_SUCCESS ? std::min<size_t>(ar[PP_M_BUMP], d->block_cap) : 0;
+  if (r == SANITIZER_SUCCESS && used > guess) {
+    ar.resize(M + used);
+    r = sanitizerMemcpyDeviceToHost(ar.data() + M + guess, d->arena + M + guess, (used - guess) * 8, hs);
+  }
+  if (r == SANITIZER_SUCCESS) d->dirty = d->last_used = used;
   unsigned long long misc[PP_M_SLOTS] = {0};
   for (unsigned sh = 0; sh < NS; ++sh)
-    for (int i = 0; i < PP_M_SLOTS; ++i) misc[i] += rows[size_t(sh) * PP_M_SLOTS + i];
-  for (int i : {PP_M_RAW_COUNT, PP_M_UNATTR_ADDR, PP_M_OBJ_SLOTS, PP_M_PC_SLOTS}) misc[i] = rows[i];  // row 0 only
+    for (int i = 0; i < PP_M_SLOTS; ++i) misc[i] += ar[size_t(sh) * PP_M_SLOTS + i];
+  for (int i : {PP_M_RAW_COUNT, PP_M_UNATTR_ADDR, PP_M_BUMP, PP_M_UNATTR_SLOT}) misc[i] = ar[i];  // row 0 only
   std::vector<ObjSum> objs;
   std::vector<PcSum> pcs;
-  if (r == SANITIZER_SUCCESS && cfg.mode == PP_MODE_GPU) {
-    size_t k = std::min<size_t>(misc[PP_M_OBJ_SLOTS], n_obj + 1);
-    std::vector<unsigned long long> blk(k * obj_words());
-    if (k) r = sanitizerMemcpyDeviceToHost(blk.data(), d->obj_blocks, blk.size() * 8, hs);
-    for (size_t j = 0; j < k && r == SANITIZER_SUCCESS; ++j) {
-      const unsigned long long* b = blk.data() + j * obj_words();
-      if (b[0] == 0 || b[0] > n_obj + 1) continue;  // claimed but never written: cannot happen
-      ObjSum o{size_t(b[0] - 1), {}};
-      for (unsigned sh = 0; sh < NS; ++sh) {
-        const unsigned long long* c = b + (1 + sh) * 8;
-        o.c.reads += c[0]; o.c.writes += c[1]; o.c.bytes_read += c[2]; o.c.bytes_written += c[3]; o.c.sectors += c[4];
+  for (size_t w = 0; r == SANITIZER_SUCCESS && w < used;) {  // the blocks, in the order they were claimed
+    const unsigned long long* b = ar.data() + M + w;
+    if (b[3] == PP_KIND_OBJ) {
+      if (b[0] >= 1 && b[0] <= n_obj + 1) {
+        ObjSum o{size_t(b[0] - 1), {}};
+        for (unsigned sh = 0; sh < NS; ++sh) {
+          const unsigned long long* c = b + (1 + sh) * 8;
+          o.c.reads += c[0]; o.c.writes += c[1]; o.c.bytes_read += c[2]; o.c.bytes_written += c[3];
+          o.c.sectors += c[4];
+        }
+        objs.push_back(o);
       }
-      objs.push_back(o);
-    }
-    std::sort(objs.begin(), objs.end(), [](const ObjSum& x, const ObjSum& y) { return x.obj < y.obj; });
-    size_t kp = std::min<size_t>(misc[PP_M_PC_SLOTS], cfg.pc_cap);
-    std::vector<unsigned long long> pblk(kp * pc_words());
-    if (kp && r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(pblk.data(), d->pc_blocks, pblk.size() * 8, hs);
-    for (size_t j = 0; j < kp && r == SANITIZER_SUCCESS; ++j) {
-      const unsigned long long* b = pblk.data() + j * pc_words();
+      w += obj_words();
+    } else if (b[3] == PP_KIND_PC) {
       const PPPcHead* h = (const PPPcHead*)b;
-      if (!h->pc) continue;
       PcSum q{h->pc, h->size, h->flags, 0, 0, 0};
       for (unsigned sh = 0; sh < NS; ++sh) {
         const unsigned long long* c = b + (1 + sh) * 4;
@@ -407,8 +415,13 @@ void launch_end(const Sanitizer_LaunchData* ld) {
       pcs.push_back(q);
       misc[PP_M_REQUESTS] += q.requests;  // the launch totals: requests with a PC block too
       misc[PP_M_LANES] += q.lanes;
+      w += pc_words();
+    } else {  // a claimed block without its head: cannot happen; say so rather than guess
+      note("sanitizer: a counter block without its head; the rest of this launch's blocks were skipped");
+      break;
     }
   }
+  std::sort(objs.begin(), objs.end(), [](const ObjSum& x, const ObjSum& y) { return x.obj < y.obj; });
   std::vector<PPRaw> raw;
   if (r == SANITIZER_SUCCESS && cfg.mode == PP_MODE_RAW) {
     raw.resize(std::min<unsigned long long>(misc[PP_M_RAW_COUNT], d->cap_raw));
@@ -420,8 +433,8 @@ void launch_end(const Sanitizer_LaunchData* ld) {
     return;
   }
   // page slices of the objects this launch touched: one copy of the span they cover when
-  // it is small, else one per object
-  // per touched object: its page counters (a slice of `span`, or a copy of its own)
+  // it is small, else one per object; per touched object, its counters (a slice of
+  // `span`, or a copy of its own)
   std::vector<std::pair<const unsigned long long*, size_t>> page_rows(objs.size(), {nullptr, 0});
   std::vector<std::vector<unsigned long long>> own_pages;
   own_pages.reserve(objs.size());
@@ -431,14 +444,14 @@ void launch_end(const Sanitizer_LaunchData* ld) {
     auto pages_of = [&](size_t i) {
       return size_t(((p.objs[i].end - p.objs[i].base) + (1ull << cfg.page_shift) - 1) >> cfg.page_shift);
     };
-    size_t lo = SIZE_MAX, hi = 0, used = 0;
+    size_t lo = SIZE_MAX, hi = 0, touched = 0;
     for (auto& o : objs)
       if (o.obj < n_obj && p.page_base[o.obj] != PP_NO_PAGES) {
         lo = std::min<size_t>(lo, p.page_base[o.obj]);
         hi = std::max<size_t>(hi, p.page_base[o.obj] + pages_of(o.obj));
-        used += pages_of(o.obj);
+        touched += pages_of(o.obj);
       }
-    bool one = used && (hi - lo) <= std::max<size_t>(2 * used, 1u << 16) &&
+    bool one = touched && (hi - lo) <= std::max<size_t>(2 * touched, 1u << 16) &&
                sanitizerMemcpyDeviceToHost((span.resize(hi - lo), span.data()), d->pages + lo, (hi - lo) * 8, hs) ==
                    SANITIZER_SUCCESS;
     for (size_t j = 0; j < objs.size(); ++j) {
