@@ -268,7 +268,7 @@ def build_native() -> None:
 @click.option("--process", metavar="gpu|cpu",
               help="Reduce instruction-level accesses on the GPU (default) or on the CPU from raw records "
                    "(PASTAPROF_PROCESS).")
-@click.option("--page-bytes", metavar="N", help="Page size of access hotness histograms (PASTAPROF_PAGE, 4096).")
+@click.option("--page-bytes", metavar="N", help="Page size of access hotness histograms (PASTAPROF_PAGE, 65536).")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | None, sample: str | None,

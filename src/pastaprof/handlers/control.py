@@ -21,7 +21,7 @@ PASTAPROF_UVM_PLAN  --apply-uvm-plan FILE    apply a uvm_advisor plan (prefetch/
 PASTAPROF_PROCESS   --process gpu|cpu        where instruction-level accesses are reduced (tools
                                              working_set, hotness, coalescing, heatmap): on the
                                              GPU (default) or, from raw records, on the CPU
-PASTAPROF_PAGE      --page-bytes N           page size of the access hotness histograms (4096)
+PASTAPROF_PAGE      --page-bytes N           page size of the access hotness histograms (65536)
 PASTAPROF_TOOLS     -t kernels,ops           tools whose reports print at exit
 PASTAPROF_OUT       -o DIR                   the run directory
 ==================  =======================  ==========================================
@@ -106,7 +106,7 @@ class CaptureConfig:
     uvm: bool = False
     uvm_plan: str | None = None
     process: str = "gpu"
-    page_bytes: int = 4096
+    page_bytes: int = 65536  # 4 KiB pages cost 1.6x more per launch (docs/benchmarks.md, issue D)
     _kernel_re: re.Pattern | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -173,7 +173,7 @@ class CaptureConfig:
             ranks=parse_rank_list(get("RANKS")) if get("RANKS") else None,  # type: ignore[arg-type]
             flush_ms=integer("FLUSH_MS", 1000), shapes=boolean("SHAPES"), call_sites=boolean("CALL_SITES"),
             uvm=boolean("UVM", False), uvm_plan=get("UVM_PLAN"), process=(get("PROCESS") or "gpu").lower(),
-            page_bytes=integer("PAGE", 4096),
+            page_bytes=integer("PAGE", 65536),
         )
 
     def to_env(self) -> dict[str, str]:
