@@ -210,8 +210,10 @@ class CuptiActivityHandler:
             # Complete every buffer CUPTI still holds (it may have been requested through the
             # foreign client's callback) so the next records go to buffers we hand out.
             cupti.activity_flush_all(1)
-            # Kineto leaves its own (TSC) timestamp callback registered, and CUPTI takes a new
-            # one only while no kind is enabled: disable every kind (theirs too), then ours.
+            # Kineto leaves its own (TSC) timestamp source registered.  CUPTI wants a timestamp
+            # callback registered before any kind is enabled; registered with kinds still on,
+            # ours did not take effect at once on the H200, so disable every kind (theirs too),
+            # register our clock, then enable ours.
             for kind in cupti.ActivityKind:
                 try:
                     cupti.activity_disable(kind)
