@@ -57,7 +57,7 @@ class Run:
             files = self._files(kind)
             if files:
                 try:
-                    t = pa.concat_tables([pq.read_table(f) for f in files])
+                    t = pa.concat_tables([pq.ParquetFile(f).read() for f in files])
                 except (OSError, pa.ArrowInvalid) as e:
                     raise InputError(files[0].parent, f"unreadable Parquet ({e})") from None
                 self._tables[kind] = conform(kind, t)
