@@ -352,9 +352,9 @@ int pp_cupti_shared_buffers(void) {
 }
 
 /* CUPTI's timestamps on time.time_ns()'s clock (CLOCK_REALTIME), whoever used CUPTI before:
- * Kineto (torch.profiler) registers its own TSC-based "approximate" clock and leaves it
- * behind after its session, so records taken after one were stamped on another clock and
- * landed before the program began (measured on the H200).  Call before enabling kinds. */
+ * Kineto (torch.profiler) configures its own (TSC) timestamp source and leaves it behind
+ * after its session, so records taken after one were stamped on another clock and landed
+ * before the session (measured on the H200).  Call before enabling kinds. */
 static uint64_t CUPTIAPI realtime_ns(void) {
   struct timespec t;
   clock_gettime(CLOCK_REALTIME, &t);

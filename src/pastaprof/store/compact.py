@@ -24,11 +24,10 @@ import pyarrow.parquet as pq
 
 from pastaprof.events.schema import KINDS, SCHEMA_VERSION, conform
 from pastaprof.store.writer import MANIFEST, dictionary_columns
+from pastaprof.store.writer import read_parquet as _read
 
 _PART_RE = re.compile(r"^rank-(\d+)-pid-(\d+)-part-(\d+)\.parquet$")
-# Parts are read with pq.ParquetFile(...).read(), not pq.read_table: the latter imports
-# pyarrow.dataset on first use, 0.37 s on the dev VM -- what the H200's tiny-kernel run paid
-# at exit for merging its parts (compaction 0.456 s, docs/benchmarks.md).
+
 
 
 def _gpus() -> list[dict[str, Any]]:
@@ -65,7 +64,7 @@ def _external(run_dir: Path) -> dict[int, pa.Table]:
             m = _PART_RE.match(p.name)
             if m:
                 try:
-                    out.setdefault(int(m.group(1)), []).append(pq.ParquetFile(p).read())
+                    out.setdefault(int(m.group(1)), []).append(_read(p))
                 except (OSError, pa.ArrowInvalid):
                     continue
     return {r: pa.concat_tables(ts) for r, ts in out.items()}
@@ -128,7 +127,7 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
             tables = []
             for p in sorted(parts):
                 try:
-                    tables.append(conform(kind, pq.ParquetFile(p).read()))
+                    tables.append(conform(kind, _read(p)))
                 except (OSError, pa.ArrowInvalid):
                     continue
             if tables:

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pastaprof.errors import InputError
 from pastaprof.events.schema import KINDS, SCHEMA_VERSION, conform, schema
 from pastaprof.store.writer import MANIFEST
+from pastaprof.store.writer import read_parquet as _read
 
 if TYPE_CHECKING:
     import pandas
@@ -57,7 +57,7 @@ class Run:
             files = self._files(kind)
             if files:
                 try:
-                    t = pa.concat_tables([pq.ParquetFile(f).read() for f in files])
+                    t = pa.concat_tables([_read(f) for f in files])
                 except (OSError, pa.ArrowInvalid) as e:
                     raise InputError(files[0].parent, f"unreadable Parquet ({e})") from None
                 self._tables[kind] = conform(kind, t)
