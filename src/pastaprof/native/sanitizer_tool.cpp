@@ -89,8 +89,7 @@ struct Pending {
   int64_t seq = 0, start_ns = 0, name = 0, func_pc = 0, func_size = 0;
   uint32_t grid[3] = {0, 0, 0}, block[3] = {0, 0, 0};
   int64_t device = 0, stream = 0, live_bytes = 0, module_hash = 0;
-  std::vector<PPObj> objs;       // tensors then allocations, as uploaded
-  std::vector<uint64_t> page_base;
+  std::vector<PPObj> objs;       // tensors then allocations, as uploaded (with their page bases)
   unsigned n_t = 0, n_a = 0;
   size_t n_pages = 0;
 };
@@ -174,6 +173,10 @@ void dfree(CUcontext ctx, T*& p, size_t n, size_t& bytes) {
 size_t obj_words() { return size_t(1 + cfg.n_shards) * 8; }
 size_t pc_words() { return size_t(1 + cfg.n_shards) * 4; }
 size_t misc_words() { return size_t(PP_M_SLOTS) * cfg.n_shards; }
+// Page-histogram counters of one object at the configured page size.
+size_t pages_of(const PPObj& o) {
+  return size_t(((o.end - o.base) + (1ull << cfg.page_shift) - 1) >> cfg.page_shift);
+}
 
 // Device buffers big enough for n objects (grown, never silently short).  The block area
 // holds a block for every object and every PC table entry, so the patches never run out.
@@ -318,16 +321,14 @@ void launch_begin(const Sanitizer_LaunchData* ld) {
     p.func_pc = p.func_size = 0;
   }
   size_t n_obj = p.objs.size();
-  // page histogram slots, in object order, while they last
-  p.page_base.assign(n_obj, PP_NO_PAGES);
+  // page histogram slots, in object order, while they last (objects past them keep PP_NO_PAGES)
   p.n_pages = 0;
   if (cfg.mode == PP_MODE_GPU) {
-    for (size_t i = 0; i < n_obj; ++i) {
-      size_t np = size_t(((p.objs[i].end - p.objs[i].base) + (1ull << cfg.page_shift) - 1) >> cfg.page_shift);
-      if (p.n_pages + np <= d->cap_pages) { p.page_base[i] = p.n_pages; p.n_pages += np; }
+    for (auto& o : p.objs) {
+      size_t np = pages_of(o);
+      if (p.n_pages + np <= d->cap_pages) { o.page_base = p.n_pages; p.n_pages += np; }
     }
   }
-  for (size_t i = 0; i < n_obj; ++i) p.objs[i].page_base = p.page_base[i];
   bool gpu = cfg.mode == PP_MODE_GPU;
   PPState st;
   memset(&st, 0, sizeof st);
@@ -441,28 +442,26 @@ void launch_end(const Sanitizer_LaunchData* ld) {
   std::vector<unsigned long long> span;  // the touched objects' pages in one copy, when close
   int64_t tp = now_ns();
   if (cfg.mode == PP_MODE_GPU) {
-    auto pages_of = [&](size_t i) {
-      return size_t(((p.objs[i].end - p.objs[i].base) + (1ull << cfg.page_shift) - 1) >> cfg.page_shift);
-    };
     size_t lo = SIZE_MAX, hi = 0, touched = 0;
     for (auto& o : objs)
-      if (o.obj < n_obj && p.page_base[o.obj] != PP_NO_PAGES) {
-        lo = std::min<size_t>(lo, p.page_base[o.obj]);
-        hi = std::max<size_t>(hi, p.page_base[o.obj] + pages_of(o.obj));
-        touched += pages_of(o.obj);
+      if (o.obj < n_obj && p.objs[o.obj].page_base != PP_NO_PAGES) {
+        const PPObj& t = p.objs[o.obj];
+        lo = std::min<size_t>(lo, t.page_base);
+        hi = std::max<size_t>(hi, t.page_base + pages_of(t));
+        touched += pages_of(t);
       }
     bool one = touched && (hi - lo) <= std::max<size_t>(2 * touched, 1u << 16) &&
                sanitizerMemcpyDeviceToHost((span.resize(hi - lo), span.data()), d->pages + lo, (hi - lo) * 8, hs) ==
                    SANITIZER_SUCCESS;
     for (size_t j = 0; j < objs.size(); ++j) {
       size_t i = objs[j].obj;
-      if (i >= n_obj || p.page_base[i] == PP_NO_PAGES) continue;
-      size_t np = pages_of(i);
+      if (i >= n_obj || p.objs[i].page_base == PP_NO_PAGES) continue;
+      size_t base = p.objs[i].page_base, np = pages_of(p.objs[i]);
       if (one) {
-        page_rows[j] = {span.data() + (p.page_base[i] - lo), np};
+        page_rows[j] = {span.data() + (base - lo), np};
       } else {
         own_pages.emplace_back(np);
-        if (sanitizerMemcpyDeviceToHost(own_pages.back().data(), d->pages + p.page_base[i], np * 8, hs) ==
+        if (sanitizerMemcpyDeviceToHost(own_pages.back().data(), d->pages + base, np * 8, hs) ==
             SANITIZER_SUCCESS)
           page_rows[j] = {own_pages.back().data(), np};
       }
