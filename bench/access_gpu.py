@@ -167,7 +167,7 @@ def cost(out: Path, repeat: int, workloads: list[str] | None = None, variants_of
         extra = COST_WORKLOADS[name]
         bare, tools, wbare, wtools = [], [], [], []
         variants: dict[str, list[float]] = {v: [] for v in (variants_of if variants_of is not None else COST_VARIANTS)}
-        host: dict[str, dict] = {}
+        host: dict[str, dict] = {}  # per variant: the sanitizer's own host times, last round
         for i in range(repeat):
             info = app(name, out, f"{name}-bare-{i}", extra, None)[0]
             bare.append(info["seconds"])
