@@ -6,7 +6,9 @@ APP:
   known       CuPy kernels with analytically known accesses, each array its own
               cudaMalloc (CuPy's pool off): vector add c = a + b (2N reads, N writes),
               copy (N reads, N writes), strided read x[i * S] for S = 1, 2, 4, 8, 16
-              (min(32, 4 S) sectors per full warp request).  Ranges name each kernel.
+              (min(32, 4 S) sectors per full warp request), reverse (c[i] = a[N-1-i]: falling
+              addresses), halves (lanes 0-15 of each warp read a, 16-31 read b, at one
+              load).  Ranges name each kernel.
   torch_add   PyTorch c = a + b on N floats (tensors from the caching allocator).
   elementwise a suite of PyTorch elementwise ops on N floats, K iterations.
   resnet50    torchvision ResNet-50 (weights=None) forward, batch 16, bf16 autocast.
@@ -42,6 +44,15 @@ extern "C" __global__ void strided(const float* x, float* out, long m, long s) {
   long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
   if (i < m) out[i] = x[i * s];
 }
+extern "C" __global__ void reverse(const float* a, float* c, long n) {
+  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+  if (i < n) c[i] = a[n - 1 - i];
+}
+extern "C" __global__ void halves(const float* a, const float* b, float* c, long n) {
+  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+  const float* p = (i & 16) ? b : a;
+  if (i < n) c[i] = p[i];
+}
 """
 
 
@@ -51,6 +62,7 @@ def known(n: int) -> dict:
     cp.cuda.set_allocator(None)  # one cudaMalloc per array: one object per array
     mod = cp.RawModule(code=KERNELS, options=("-lineinfo",))  # line info: coalescing names source lines
     vadd, copy, strided = mod.get_function("vadd"), mod.get_function("copy"), mod.get_function("strided")
+    reverse, halves = mod.get_function("reverse"), mod.get_function("halves")
     a = cp.arange(n, dtype=cp.float32)
     b = cp.ones(n, dtype=cp.float32)
     c = cp.empty(n, dtype=cp.float32)
@@ -67,6 +79,11 @@ def known(n: int) -> dict:
         for s in STRIDES:
             with pastaprof.range(f"strided{s}"):
                 strided(grid, (256,), (x, out, cp.int64(n), cp.int64(s)))
+        # the patches' general paths: falling addresses in a warp; half a warp in each of two arrays
+        with pastaprof.range("reverse"):
+            reverse(grid, (256,), (a, out, cp.int64(n)))
+        with pastaprof.range("halves"):
+            halves(grid, (256,), (a, b, out, cp.int64(n)))
         cp.cuda.Device().synchronize()
     seconds = time.perf_counter() - t0
     assert float(c[-1]) == n, "vadd result"

@@ -76,7 +76,8 @@ def fidelity(out: Path, n: int) -> dict:
             "SELECT a.name, l.correlation, CAST(a.object_kind AS VARCHAR) AS kind, a.object_address, a.object_bytes,"
             " a.reads, a.writes, a.bytes_read, a.bytes_written, a.sectors, a.page_counts "
             "FROM access_summary a JOIN access_launch l USING (correlation) "
-            "WHERE a.name IN ('vadd', 'copy', 'strided') ORDER BY l.correlation, a.object_address").fetchall()
+            "WHERE a.name IN ('vadd', 'copy', 'strided', 'reverse', 'halves') "
+            "ORDER BY l.correlation, a.object_address").fetchall()
         res[f"launch_{proc}"] = run.sql("SELECT CAST(name AS VARCHAR), requests, lanes, unattributed_lanes, raw_requests,"
                                         " raw_stored, device_bytes FROM access_launch ORDER BY correlation").fetchall()
         res[f"manifest_{proc}"] = {k: run.manifest["processes"][0].get(k) for k in ("sanitizer", "status")}
@@ -98,6 +99,10 @@ def fidelity(out: Path, n: int) -> dict:
         "vadd c writes = N": one("vadd", "c")[3] == n and one("vadd", "c")[2] == 0,
         "vadd sectors a = N/8": one("vadd", "a")[6] == n // 8,
         "copy reads a = N, writes out = N": one("copy", "a")[2] == n and one("copy", "out")[3] == n,
+        "reverse reads a = N, N/8 sectors; writes out = N": one("reverse", "a")[2] == n
+        and one("reverse", "a")[6] == n // 8 and one("reverse", "out")[3] == n,
+        "halves reads a = b = N/2, N/16 sectors each": all(one("halves", k)[2] == n // 2
+                                                           and one("halves", k)[6] == n // 16 for k in ("a", "b")),
     }
     # coalescing's source lines (module images kept by the sanitizer tool, DWARF line table)
     from access_apps import KERNELS

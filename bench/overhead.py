@@ -1,6 +1,7 @@
 """Live-capture overhead and fidelity on the GPU (issue B), in one invocation.
 
     python bench/overhead.py [--repeat 3] [--workloads tiny,resnet50,gpt2] [--out DIR]
+    python bench/overhead.py --breakdown [--steps 3]   # which mechanism costs what, in the region
 
 For each workload, interleaved `--repeat` times: bare; `pastaprof run --ranges
 measure` (GPU activity via CUPTI, store written); torch.profiler with shapes,
@@ -69,12 +70,37 @@ def one_round(name: str, out: Path) -> dict:
     return res
 
 
+# --breakdown: one mechanism switched off at a time (PASTAPROF_OFF), then all but one family,
+# inside the measured region only: which mechanism the in-step overhead comes from.
+BREAKDOWN = {"full": "", "no_ops": "ops", "no_ext": "ext", "no_api": "api,ext", "no_modules": "modules",
+             "no_tensors": "tensors", "no_memory": "memory", "no_clock": "clock",
+             "kernels_only": "api,ext,ops,modules,tensors,memory", "torch_only": "kernels,api,ext,memory",
+             "session_only": "kernels,api,ext,ops,modules,tensors,memory,clock"}
+
+
+def breakdown(name: str, out: Path, repeat: int) -> dict:
+    """Region seconds per variant (medians of `repeat` interleaved rounds) and x bare."""
+    times: dict[str, list[float]] = {"bare": [], **{v: [] for v in BREAKDOWN}}
+    for _ in range(repeat):
+        times["bare"].append(_workload(name, "bare", out)["seconds"])
+        for variant, off in BREAKDOWN.items():
+            run_dir = out / f"bd-{name}-{variant}-{time.time_ns()}"
+            pp = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(run_dir), "--ranges", "measure", "--"]
+            times[variant].append(_workload(name, "bare", out, wrap=pp, env={"PASTAPROF_OFF": off})["seconds"])
+            shutil.rmtree(run_dir, ignore_errors=True)
+    bare = statistics.median(times["bare"])
+    return {v: {"s": round(statistics.median(t), 5), "x": round(statistics.median(t) / bare, 3),
+                "off": BREAKDOWN.get(v, "")} for v, t in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workloads", default="tiny,resnet50,gpt2")
     ap.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp())
     ap.add_argument("--steps", type=int, default=None, help="training steps per timed region (default: 1, as in issue B)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="in-region cost with each capture mechanism switched off in turn (PASTAPROF_OFF)")
     a = ap.parse_args()
     if a.steps:
         for k in ("resnet50", "gpt2"):
@@ -82,6 +108,12 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = {}
+    if a.breakdown:
+        for name in a.workloads.split(","):
+            summary[name] = breakdown(name, out, a.repeat)
+            print(json.dumps({name: summary[name]}), flush=True)
+        (out / f"breakdown-steps{a.steps or 1}.json").write_text(json.dumps(summary, indent=1))
+        return
     for name in a.workloads.split(","):
         rounds = [one_round(name, out) for _ in range(a.repeat)]
         bare = statistics.median(r["bare"]["seconds"] for r in rounds)

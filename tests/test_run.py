@@ -97,6 +97,7 @@ def test_no_gpu_is_reported_once_and_capture_continues(tmp_path, app):
     ({}, ("--kernels", "gemm("), "PASTAPROF_KERNELS='gemm('"),
     ({"PASTAPROF_RANKS": "0,x"}, (), "PASTAPROF_RANKS='0,x'"),
     ({"PASTAPROF_SHAPES": "maybe"}, (), "PASTAPROF_SHAPES='maybe'"),
+    ({"PASTAPROF_OFF": "ops,kernal"}, (), "unknown part 'kernal'"),
     ({"PASTAPROF_SAN_PCS": "lots"}, (), "PASTAPROF_SAN_PCS='lots'"),
     ({"PASTAPROF_SAN_RAW_MB": "-5"}, (), "PASTAPROF_SAN_RAW_MB='-5'"),
     ({"PASTAPROF_SAN_UNPATCH": "sometimes"}, (), "PASTAPROF_SAN_UNPATCH='sometimes'"),
@@ -320,6 +321,22 @@ def test_no_shapes_no_call_sites(tmp_path):
     assert len(addmm) == 6
     assert all(o["input_shapes"] is None and o["call_site"] is None for o in op)
     assert sorted(o["module"] for o in addmm) == ["Sequential_0/Linear_0"] * 3 + ["Sequential_0/Linear_1"] * 3
+
+
+def test_mechanisms_switched_off_for_overhead_breakdowns(tmp_path):
+    """PASTAPROF_OFF (bench/overhead.py --breakdown): the op observer off leaves no ops; the
+    module hooks off leaves every op, without module paths."""
+    pytest.importorskip("torch")
+    app = tmp_path / "tapp.py"
+    app.write_text(TORCH_APP)
+    r = _run(tmp_path / "no-ops", sys.executable, str(app), env={"PASTAPROF_OFF": "ops"})
+    assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
+    assert "op" not in pastaprof.load(tmp_path / "no-ops").manifest["rows"]
+    r = _run(tmp_path / "no-modules", sys.executable, str(app), env={"PASTAPROF_OFF": " modules "})
+    assert r.returncode == 0, r.stderr
+    op = pastaprof.load(tmp_path / "no-modules").table("op").to_pylist()
+    addmm = [o for o in op if o["name"] in ("aten::addmm", "aten.addmm.default")]
+    assert len(addmm) == 6 and all(o["module"] is None for o in addmm)
 
 
 def test_optimizer_steps_drive_the_step_window_until_pastaprof_step_is_called(tmp_path):

@@ -24,6 +24,9 @@ PASTAPROF_PROCESS   --process gpu|cpu        where instruction-level accesses ar
 PASTAPROF_PAGE      --page-bytes N           page size of the access hotness histograms (65536)
 PASTAPROF_TOOLS     -t kernels,ops           tools whose reports print at exit
 PASTAPROF_OUT       -o DIR                   the run directory
+PASTAPROF_OFF       (env only)               switch capture mechanisms off, for overhead
+                                             breakdowns (bench/overhead.py --parts): any of
+                                             kernels, api, ext, ops, modules, tensors, memory, clock
 ==================  =======================  ==========================================
 
 The sanitizer's tuning knobs are environment-only (docs/instruction-level.md):
@@ -48,6 +51,12 @@ from dataclasses import dataclass, field
 from pastaprof.errors import UsageError
 
 ENV_PREFIX = "PASTAPROF_"
+
+# What PASTAPROF_OFF can switch off: CUPTI kernel records, CUPTI runtime/driver launch records
+# (without them kernels keep no launch time and no op), the external-correlation push per op,
+# the op observer, the module hooks, allocator (tensor) events, CUPTI MEMORY2/MEMORY_POOL
+# records, and pastaprof's own CUPTI timestamp clock.
+OFF_PARTS = ("kernels", "api", "ext", "ops", "modules", "tensors", "memory", "clock")
 
 
 def parse_rank_list(value: str, what: str = "PASTAPROF_RANKS") -> tuple[int, ...]:
@@ -107,6 +116,7 @@ class CaptureConfig:
     uvm_plan: str | None = None
     process: str = "gpu"
     page_bytes: int = 65536  # 4 KiB pages cost 1.6x more per launch (docs/benchmarks.md, issue D)
+    off: tuple[str, ...] = ()
     _kernel_re: re.Pattern | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -116,6 +126,10 @@ class CaptureConfig:
             raise UsageError(f"PASTAPROF_PROCESS={self.process!r}: expected gpu or cpu")
         if self.page_bytes < 32 or self.page_bytes & (self.page_bytes - 1):
             raise UsageError(f"PASTAPROF_PAGE={self.page_bytes}: must be a power of two, at least 32")
+        bad = [p for p in self.off if p not in OFF_PARTS]
+        if bad:
+            raise UsageError(f"PASTAPROF_OFF={','.join(self.off)!r}: unknown part {bad[0]!r} "
+                             f"(expected some of {', '.join(OFF_PARTS)})")
         if self.flush_ms < 10:
             raise UsageError(f"PASTAPROF_FLUSH_MS={self.flush_ms}: must be at least 10")
         if self.uvm_plan is not None:
@@ -174,6 +188,7 @@ class CaptureConfig:
             flush_ms=integer("FLUSH_MS", 1000), shapes=boolean("SHAPES"), call_sites=boolean("CALL_SITES"),
             uvm=boolean("UVM", False), uvm_plan=get("UVM_PLAN"), process=(get("PROCESS") or "gpu").lower(),
             page_bytes=integer("PAGE", 65536),
+            off=tuple(p.strip() for p in (get("OFF") or "").split(",") if p.strip()),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -182,7 +197,7 @@ class CaptureConfig:
                "SAMPLE": str(self.sample), "FLUSH_MS": str(self.flush_ms), "OUT": self.out or "",
                "SHAPES": "" if self.shapes else "0", "CALL_SITES": "" if self.call_sites else "0",
                "UVM": "1" if self.uvm else "", "UVM_PLAN": self.uvm_plan or "", "PROCESS": self.process,
-               "PAGE": str(self.page_bytes)}
+               "PAGE": str(self.page_bytes), "OFF": ",".join(self.off)}
         if self.steps is not None:
             env["STEPS"] = f"{self.steps[0]}:{'' if self.steps[1] is None else self.steps[1]}"
         if self.ranks is not None:
@@ -190,6 +205,10 @@ class CaptureConfig:
         return {ENV_PREFIX + k: v for k, v in env.items() if v}
 
     # -- decisions -----------------------------------------------------------
+    def is_off(self, part: str) -> bool:
+        """Whether PASTAPROF_OFF switched this capture mechanism off."""
+        return part in self.off
+
     def rank_selected(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
 

@@ -122,12 +122,18 @@ class CuptiActivityHandler:
         try:
             self._native = self._bind_native()
             self._register()
-            self._own_clock()
+            off = self.config.is_off
+            if not off("clock"):
+                self._own_clock()
             # DRIVER too: cuBLAS/cuDNN launch through the driver API, and CUPTI emits the
             # external-correlation record (op -> kernel) only for traced API calls.
             kinds = [K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION, K.RUNTIME, K.DRIVER]
             if self._native is not None:  # decoded only in C: cudaMalloc-level and pool events
                 kinds += [K.MEMORY2, K.MEMORY_POOL]
+            dropped = {K.CONCURRENT_KERNEL} if off("kernels") else set()
+            dropped |= {K.RUNTIME, K.DRIVER} if off("api") else set()
+            dropped |= {K.MEMORY2, K.MEMORY_POOL} if off("memory") else set()
+            kinds = [k for k in kinds if k not in dropped]
             for kind in kinds:
                 cupti.activity_enable(kind)
                 self._enabled.append(kind)
@@ -239,7 +245,7 @@ class CuptiActivityHandler:
     def external_correlation(self):
         """(push, pop) callables tagging the calling thread's launches with an id
         (CUPTI external correlation, kind CUSTOM2), or (None, None)."""
-        if self.status is not None or self._cupti is None:
+        if self.status is not None or self._cupti is None or self.config.is_off("ext"):
             return None, None
         cupti = self._cupti
         try:

@@ -339,5 +339,6 @@ class SanitizerHandler:
                 # host time of the instrumented launches: set-up, waiting for the kernel, read-back
                 "setup_seconds": lib.pp_san_stat(8) / 1e9, "wait_seconds": lib.pp_san_stat(9) / 1e9,
                 "readback_seconds": lib.pp_san_stat(10) / 1e9, "page_copy_seconds": lib.pp_san_stat(11) / 1e9,
+                "arena_copy_seconds": lib.pp_san_stat(12) / 1e9,
                 "cpu_reduce_seconds": round(self.reduce_seconds, 6), "requests_reduced": self.requests_reduced,
                 "drain_seconds": round(self.drain_seconds, 6), "notes": notes, "error": err or None}

@@ -168,10 +168,12 @@ class Session(OptionalHandlers, Linking):
         def begin(_module: Any = None) -> None:
             push, pop = cupti.external_correlation() if cupti is not None else (None, None)
             foreign = (lambda: self._foreign_profiler(cupti, True), lambda: self._foreign_profiler(cupti, False))
+            off = self.config.is_off
             handler = TorchHandler(self.rank, push, pop, on_optimizer_step=lambda: self.next_step("optimizer"),
                                    on_range=(self.range_begin, self.range_end), on_foreign_profiler=foreign,
                                    native_external=cupti.native_external if cupti is not None else None,
-                                   shapes=self.config.shapes, call_sites=self.config.call_sites)
+                                   shapes=self.config.shapes, call_sites=self.config.call_sites,
+                                   ops=not off("ops"), modules=not off("modules"), tensors=not off("tensors"))
             handler.start()
             self.status["torch"] = handler.status or "ok"
 

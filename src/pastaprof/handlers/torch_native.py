@@ -33,11 +33,15 @@ class NativeOps:
         self._path_ids: dict[str, int] = {}
         self.mem = False
         self.mem_error: str | None = None
+        self.observing = False
 
     def start(self, push: int | None, pop: int | None, ext_kind: int, memory: bool, shapes: bool = True,
-              call_sites: bool = True) -> str | None:
-        """Start observing; returns a status line for what could not start, else None."""
-        self.lib.pp_obs_start(push, pop, ext_kind, int(shapes), int(call_sites))
+              call_sites: bool = True, observe: bool = True) -> str | None:
+        """Start observing (ops unless not `observe`, allocator events if `memory`);
+        returns a status line for what could not start, else None."""
+        self.observing = observe
+        if observe:
+            self.lib.pp_obs_start(push, pop, ext_kind, int(shapes), int(call_sites))
         if memory:
             if not getattr(self.lib, "has_cuda", False):
                 return "native allocator tracker unavailable (CUDA headers not found at build)"
@@ -62,7 +66,8 @@ class NativeOps:
             notice(self.mem_error)
 
     def stop(self) -> None:
-        self.lib.pp_obs_stop()
+        if self.observing:
+            self.lib.pp_obs_stop()
         if self.mem:
             self.lib.pp_mem_stop()
 

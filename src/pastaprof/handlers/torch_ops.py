@@ -117,9 +117,10 @@ class TorchHandler:
     def __init__(self, rank: int = 0, push_external: Any = None, pop_external: Any = None,
                  on_optimizer_step: Any = None, on_range: Any = None, on_foreign_profiler: Any = None,
                  native_external: tuple[int, int, int] | None = None, shapes: bool = True,
-                 call_sites: bool = True) -> None:
+                 call_sites: bool = True, ops: bool = True, modules: bool = True, tensors: bool = True) -> None:
         self.rank = rank
         self.shapes, self.call_sites = shapes, call_sites
+        self.ops, self.modules, self.tensors = ops, modules, tensors  # PASTAPROF_OFF switches
         self._native_ext = native_external  # (push fn pointer, pop fn pointer, kind) for the C++ observer
         self.native: Any = None  # NativeOps when the C++ observer runs
         self.mechanism = "python"
@@ -163,12 +164,13 @@ class TorchHandler:
     def _install(self) -> None:
         import torch
 
-        memory = torch.cuda.is_available()
-        if not self._install_native(memory):
+        memory = self.tensors and torch.cuda.is_available()
+        if not self._install_native(memory) and self.ops:
             self._install_dispatch_mode()
         mm = torch.nn.modules.module
-        self._hooks = [mm.register_module_forward_pre_hook(self._enter_module),
-                       mm.register_module_forward_hook(self._exit_module)]
+        if self.modules:
+            self._hooks = [mm.register_module_forward_pre_hook(self._enter_module),
+                           mm.register_module_forward_hook(self._exit_module)]
         if self._on_step is not None:  # steps for PASTAPROF_STEPS: optimizer.step() calls
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -198,7 +200,7 @@ class TorchHandler:
             return False
         ops = NativeOps(lib, self.rank)
         push, pop, kind = self._native_ext or (None, None, 0)
-        problem = ops.start(push, pop, kind, memory, self.shapes, self.call_sites)
+        problem = ops.start(push, pop, kind, memory, self.shapes, self.call_sites, observe=self.ops)
         if problem:
             self.native_status = problem
         self.native = ops

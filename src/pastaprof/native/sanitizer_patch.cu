@@ -141,39 +141,73 @@ static __device__ __forceinline__ void raw_store(PPState* s, unsigned mask, unsi
   }
 }
 
+// The object holding address a: index into tensors-then-allocations (contiguous in the
+// upload), tensors first since they are the finer objects; -1 when none holds it.
+static __device__ __forceinline__ int lookup(const PPState* s, unsigned long long a) {
+  int o = find(s->tensors, s->n_tensor, a);
+  if (o >= 0) return o;
+  o = find(s->allocs, s->n_alloc, a);
+  return o < 0 ? -1 : o + (int)s->n_tensor;
+}
+
 // One global access of this lane, with the warp's active lanes at the same PC.
+//
+// The common request -- every lane of a contiguous mask in one object, addresses rising
+// with the lane -- takes a fast path: one binary search (the leader's) instead of 32, and
+// shuffles and ballots instead of __match_any_sync for objects, sectors and pages.  Anything
+// else (lanes in several objects, scattered or falling addresses, lanes from two call sites
+// in one converged call) takes the general path; both give the same counts.
 static __device__ __forceinline__ void account(PPState* s, unsigned long long pc, unsigned long long a,
                                                unsigned size, unsigned flags) {
   unsigned mask = __activemask();
-  mask = __match_any_sync(mask, pc);  // lanes at this very instruction
   unsigned lane = lane_id();
   unsigned leader = __ffs(mask) - 1;
+  if (__ballot_sync(mask, __shfl_sync(mask, pc, leader) == pc) != mask) {
+    mask = __match_any_sync(mask, pc);  // lanes at this very instruction
+    leader = __ffs(mask) - 1;
+  }
   if (s->mode == PP_MODE_RAW) {
     raw_store(s, mask, lane, pc, a, size, flags);
     return;
   }
   unsigned shard = shard_of(s);
   unsigned long long* misc = misc_row(s, shard);
-  int o = find(s->tensors, s->n_tensor, a);
-  PPObj* t = nullptr;
-  if (o >= 0) {
-    t = &s->tensors[o];
-  } else {
-    o = find(s->allocs, s->n_alloc, a);
-    if (o >= 0) {
-      t = &s->allocs[o];
-      o += (int)s->n_tensor;
-    }
-  }
+  // The leader's object serves every lane inside it.  Tensors do not overlap each other, so a
+  // lane inside the leader's tensor would find that tensor itself; a lane inside the leader's
+  // allocation might lie in a tensor, so an allocation serves only when there are no tensors.
+  int lo = lane == leader ? lookup(s, a) : 0;
+  lo = __shfl_sync(mask, lo, leader);
+  bool mine = lo >= 0 && ((unsigned)lo < s->n_tensor || s->n_tensor == 0) && a >= s->tensors[lo].base &&
+              a < s->tensors[lo].end;
+  int o = (mine || lane == leader) ? lo : lookup(s, a);
+  bool uniform = __ballot_sync(mask, mine) == mask;
+  PPObj* t = o >= 0 ? &s->tensors[o] : nullptr;
   unsigned n_obj = s->n_tensor + s->n_alloc;
   unsigned oid = o < 0 ? n_obj : (unsigned)o;
   bool rd = flags & (PP_READ | PP_ATOMIC), wr = flags & (PP_WRITE | PP_ATOMIC);
-  // distinct (object, sector) in this request: the same packing as the CPU path
-  unsigned long long key = ((unsigned long long)(oid + 1) << 44) | ((a >> 5) & ((1ull << 44) - 1));
-  unsigned same_sector = __match_any_sync(mask, key);
-  bool sector_leader = (__ffs(same_sector) - 1) == lane;
-  unsigned sector_leaders = __ballot_sync(mask, sector_leader);
-  unsigned same_obj = __match_any_sync(mask, oid);
+  unsigned same_obj, sector_leaders;
+  bool ordered = false;
+  if (uniform) {
+    same_obj = mask;
+    // distinct 32-byte sectors: over a contiguous mask with non-decreasing sectors, a lane
+    // starts a sector iff the lane below it is in another one
+    unsigned run = mask >> leader;
+    unsigned long long sec = a >> 5;
+    unsigned long long below = __shfl_up_sync(mask, sec, 1);
+    bool first = lane == leader;
+    if ((run & (run + 1)) == 0) {
+      ordered = __ballot_sync(mask, first || sec >= below) == mask;
+      if (ordered) sector_leaders = __ballot_sync(mask, first || sec != below);
+    }
+  } else {
+    same_obj = __match_any_sync(mask, oid);
+  }
+  if (!ordered) {
+    // distinct (object, sector) in this request: the same packing as the CPU path
+    unsigned long long key = ((unsigned long long)(oid + 1) << 44) | ((a >> 5) & ((1ull << 44) - 1));
+    unsigned same_sector = __match_any_sync(mask, key);
+    sector_leaders = __ballot_sync(mask, (__ffs(same_sector) - 1) == lane);
+  }
   if ((__ffs(same_obj) - 1) == lane) {
     unsigned long long n = __popc(same_obj);
     unsigned* sw = t ? &t->slot : (unsigned*)&s->arena[PP_M_UNATTR_SLOT];
@@ -192,7 +226,11 @@ static __device__ __forceinline__ void account(PPState* s, unsigned long long pc
     slot = t->page_base + ((a - t->base) >> s->page_shift);
     if (slot >= s->n_pages) slot = PP_NO_PAGES;
   }
-  unsigned same_page = __match_any_sync(mask, slot);
+  unsigned same_page;
+  if (uniform && __ballot_sync(mask, __shfl_sync(mask, slot, leader) == slot) == mask)
+    same_page = mask;  // one object, one page: the usual case
+  else
+    same_page = __match_any_sync(mask, slot);
   if ((__ffs(same_page) - 1) == lane) {
     if (slot != PP_NO_PAGES) atomicAdd(&s->pages[slot], (unsigned long long)__popc(same_page));
     else if (t) atomicAdd(&misc[PP_M_PAGE_DROPPED], (unsigned long long)__popc(same_page));

@@ -100,7 +100,7 @@ std::atomic<int64_t> gate_closed_ns{0};             // when the gate last closed
 const int64_t UNPATCH_AFTER_NS = 1000000000;        // closed this long: unpatch at the next launch
 std::atomic<long> matched{0}, launches{0}, instrumented{0}, skipped_busy{0}, repatches{0}, unpatches{0};
 // host time of instrumented launches (ns): setup before, waiting for the kernel, reading back
-std::atomic<int64_t> t_setup{0}, t_wait{0}, t_readback{0}, t_pages{0};  // t_pages: part of t_readback
+std::atomic<int64_t> t_setup{0}, t_wait{0}, t_readback{0}, t_pages{0}, t_arena{0};  // t_pages, t_arena: parts of t_readback
 std::mutex mu;  // tables, devices, output
 std::map<uint64_t, uint64_t> tensors, allocs;  // base -> end
 uint64_t version = 1;
@@ -387,6 +387,7 @@ void launch_end(const Sanitizer_LaunchData* ld) {
     r = sanitizerMemcpyDeviceToHost(ar.data() + M + guess, d->arena + M + guess, (used - guess) * 8, hs);
   }
   if (r == SANITIZER_SUCCESS) d->dirty = d->last_used = used;
+  t_arena += now_ns() - end_ns;
   unsigned long long misc[PP_M_SLOTS] = {0};
   for (unsigned sh = 0; sh < NS; ++sh)
     for (int i = 0; i < PP_M_SLOTS; ++i) misc[i] += ar[size_t(sh) * PP_M_SLOTS + i];
@@ -793,6 +794,7 @@ int64_t pp_san_stat(int i) {
     case 9: return t_wait.load();
     case 10: return t_readback.load();
     case 11: return t_pages.load();
+    case 12: return t_arena.load();
     default: return -1;
   }
 }
