@@ -73,24 +73,28 @@ def one_round(name: str, out: Path) -> dict:
 # --breakdown: one mechanism switched off at a time (PASTAPROF_OFF), then all but one family,
 # inside the measured region only: which mechanism the in-step overhead comes from.
 BREAKDOWN = {"full": "", "no_ops": "ops", "no_ext": "ext", "no_api": "api,ext", "no_modules": "modules",
-             "no_tensors": "tensors", "no_memory": "memory", "no_clock": "clock",
+             "no_tensors": "tensors", "no_memory": "memory",
              "kernels_only": "api,ext,ops,modules,tensors,memory", "torch_only": "kernels,api,ext,memory",
-             "session_only": "kernels,api,ext,ops,modules,tensors,memory,clock"}
+             "session_only": "kernels,api,ext,ops,modules,tensors,memory"}
+
+
+VARIANTS_OF: list[str] = []  # --breakdown-variants: a subset of BREAKDOWN
 
 
 def breakdown(name: str, out: Path, repeat: int) -> dict:
     """Region seconds per variant (medians of `repeat` interleaved rounds) and x bare."""
-    times: dict[str, list[float]] = {"bare": [], **{v: [] for v in BREAKDOWN}}
+    chosen = {v: BREAKDOWN[v] for v in (VARIANTS_OF or BREAKDOWN)}
+    times: dict[str, list[float]] = {"bare": [], **{v: [] for v in chosen}}
     for _ in range(repeat):
         times["bare"].append(_workload(name, "bare", out)["seconds"])
-        for variant, off in BREAKDOWN.items():
+        for variant, off in chosen.items():
             run_dir = out / f"bd-{name}-{variant}-{time.time_ns()}"
             pp = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(run_dir), "--ranges", "measure", "--"]
             times[variant].append(_workload(name, "bare", out, wrap=pp, env={"PASTAPROF_OFF": off})["seconds"])
             shutil.rmtree(run_dir, ignore_errors=True)
     bare = statistics.median(times["bare"])
     return {v: {"s": round(statistics.median(t), 5), "x": round(statistics.median(t) / bare, 3),
-                "off": BREAKDOWN.get(v, "")} for v, t in times.items()}
+                "off": chosen.get(v, "")} for v, t in times.items()}
 
 
 def main() -> None:
@@ -101,7 +105,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="training steps per timed region (default: 1, as in issue B)")
     ap.add_argument("--breakdown", action="store_true",
                     help="in-region cost with each capture mechanism switched off in turn (PASTAPROF_OFF)")
+    ap.add_argument("--breakdown-variants", default="", help="of: " + ",".join(BREAKDOWN))
     a = ap.parse_args()
+    VARIANTS_OF[:] = [v for v in a.breakdown_variants.split(",") if v]
+    for v in VARIANTS_OF:
+        if v not in BREAKDOWN:
+            ap.error(f"unknown breakdown variant {v!r}")
     if a.steps:
         for k in ("resnet50", "gpt2"):
             STEPS[k] = a.steps

@@ -26,7 +26,7 @@ PASTAPROF_TOOLS     -t kernels,ops           tools whose reports print at exit
 PASTAPROF_OUT       -o DIR                   the run directory
 PASTAPROF_OFF       (env only)               switch capture mechanisms off, for overhead
                                              breakdowns (bench/overhead.py --parts): any of
-                                             kernels, api, ext, ops, modules, tensors, memory, clock
+                                             kernels, api, ext, ops, modules, tensors, memory
 ==================  =======================  ==========================================
 
 The sanitizer's tuning knobs are environment-only (docs/instruction-level.md):
@@ -55,8 +55,8 @@ ENV_PREFIX = "PASTAPROF_"
 # What PASTAPROF_OFF can switch off: CUPTI kernel records, CUPTI runtime/driver launch records
 # (without them kernels keep no launch time and no op), the external-correlation push per op,
 # the op observer, the module hooks, allocator (tensor) events, CUPTI MEMORY2/MEMORY_POOL
-# records, and pastaprof's own CUPTI timestamp clock.
-OFF_PARTS = ("kernels", "api", "ext", "ops", "modules", "tensors", "memory", "clock")
+# records.
+OFF_PARTS = ("kernels", "api", "ext", "ops", "modules", "tensors", "memory")
 
 
 def parse_rank_list(value: str, what: str = "PASTAPROF_RANKS") -> tuple[int, ...]:

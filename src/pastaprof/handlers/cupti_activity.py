@@ -123,8 +123,11 @@ class CuptiActivityHandler:
             self._native = self._bind_native()
             self._register()
             off = self.config.is_off
-            if not off("clock"):
-                self._own_clock()
+            # No timestamp callback of our own yet: CUPTI's default clock already is
+            # time.time_ns()'s, and a registered callback made every traced launch dearer
+            # (H200: 20,000 tiny launches 1.84x -> 1.24x of bare without it; bench/overhead.py
+            # --breakdown).  It is registered at reattach(), after a foreign client (Kineto)
+            # left its own clock behind.
             # DRIVER too: cuBLAS/cuDNN launch through the driver API, and CUPTI emits the
             # external-correlation record (op -> kernel) only for traced API calls.
             kinds = [K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION, K.RUNTIME, K.DRIVER]
@@ -165,9 +168,9 @@ class CuptiActivityHandler:
         return drain
 
     def _own_clock(self) -> None:
-        """Timestamps on time.time_ns()'s clock, registered before kinds are enabled (CUPTI's
-        rule).  Only the native drain can: cupti-python takes no C timestamp callback; its
-        path keeps CUPTI's default clock, which is the same one until a foreign client ran."""
+        """Timestamps on time.time_ns()'s clock, registered with no kind enabled (CUPTI's
+        rule), after a foreign client left its clock behind.  Only the native drain can:
+        cupti-python takes no C timestamp callback; its path keeps whatever clock is set."""
         if self._native is not None:
             try:
                 self._native.own_clock()
