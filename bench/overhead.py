@@ -1,7 +1,7 @@
 """Live-capture overhead and fidelity on the GPU (issue B), in one invocation.
 
     python bench/overhead.py [--repeat 3] [--workloads tiny,resnet50,gpt2] [--out DIR]
-    python bench/overhead.py --breakdown [--steps 3]   # which mechanism costs what, in the region
+    python bench/overhead.py --breakdown [--steps 3] [--inner 5]   # which mechanism costs what, in the region
 
 For each workload, interleaved `--repeat` times: bare; `pastaprof run --ranges
 measure` (GPU activity via CUPTI, store written); torch.profiler with shapes,
@@ -39,9 +39,13 @@ VARIANTS = {"pastaprof": {}, "pastaprof_lean": {"PASTAPROF_SHAPES": "0", "PASTAP
             "pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000"}}
 
 
+INNER = [1]  # --inner: measured regions per process (the breakdown's median of several)
+
+
 def _workload(name: str, mode: str, out: Path, wrap: list[str] | None = None, env: dict | None = None) -> dict:
     js = out / f"{name}-{mode}-{time.time_ns()}.json"
-    cmd = [sys.executable, str(HERE / "workloads.py"), name, mode, "--steps", str(STEPS[name]), "--json", str(js)]
+    cmd = [sys.executable, str(HERE / "workloads.py"), name, mode, "--steps", str(STEPS[name]), "--json", str(js),
+           "--inner", str(INNER[0] if mode == "bare" else 1)]
     r = subprocess.run((wrap or []) + cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if r.returncode != 0:
         raise RuntimeError(f"{name} {mode} failed ({r.returncode}): {r.stderr[-2000:]}")
@@ -106,7 +110,10 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true",
                     help="in-region cost with each capture mechanism switched off in turn (PASTAPROF_OFF)")
     ap.add_argument("--breakdown-variants", default="", help="of: " + ",".join(BREAKDOWN))
+    ap.add_argument("--inner", type=int, default=1,
+                    help="with --breakdown: measured regions per process, their median taken (default 1)")
     a = ap.parse_args()
+    INNER[0] = a.inner if a.breakdown else 1
     VARIANTS_OF[:] = [v for v in a.breakdown_variants.split(",") if v]
     for v in VARIANTS_OF:
         if v not in BREAKDOWN:

@@ -75,6 +75,7 @@ def main() -> None:
     ap.add_argument("mode", choices=["bare", "torchprof"])
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--json")
+    ap.add_argument("--inner", type=int, default=1, help="measured regions in this process (median reported)")
     a = ap.parse_args()
     torch.manual_seed(0)
     step = make(a.workload)
@@ -101,12 +102,18 @@ def main() -> None:
         with open(path) as f:
             kernels = sum(1 for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel")
     else:
-        with measure:
-            for _ in range(a.steps):
-                step()
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - t0
+        regions = []
+        for _ in range(a.inner):  # --inner K: K measured regions in this process, median reported
+            t0 = time.perf_counter()
+            with measure:
+                for _ in range(a.steps):
+                    step()
+                torch.cuda.synchronize()
+            regions.append(time.perf_counter() - t0)
+        elapsed = sorted(regions)[len(regions) // 2]
     out = {"workload": a.workload, "mode": a.mode, "steps": a.steps, "seconds": elapsed, "kernels": kernels}
+    if a.inner > 1:
+        out["regions"] = regions
     print(json.dumps(out))
     if a.json:
         with open(a.json, "w") as f:
