@@ -150,76 +150,15 @@ static __device__ __forceinline__ int lookup(const PPState* s, unsigned long lon
   return o < 0 ? -1 : o + (int)s->n_tensor;
 }
 
-// The common request, counted cheaply: a full warp at one PC, every lane in one tensor (or
-// allocation, when there are no tensors), addresses rising with the lane.  Every lane
-// searches the first lane's address (the same loads for all: broadcasts, no divergence);
-// with a constant full mask the shuffles and votes need no collective loops, and pages
-// (rising too) come as runs of lanes.  The patch may use only ~20 registers and spills
-// the rest to local memory on every call, so this path is kept short.  Returns false, the
-// same answer in every lane, when the request is not of this kind; the general path then
-// counts it, with the same result it would give here.
-static __device__ __forceinline__ bool account_full_warp(PPState* s, unsigned long long pc, unsigned long long a,
-                                                         unsigned size, unsigned flags) {
-  const unsigned FULL = 0xffffffffu;
-  unsigned lane = lane_id();
-  unsigned long long a0 = __shfl_sync(FULL, a, 0);
-  if (!__all_sync(FULL, __shfl_sync(FULL, pc, 0) == pc)) return false;
-  int o = lookup(s, a0);
-  if (o < 0 || ((unsigned)o >= s->n_tensor && s->n_tensor != 0)) return false;
-  PPObj* t = &s->tensors[o];
-  unsigned long long sec = a >> 5, below = __shfl_up_sync(FULL, sec, 1);
-  if (!__all_sync(FULL, a >= t->base && a < t->end && (lane == 0 || sec >= below))) return false;
-  unsigned sectors = __popc(__ballot_sync(FULL, lane == 0 || sec != below));
-  unsigned shard = shard_of(s);
-  // pages: lanes in one page are a run; each run's first lane adds the run's length
-  if (t->page_base != PP_NO_PAGES) {
-    unsigned long long pg = (a - t->base) >> s->page_shift;
-    unsigned starts = __ballot_sync(FULL, lane == 0 || pg != (__shfl_up_sync(FULL, pg, 1)));
-    if (starts & (1u << lane)) {
-      unsigned later = starts & ~((2u << lane) - 1u);  // (2u << 31) wraps to 0: no later run
-      unsigned long long n = (later ? __ffs(later) - 1 : 32u) - lane;
-      unsigned long long slot = t->page_base + pg;
-      if (slot < s->n_pages) atomicAdd(&s->pages[slot], n);
-      else atomicAdd(&misc_row(s, shard)[PP_M_PAGE_DROPPED], n);
-    }
-  }
-  if (lane == 0) {
-    unsigned long long* c = obj_block(s, &t->slot, (unsigned)o) + (1u + shard) * 8u;
-    if (flags & (PP_READ | PP_ATOMIC)) { atomicAdd(&c[0], 32ull); atomicAdd(&c[2], 32ull * size); }
-    if (flags & (PP_WRITE | PP_ATOMIC)) { atomicAdd(&c[1], 32ull); atomicAdd(&c[3], 32ull * size); }
-    atomicAdd(&c[4], (unsigned long long)sectors);
-    unsigned long long* b = s->pc_cap ? pc_block(s, pc, size, flags) : nullptr;
-    if (b) {
-      b += (1u + shard) * 4u;
-      atomicAdd(&b[0], 1ull);
-      atomicAdd(&b[1], 32ull);
-      atomicAdd(&b[2], (unsigned long long)sectors);
-    } else {
-      unsigned long long* misc = misc_row(s, shard);
-      atomicAdd(&misc[PP_M_REQUESTS], 1ull);
-      atomicAdd(&misc[PP_M_LANES], 32ull);
-      if (s->pc_cap) atomicAdd(&misc[PP_M_PC_DROPPED], 1ull);
-    }
-  }
-  return true;
-}
-
-// One global access of this lane, with the warp's active lanes at the same PC: full warps
-// of the common kind above, else the general path (lanes in several objects, scattered or
-// falling addresses, partial warps, lanes from two call sites in one converged call).
-static __device__ __noinline__ void account_general(PPState* s, unsigned long long pc, unsigned long long a,
-                                                    unsigned size, unsigned flags);
-
-// Its own (not inlined) function: the patch saves and restores on every call the registers
-// and convergence barriers its body uses, so the general path's must not burden the fast one.
+// One global access of this lane, with the warp's active lanes at the same PC.
+//
+// The common request -- every lane of a contiguous mask in one object, addresses rising
+// with the lane -- takes a fast path: one binary search (the leader's) instead of 32, and
+// shuffles and ballots instead of __match_any_sync for objects, sectors and pages.  Anything
+// else (lanes in several objects, scattered or falling addresses, lanes from two call sites
+// in one converged call) takes the general path; both give the same counts.
 static __device__ __forceinline__ void account(PPState* s, unsigned long long pc, unsigned long long a,
                                                unsigned size, unsigned flags) {
-  if (__activemask() == 0xffffffffu && s->mode == PP_MODE_GPU && account_full_warp(s, pc, a, size, flags)) return;
-  account_general(s, pc, a, size, flags);
-}
-
-static __device__ __noinline__ void account_general(PPState* s, unsigned long long pc, unsigned long long a,
-                                                    unsigned size, unsigned flags) {
   unsigned mask = __activemask();
   unsigned lane = lane_id();
   unsigned leader = __ffs(mask) - 1;
