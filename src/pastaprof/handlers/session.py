@@ -42,6 +42,7 @@ from pastaprof.handlers.messages import warn as _warn
 from pastaprof.handlers.optional import OptionalHandlers, _consumed_kinds
 from pastaprof.handlers.torch_ops import TorchHandler
 from pastaprof.processor.pipeline import Processor
+from pastaprof.store.parts import PartWriters, write_part
 from pastaprof.store.writer import dictionary_columns
 from pastaprof.tools.base import Report, RunInfo, Tool
 
@@ -107,6 +108,8 @@ class Session(OptionalHandlers, Linking):
         self._unlinked = np.zeros(0, np.int64)
         self._relink_needed = False
         self._held: dict[str, pa.Table] = {}
+        self._pending_parts: list = []  # this flush's part writes (store/parts.py)
+        self._part_writers = PartWriters(0)  # inline until start() starts the threads
         self._reattach_flushes = 0
         consumed = _consumed_kinds(tools or [], config.tools)
         self._uvm_pending = bool(config.uvm or "uvm" in consumed)
@@ -166,6 +169,7 @@ class Session(OptionalHandlers, Linking):
             if line:
                 _notice(line)
         self._update_gate()
+        self._part_writers = PartWriters(min(4, os.cpu_count() or 1))
         self._thread = threading.Thread(target=self._flush_loop, name="pastaprof-flush", daemon=True)
         self._thread.start()
         atexit.register(self.stop)
@@ -363,6 +367,7 @@ class Session(OptionalHandlers, Linking):
             tables = self._gated(tables)
             part = self._part
             self._part += 1
+        done = []
         for kind, t in tables.items():
             if t.num_rows == 0:
                 continue
@@ -372,6 +377,10 @@ class Session(OptionalHandlers, Linking):
             if len(start) > 1 and (np.diff(start) < 0).any():
                 t = t.take(pa.array(np.argsort(start, kind="stable")))
             self._write_part(kind, t, part)
+            done.append((kind, t))
+        jobs, self._pending_parts = self._pending_parts, []
+        self._part_writers.write_all(jobs)
+        for kind, t in done:
             self.events[kind] = self.events.get(kind, 0) + t.num_rows
             self.processor.submit(kind, t, self.rank)
         self.flush_seconds += time.perf_counter() - t0
@@ -379,14 +388,9 @@ class Session(OptionalHandlers, Linking):
             self._write_meta()
 
     def _write_part(self, kind: str, table: pa.Table, part: int) -> None:
-        d = self.out / kind
-        d.mkdir(exist_ok=True)
-        final = d / f"rank-{self.rank}-pid-{self.pid}-part-{part:05d}.parquet"
-        tmp = d / f".{final.name}.tmp"
-        # lz4 and dictionaries for text only: about 2x faster than zstd with dictionaries tried on
-        # every column (this write is on the program's exit path); compaction leaves it as is.
-        pq.write_table(table, tmp, compression="lz4", use_dictionary=dictionary_columns(table.schema))
-        os.replace(tmp, final)
+        """Queue one part of this flush; the flush writes its parts side by side."""
+        path = self.out / kind / f"rank-{self.rank}-pid-{self.pid}-part-{part:05d}.parquet"
+        self._pending_parts.append(lambda: write_part(path, table))
 
     def _write_meta(self) -> None:
         """This process's part of the manifest (merged by compaction)."""

@@ -3,8 +3,10 @@
 While a program runs, every process writes Parquet *parts*
 (``<kind>/rank-R-pid-P-part-N.parquet``) and a small JSON of its own
 (``shards/rank-R-pid-P.json``).  Compaction merges the parts of each kind and
-rank into ``<kind>/rank-R.parquet`` (sorted by time) and the per-process JSONs
-into ``run.json``.  Parts of a process killed mid-write are never half-read:
+rank into ``<kind>/rank-R.parquet`` (sorted by time) when there are more than
+``KEEP_PARTS`` of them or they need re-linking (a few parts are left as they are:
+readers take every ``rank-*.parquet``, and merging cost a short run more than its
+capture), and the per-process JSONs into ``run.json``.  Parts of a process killed mid-write are never half-read:
 they are renamed into place only when complete.
 """
 
@@ -53,6 +55,7 @@ def _gpus() -> list[dict[str, Any]]:
 
 EXTERNAL = "_external"
 LINKED = ("kernel", "memcpy", "memset", "api")
+KEEP_PARTS = 8  # per kind and rank: up to this many parts are kept, more are merged into one file
 
 
 def _external(run_dir: Path) -> dict[int, pa.Table]:
@@ -123,6 +126,11 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
                 n = pq.read_metadata(parts[0]).num_rows
                 os.replace(parts[0], d / f"rank-{rank}.parquet")
                 rows[kind] = rows.get(kind, 0) + n
+                continue
+            if len(parts) <= KEEP_PARTS and not (kind in LINKED and rank in external):
+                # a few parts stay as they are (readers take every rank-*.parquet): merging
+                # them was most of a short run's store time (20,000 tiny kernels: 67 ms)
+                rows[kind] = rows.get(kind, 0) + sum(pq.read_metadata(p).num_rows for p in parts)
                 continue
             tables = []
             for p in sorted(parts):

@@ -1,6 +1,7 @@
 """Writing a run directory atomically.
 
-A run is ``run.json`` plus ``<kind>/rank-<r>.parquet``.  Everything is written
+A run is ``run.json`` plus ``<kind>/rank-<r>.parquet`` (a live capture may leave a few
+parts per rank, ``<kind>/rank-<r>-pid-<p>-part-<n>.parquet``).  Everything is written
 into a hidden sibling directory first and renamed into place at the end, so a
 crash or a bad input never leaves a half-written run behind.
 """
