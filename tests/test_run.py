@@ -457,6 +457,9 @@ def test_torchrun_two_ranks_one_run(tmp_path, ranks):
     want = [0, 1] if ranks is None else [1]
     assert allreduce == want and linear == want
     assert set(run.manifest["ranks"]) >= set(want)
+    # the ranks' processes only: torchrun's own agent process is not captured (it posed as a
+    # rank 0 without GPU work, seen on the H200)
+    assert sorted(p["rank"] for p in run.manifest["processes"]) == [0, 1]
 
 
 def test_forked_child_does_not_repeat_the_parents_pending_ops(tmp_path):
@@ -677,6 +680,54 @@ def test_two_handlers_emitting_one_kind_in_one_flush_keep_all_events(tmp_path):
     assert sorted((r["address"], r["bytes"], r["memory_kind"], r["name"]) for r in alloc) == \
         [(4096, 64, "device_static", None), (1 << 40, 1 << 20, "managed", "app.py(3): <module>")]
     assert len(pq_rows(out / "range")) == 1
+
+
+def test_cupti_memory_and_pool_records_in_one_drain(tmp_path):
+    """Seen on the H200 in a 2-GPU NCCL job: CUPTI delivered MEMORY2 (memory_kind
+    dictionary-encoded) and MEMORY_POOL (memory_kind a string) records in one drain; both
+    become ``alloc`` and their concatenation failed, so the final flush lost every event of
+    both ranks.  (The C drain's columns as NumPy arrays; no GPU here.)"""
+    import numpy as np
+
+    from pastaprof.handlers.cupti_activity import CuptiActivityHandler
+
+    class Drain:  # what NativeCupti.take() returns: per CUPTI kind, NumPy columns
+        def take(self):
+            one = {"start_ns": np.array([10], np.int64), "device": np.array([0], np.int32),
+                   "correlation": np.array([1], np.int64), "address": np.array([4096], np.uint64),
+                   "bytes": np.array([512], np.int64), "operation": np.array([1], np.int64)}
+            return {"memory": {**one, "stream": np.array([0], np.int64), "memory_kind": np.array([3], np.int64),
+                               "pid": np.array([5], np.int64)},
+                    "pool": {**one, "address": np.array([8192], np.uint64), "is_managed": np.array([0], np.int64)}}
+
+        def stat(self, name):
+            return 0
+
+    h = CuptiActivityHandler(CaptureConfig(), 0)
+    h._native = Drain()
+    h._native_stats = lambda: None
+    alloc = h._drain_native()["alloc"]
+    assert sorted(zip(alloc["address"].to_pylist(), alloc["memory_kind"].to_pylist())) == \
+        [(4096, "device"), (8192, "device_pool")]
+
+
+def test_a_failing_handler_loses_only_its_own_events(tmp_path):
+    from pastaprof.handlers.session import Session
+
+    class Broken(_OnceHandler):
+        name = "broken"
+
+        def drain(self):
+            raise ValueError("bad buffer")
+
+    out = tmp_path / "run"
+    s = Session(CaptureConfig(out=str(out), flush_ms=100000), gpu=False)
+    s.start()
+    s.handlers.append(Broken())
+    s.range_end("r", s.range_begin("r"))
+    s.stop()
+    assert len(pq_rows(out / "range")) == 1
+    assert "broken" in s.status["drain failed"]
 
 
 def test_gpu_work_rows_conformed_by_their_handler_are_stored(tmp_path):

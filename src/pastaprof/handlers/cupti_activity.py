@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pastaprof.events.schema import merge
 from pastaprof.handlers.control import CaptureConfig
 
 BUFFER_BYTES = 8 << 20
@@ -413,7 +414,8 @@ class CuptiActivityHandler:
         for kind, cols in taken.items():
             if kind in ("memory", "pool", "uvm"):
                 for name, t in self._memory_tables(kind, cols).items():
-                    out[name] = pa.concat_tables([out[name], t]) if name in out else t
+                    # MEMORY2 and MEMORY_POOL rows in one drain (NCCL's pools): one schema
+                    out[name] = merge(name, [out[name], t]) if name in out else t
                 continue
             n = len(cols["correlation"])
             if kind == "kernel":

@@ -42,7 +42,7 @@ from pastaprof.handlers.messages import warn as _warn
 from pastaprof.handlers.optional import OptionalHandlers, _consumed_kinds
 from pastaprof.handlers.torch_ops import TorchHandler
 from pastaprof.processor.pipeline import Processor
-from pastaprof.store.parts import PartWriters, write_part
+from pastaprof.store.parts import write_part
 from pastaprof.store.writer import dictionary_columns
 from pastaprof.tools.base import Report, RunInfo, Tool
 
@@ -108,8 +108,6 @@ class Session(OptionalHandlers, Linking):
         self._unlinked = np.zeros(0, np.int64)
         self._relink_needed = False
         self._held: dict[str, pa.Table] = {}
-        self._pending_parts: list = []  # this flush's part writes (store/parts.py)
-        self._part_writers = PartWriters(0)  # inline until start() starts the threads
         self._reattach_flushes = 0
         consumed = _consumed_kinds(tools or [], config.tools)
         self._uvm_pending = bool(config.uvm or "uvm" in consumed)
@@ -169,7 +167,6 @@ class Session(OptionalHandlers, Linking):
             if line:
                 _notice(line)
         self._update_gate()
-        self._part_writers = PartWriters(min(4, os.cpu_count() or 1))
         self._thread = threading.Thread(target=self._flush_loop, name="pastaprof-flush", daemon=True)
         self._thread.start()
         atexit.register(self.stop)
@@ -351,7 +348,15 @@ class Session(OptionalHandlers, Linking):
         with self._lock:
             tables: dict[str, pa.Table] = {}
             for h in self.handlers:
-                for kind, t in h.drain().items():
+                try:
+                    drained = h.drain()
+                except Exception as e:  # one handler's failure must not lose the others' events
+                    name = getattr(h, "name", type(h).__name__)
+                    if name not in self.status.get("drain failed", ""):
+                        _warn(f"{name} events of a flush lost: {type(e).__name__}: {e}")
+                        self.status["drain failed"] = f"{self.status.get('drain failed', '')} {name}".strip()
+                    continue
+                for kind, t in drained.items():
                     # two handlers may emit one kind with different columns in one flush (CUPTI's
                     # MEMORY2 and the managed-allocation registry both make "alloc" rows): columns
                     # one lacks become nulls and types are the schema's, instead of the flush
@@ -367,7 +372,6 @@ class Session(OptionalHandlers, Linking):
             tables = self._gated(tables)
             part = self._part
             self._part += 1
-        done = []
         for kind, t in tables.items():
             if t.num_rows == 0:
                 continue
@@ -377,10 +381,6 @@ class Session(OptionalHandlers, Linking):
             if len(start) > 1 and (np.diff(start) < 0).any():
                 t = t.take(pa.array(np.argsort(start, kind="stable")))
             self._write_part(kind, t, part)
-            done.append((kind, t))
-        jobs, self._pending_parts = self._pending_parts, []
-        self._part_writers.write_all(jobs)
-        for kind, t in done:
             self.events[kind] = self.events.get(kind, 0) + t.num_rows
             self.processor.submit(kind, t, self.rank)
         self.flush_seconds += time.perf_counter() - t0
@@ -388,9 +388,7 @@ class Session(OptionalHandlers, Linking):
             self._write_meta()
 
     def _write_part(self, kind: str, table: pa.Table, part: int) -> None:
-        """Queue one part of this flush; the flush writes its parts side by side."""
-        path = self.out / kind / f"rank-{self.rank}-pid-{self.pid}-part-{part:05d}.parquet"
-        self._pending_parts.append(lambda: write_part(path, table))
+        write_part(self.out / kind / f"rank-{self.rank}-pid-{self.pid}-part-{part:05d}.parquet", table)
 
     def _write_meta(self) -> None:
         """This process's part of the manifest (merged by compaction)."""

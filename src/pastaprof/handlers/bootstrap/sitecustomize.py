@@ -10,8 +10,19 @@ import os
 import sys
 
 
+def _launcher() -> bool:
+    """torchrun's (torch.distributed.run's) own agent process: it only starts the ranks,
+    which capture themselves; captured, it would pose as a rank 0 without GPU work."""
+    if os.environ.get("LOCAL_RANK") is not None:
+        return False
+    argv = list(getattr(sys, "orig_argv", sys.argv))[:4]
+    if any(os.path.basename(a) == "torchrun" for a in argv):
+        return True
+    return "-m" in argv and argv[argv.index("-m") + 1:][:1] in (["torch.distributed.run"], ["torch.distributed.launch"])
+
+
 def _start() -> None:
-    if not os.environ.get("PASTAPROF_OUT"):
+    if not os.environ.get("PASTAPROF_OUT") or _launcher():
         return
     try:
         import pastaprof.live
