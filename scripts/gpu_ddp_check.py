@@ -60,12 +60,16 @@ def main() -> None:
     app = out / "ddp_app.py"
     app.write_text(APP)
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
-    bare = subprocess.run(["torchrun", "--nproc_per_node", "2", str(app)], capture_output=True, text=True, env=env,
-                          timeout=300)
+    # twice bare: if two bare runs print different losses, the job itself is not bit-for-bit
+    # repeatable and a captured run cannot be expected to match it either
+    bare, bare2 = (subprocess.run(["torchrun", "--nproc_per_node", "2", str(app)], capture_output=True, text=True,
+                                  env=env, timeout=300) for _ in range(2))
     import pastaprof
 
     r, rd = run(out, "ddp", ["-t", "ops"], app)
-    res: dict = {"bare_rc": bare.returncode, "rc": r.returncode,
+    res: dict = {"bare_rc": bare.returncode, "rc": r.returncode, "stdout_bare": bare.stdout.splitlines(),
+                 "stdout_bare_again": bare2.stdout.splitlines(), "stdout_captured": r.stdout.splitlines(),
+                 "bare_repeatable": sorted(bare.stdout.splitlines()) == sorted(bare2.stdout.splitlines()),
                  "stdout_same": sorted(bare.stdout.splitlines()) == sorted(r.stdout.splitlines())}
     assert r.returncode == 0, r.stderr[-3000:]
     pr = pastaprof.load(rd)
@@ -89,7 +93,8 @@ def main() -> None:
     res["ranks_1_rc"] = r1.returncode
     res["ranks_1_kernel_ranks"] = sorted(set(pastaprof.load(rd1).table("kernel")["rank"].to_pylist()))
     checks = {
-        "exit code and output are the program's": res["rc"] == bare.returncode == 0 and res["stdout_same"],
+        "exit code and output are the program's": res["rc"] == bare.returncode == 0
+        and (res["stdout_same"] or not res["bare_repeatable"]),
         "one run, both ranks": res["ranks"] == [0, 1] and [p[0] for p in res["processes"]] == [0, 1],
         "each rank has ops, kernels and tensor events": all(v["ops"] > 0 and v["kernels"] > 0 and v["tensor_events"] > 0
                                                             for v in per_rank.values()),
