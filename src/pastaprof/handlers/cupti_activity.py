@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from pastaprof.events.schema import merge
 from pastaprof.handlers.control import CaptureConfig
+from pastaprof.handlers.cupti_memory import lookup_names, memory_tables
 
 BUFFER_BYTES = 8 << 20
 
@@ -32,23 +33,6 @@ _MEMCPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD"
                 10: "PtoP"}
 _SYNC_KIND = {1: "event", 2: "stream_wait_event", 3: "stream", 4: "context"}
 _API_KEEP = ("Launch", "Memcpy", "Memset", "Synchronize", "Graph")
-_MEMORY_KIND = {0: "unknown", 1: "pageable", 2: "pinned", 3: "device", 4: "array", 5: "managed", 6: "device_static",
-                7: "managed_static"}
-_UVM_KIND = {1: "htod", 2: "dtoh", 3: "cpu_page_fault", 4: "gpu_page_fault", 5: "thrashing", 6: "throttling",
-             7: "remote_map", 8: "dtod"}
-_MIGRATION_CAUSE = {0: "unknown", 1: "user", 2: "coherence", 3: "prefetch", 4: "eviction", 5: "access_counters"}
-_ACCESS = {0: "unknown", 1: "read", 2: "write", 3: "atomic", 4: "prefetch"}
-_REMOTE_CAUSE = {0: "unknown", 1: "coherence", 2: "thrashing", 3: "policy", 4: "out_of_memory", 5: "eviction"}
-
-
-def _lookup(codes: np.ndarray, names: dict[int, str | None]) -> pa.Array:
-    """Integer codes -> dictionary-encoded names (vectorized)."""
-    codes = np.asarray(codes, dtype=np.int64)
-    uniq, inv = np.unique(codes, return_inverse=True)
-    labels = pa.array([names.get(int(u)) or "unknown" for u in uniq], pa.string())
-    return pa.DictionaryArray.from_arrays(pa.array(inv.astype(np.int32)), labels)
-
-
 def cupti_status() -> str | None:
     """None if cupti-python can be used here, else a one-line reason."""
     try:
@@ -383,16 +367,16 @@ class CuptiActivityHandler:
             if kind == "kernel":
                 cols["shared_bytes"] = cols.pop("static_shared").astype(np.int64) + cols.pop("dynamic_shared")
             elif kind == "memcpy":
-                cols["direction"] = _lookup(cols.pop("copy_kind"), _MEMCPY_KIND)
+                cols["direction"] = lookup_names(cols.pop("copy_kind"), _MEMCPY_KIND)
             elif kind == "sync":
-                cols["sync_kind"] = _lookup(cols.pop("sync_type"), _SYNC_KIND)
+                cols["sync_kind"] = lookup_names(cols.pop("sync_type"), _SYNC_KIND)
             elif kind in ("api", "driver"):
                 cbid = cols.pop("cbid").astype(np.int64)
                 names = self._api_names if kind == "api" else self._driver_names
                 kept = {c: names.get(c, f"cbid_{c}") for c in np.unique(cbid).tolist()}
                 keep = np.isin(cbid, [c for c, name in kept.items() if name is not None])
                 cols = {k: v[keep] for k, v in cols.items()}
-                cols["name"] = _lookup(cbid[keep], kept)
+                cols["name"] = lookup_names(cbid[keep], kept)
                 cols["api_kind"] = np.full(int(keep.sum()), "runtime" if kind == "api" else "driver", dtype=object)
             n = len(next(iter(cols.values())))
             if not n:
@@ -413,7 +397,7 @@ class CuptiActivityHandler:
         out = {}
         for kind, cols in taken.items():
             if kind in ("memory", "pool", "uvm"):
-                for name, t in self._memory_tables(kind, cols).items():
+                for name, t in memory_tables(kind, cols, self.rank).items():
                     # MEMORY2 and MEMORY_POOL rows in one drain (NCCL's pools): one schema
                     out[name] = merge(name, [out[name], t]) if name in out else t
                 continue
@@ -428,15 +412,15 @@ class CuptiActivityHandler:
                           "registers"):
                     cols[c] = cols[c].astype(np.int32)
             elif kind == "memcpy":
-                cols["direction"] = _lookup(cols.pop("copy_kind"), _MEMCPY_KIND)
+                cols["direction"] = lookup_names(cols.pop("copy_kind"), _MEMCPY_KIND)
             elif kind == "sync":
-                cols["sync_kind"] = _lookup(cols.pop("sync_type"), _SYNC_KIND)
+                cols["sync_kind"] = lookup_names(cols.pop("sync_type"), _SYNC_KIND)
             elif kind == "api":
                 cbid, driver = cols.pop("cbid"), cols.pop("is_driver").astype(bool)
                 key = cbid + (driver.astype(np.int64) << 32)
                 labels = {int(k): (self._driver_names if k >> 32 else self._api_names).get(int(k) & 0xFFFFFFFF)
                           or f"cbid_{int(k) & 0xFFFFFFFF}" for k in np.unique(key)}
-                cols["name"] = _lookup(key, labels)
+                cols["name"] = lookup_names(key, labels)
                 cols["api_kind"] = pa.DictionaryArray.from_arrays(pa.array(driver.astype(np.int32)),
                                                                   pa.array(["runtime", "driver"]))
             if not n:
@@ -445,52 +429,6 @@ class CuptiActivityHandler:
             if kind != "external":
                 t = t.append_column("rank", pa.array(np.full(n, self.rank, np.int32)))
             out[kind] = t
-        return out
-
-    def _memory_tables(self, kind: str, cols: dict[str, np.ndarray]) -> dict[str, pa.Table]:
-        """MEMORY2 / MEMORY_POOL records -> alloc and free; UNIFIED_MEMORY_COUNTER -> uvm."""
-        n = len(cols["start_ns"])
-        rank = pa.array(np.full(n, self.rank, np.int32))
-        if kind == "uvm":
-            ck, value = cols["counter_kind"], cols["value"]
-            migration = np.isin(ck, (1, 2, 8))
-            with_bytes = migration | np.isin(ck, (5, 7))
-            fault = np.isin(ck, (3, 4))
-            flags = cols["flags"]
-            cause = np.full(n, "", dtype=object)
-            for mask, names in ((migration, _MIGRATION_CAUSE), (fault, _ACCESS), (ck == 7, _REMOTE_CAUSE)):
-                if mask.any():
-                    cause[mask] = [names.get(int(f), "unknown") for f in flags[mask]]
-            src, dst = cols["src_device"], cols["dst_device"]
-            gpu = np.where(ck == 1, dst, np.where(ck == 2, src, np.maximum(src, dst)))
-            end = np.where(cols["end_ns"] > 0, cols["end_ns"], cols["start_ns"])
-            return {"uvm": pa.table({
-                "start_ns": cols["start_ns"], "end_ns": end, "rank": rank, "device": gpu.astype(np.int32),
-                "stream": cols["stream"], "uvm_kind": _lookup(ck, _UVM_KIND),
-                "address": pa.array(cols["address"].astype(np.uint64)),
-                "bytes": pa.array(value, pa.int64(), mask=~with_bytes),
-                "count": pa.array(np.where(ck == 3, 1, value), pa.int64(), mask=~fault),
-                "cause": pa.array(cause, pa.string(), mask=cause == ""),
-                "src_device": src.astype(np.int32), "dst_device": dst.astype(np.int32),
-                "name": _lookup(ck, _UVM_KIND)})}
-        out = {}
-        if kind == "memory":
-            op, mk = cols["operation"], _lookup(cols["memory_kind"], _MEMORY_KIND)
-            pid = cols["pid"]
-        else:  # pool created (1) -> alloc; destroyed (2) / trimmed (3) -> free
-            op = np.where(cols["operation"] == 1, 1, 2)
-            mk = pa.array(np.where(cols["is_managed"] > 0, "managed_pool", "device_pool").astype(object), pa.string())
-            pid = np.full(n, -1)
-        for name, code in (("alloc", 1), ("free", 2)):
-            m = op == code
-            if not m.any():
-                continue
-            out[name] = pa.table({
-                "start_ns": cols["start_ns"][m], "end_ns": cols["start_ns"][m], "rank": rank.filter(pa.array(m)),
-                "device": cols["device"][m].astype(np.int32), "correlation": cols["correlation"][m],
-                "pid": pa.array(pid[m], pa.int64(), mask=pid[m] < 0),
-                "address": pa.array(cols["address"][m].astype(np.uint64)), "bytes": cols["bytes"][m],
-                "memory_kind": mk.filter(pa.array(m))})
         return out
 
     def _sampled(self, cols: dict[str, np.ndarray], names: pa.Array) -> dict[str, np.ndarray]:
