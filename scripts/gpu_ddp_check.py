@@ -16,32 +16,11 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 
-APP = textwrap.dedent("""
-    import os, torch, torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    dist.init_process_group("nccl")
-    rank = dist.get_rank()
-    torch.cuda.set_device(rank)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).cuda()
-    model = DDP(model, device_ids=[rank])
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(256, 1024, device="cuda")
-    for _ in range(4):
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    print(f"rank {rank} loss {loss.item():.6f}", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-""")
+APP = Path(__file__).resolve().parent / "ddp_app.py"  # the training job, run as is by torchrun
 
 
 def run(out: Path, name: str, flags: list[str], app: Path) -> tuple[subprocess.CompletedProcess, Path]:
@@ -57,8 +36,7 @@ def run(out: Path, name: str, flags: list[str], app: Path) -> tuple[subprocess.C
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    app = out / "ddp_app.py"
-    app.write_text(APP)
+    app = APP
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     # twice bare: if two bare runs print different losses, the job itself is not bit-for-bit
     # repeatable and a captured run cannot be expected to match it either

@@ -11,26 +11,17 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
+from ddp_app import setup
+from ddp_app import step as train_step
 
 
 def main() -> None:
     out = os.path.join(sys.argv[1], "ddp_mlp_2ranks")
     os.makedirs(out, exist_ok=True)
-    dist.init_process_group("nccl")
-    rank = dist.get_rank()
-    torch.cuda.set_device(rank)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).cuda()
-    model = DDP(model, device_ids=[rank])
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(256, 1024, device="cuda")
+    rank, model, opt, x = setup()  # the same job as scripts/gpu_ddp_check.py's
 
     def step() -> None:
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        train_step(model, opt, x)
 
     step()
     torch.cuda.synchronize()
