@@ -560,6 +560,50 @@ def test_gpu_work_arriving_before_its_correlation_record_is_held_and_linked(tmp_
     assert [(x["correlation"], x["op_id"]) for x in k] == [(1, 10), (5, 50)]
 
 
+@pytest.mark.parametrize("flushes", [3, 10])
+def test_compaction_keeps_a_few_parts_and_merges_many(tmp_path, flushes):
+    """Up to KEEP_PARTS parts per kind and rank stay as written (merging them cost a short
+    run more than its capture); more are merged into one time-sorted file.  Either way the
+    run reads the same: every row once, through Arrow and through DuckDB."""
+    import pyarrow as pa
+
+    from pastaprof.handlers.session import Session
+    from pastaprof.store.compact import KEEP_PARTS, compact
+
+    class Feed(_OnceHandler):
+        def __init__(self):
+            self.left = flushes
+
+        def drain(self):  # each flush: two ops, the second starting first
+            if not self.left:
+                return {}
+            self.left -= 1
+            t = 1000 * (flushes - self.left)
+            return {"op": pa.table({"start_ns": [t + 5, t], "end_ns": [t + 9, t + 20], "tid": [1, 1],
+                                    "id": [2 * t, 2 * t + 1], "name": ["aten::b", "aten::a"],
+                                    "rank": pa.array([0, 0], pa.int32())})}
+
+    out = tmp_path / "run"
+    s = Session(CaptureConfig(out=str(out), flush_ms=100000), gpu=False)
+    s.start()
+    s.handlers.append(Feed())
+    for _ in range(flushes):
+        s.flush()
+    s.stop()
+    manifest = compact(out)
+    files = sorted(p.name for p in (out / "op").glob("*.parquet"))
+    if flushes <= KEEP_PARTS:
+        assert len(files) == flushes and all("-part-" in f for f in files)
+    else:
+        assert files == ["rank-0.parquet"]
+    run = pastaprof.load(out)
+    assert manifest["rows"]["op"] == run.table("op").num_rows == 2 * flushes
+    start = run.table("op")["start_ns"].to_pylist()
+    assert sorted(start) == sorted(1000 * i + d for i in range(1, flushes + 1) for d in (0, 5))
+    assert start == sorted(start)  # each part sorted at the flush, parts in flush order
+    assert run.sql("SELECT count(*), count(DISTINCT id) FROM op").fetchall() == [(2 * flushes, 2 * flushes)]
+
+
 def test_torch_compile_with_dynamic_shapes_is_left_alone(tmp_path):
     """torch.compile traces with FakeTensors and symbolic shapes; the op observer must not read
     their sizes (each failed read would print a warning from RecordFunction on the program's
