@@ -42,27 +42,10 @@ from pastaprof.handlers.messages import warn as _warn
 from pastaprof.handlers.optional import OptionalHandlers, _consumed_kinds
 from pastaprof.handlers.torch_ops import TorchHandler
 from pastaprof.processor.pipeline import Processor
-from pastaprof.store.parts import write_part
-from pastaprof.store.writer import dictionary_columns
+from pastaprof.store.parts import warm_up, write_part
 from pastaprof.tools.base import Report, RunInfo, Tool
 
 SHARDS = "shards"
-
-
-def _warm_up_writer() -> None:
-    """Pay Arrow's and Parquet's first-call costs (the lz4 codec, dictionary encoding, the
-    compute kernels behind take) here, off the program's path: paid by the final flush at
-    exit they were ~25 ms of a short run's store write (dev VM: a 7,000-row part's take
-    6 ms -> 0.1 ms; an op part's write 27 ms -> 5 ms)."""
-    from pastaprof.events.schema import SCHEMAS
-
-    try:
-        for sch in SCHEMAS.values():  # every kind's column types: each encoder has its first call
-            t = pa.Table.from_arrays([pa.nulls(2, f.type) for f in sch], names=sch.names)
-            t = t.take(pa.array([1, 0]))
-            pq.write_table(t, pa.BufferOutputStream(), compression="lz4", use_dictionary=dictionary_columns(t.schema))
-    except Exception:  # noqa: BLE001 -- only a warm-up
-        pass
 
 
 def current_rank() -> int:
@@ -246,7 +229,7 @@ class Session(OptionalHandlers, Linking):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (AttributeError, OSError):
             pass
-        _warm_up_writer()
+        warm_up()  # Arrow/Parquet first-call costs, here rather than in the final flush
         while not self._stop.wait(self.config.flush_ms / 1000):
             try:
                 self.flush()
