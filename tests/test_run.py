@@ -590,18 +590,21 @@ def test_compaction_keeps_a_few_parts_and_merges_many(tmp_path, flushes):
     for _ in range(flushes):
         s.flush()
     s.stop()
+    # a part damaged after it was written (a full disk, say): dropped, never half-read
+    last = sorted((out / "op").glob("*.parquet"))[-1]
+    last.write_bytes(last.read_bytes()[:40])
     manifest = compact(out)
     files = sorted(p.name for p in (out / "op").glob("*.parquet"))
     if flushes <= KEEP_PARTS:
-        assert len(files) == flushes and all("-part-" in f for f in files)
+        assert len(files) == flushes - 1 and all("-part-" in f for f in files)
     else:
         assert files == ["rank-0.parquet"]
     run = pastaprof.load(out)
-    assert manifest["rows"]["op"] == run.table("op").num_rows == 2 * flushes
+    assert manifest["rows"]["op"] == run.table("op").num_rows == 2 * (flushes - 1)
     start = run.table("op")["start_ns"].to_pylist()
-    assert sorted(start) == sorted(1000 * i + d for i in range(1, flushes + 1) for d in (0, 5))
+    assert sorted(start) == sorted(1000 * i + d for i in range(1, flushes) for d in (0, 5))
     assert start == sorted(start)  # each part sorted at the flush, parts in flush order
-    assert run.sql("SELECT count(*), count(DISTINCT id) FROM op").fetchall() == [(2 * flushes, 2 * flushes)]
+    assert run.sql("SELECT count(*), count(DISTINCT id) FROM op").fetchall() == [(2 * (flushes - 1),) * 2]
 
 
 def test_torch_compile_with_dynamic_shapes_is_left_alone(tmp_path):

@@ -4,10 +4,11 @@ While a program runs, every process writes Parquet *parts*
 (``<kind>/rank-R-pid-P-part-N.parquet``) and a small JSON of its own
 (``shards/rank-R-pid-P.json``).  Compaction merges the parts of each kind and
 rank into ``<kind>/rank-R.parquet`` (sorted by time) when there are more than
-``KEEP_PARTS`` of them or they need re-linking (a few parts are left as they are:
-readers take every ``rank-*.parquet``, and merging cost a short run more than its
-capture), and the per-process JSONs into ``run.json``.  Parts of a process killed mid-write are never half-read:
-they are renamed into place only when complete.
+``KEEP_PARTS`` of them or they need re-linking -- a few parts are left as they
+are: readers take every ``rank-*.parquet``, and merging cost a short run more
+than its capture -- and the per-process JSONs into ``run.json``.  Parts of a
+process killed mid-write are never half-read: they are renamed into place only
+when complete.
 """
 
 from __future__ import annotations
@@ -129,8 +130,13 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
                 continue
             if len(parts) <= KEEP_PARTS and not (kind in LINKED and rank in external):
                 # a few parts stay as they are (readers take every rank-*.parquet): merging
-                # them was most of a short run's store time (20,000 tiny kernels: 67 ms)
-                rows[kind] = rows.get(kind, 0) + sum(pq.read_metadata(p).num_rows for p in parts)
+                # them was most of a short run's store time (20,000 tiny kernels: 67 ms);
+                # one that cannot be read is dropped, as merging would skip it
+                for p in parts:
+                    try:
+                        rows[kind] = rows.get(kind, 0) + pq.read_metadata(p).num_rows
+                    except (OSError, pa.ArrowInvalid):
+                        p.unlink(missing_ok=True)
                 continue
             tables = []
             for p in sorted(parts):
