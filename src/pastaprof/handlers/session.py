@@ -74,6 +74,8 @@ class Session(OptionalHandlers, Linking):
         self.stop_seconds = 0.0
         self.stop_handlers_seconds = 0.0  # of which: handlers' stop (CUPTI's forced flush)
         self.final_flush_seconds = 0.0  # ... and the last drain + store write
+        self.final_flush_phases: dict[str, float] = {}  # ... by phase: drain per handler, link+gate, write
+        self.stop_join_seconds = 0.0  # ... and waiting for the flush thread's work in progress
         self.filtered_by_kind: dict[str, int] = {}
         self.started_ns = 0
         self.step = 0
@@ -197,7 +199,8 @@ class Session(OptionalHandlers, Linking):
         t0 = time.perf_counter()
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=10)  # a periodic flush (or the warm-up) in progress ends first
+        self.stop_join_seconds = time.perf_counter() - t0
         try:
             t1 = time.perf_counter()
             for h in self.handlers:
@@ -328,9 +331,11 @@ class Session(OptionalHandlers, Linking):
         for h in self.handlers:
             if isinstance(h, CuptiActivityHandler) and h.force_flush and not final:
                 h.flush()
+        phases: dict[str, float] = {}  # where this flush's time went (the final one's is in the manifest)
         with self._lock:
             tables: dict[str, pa.Table] = {}
             for h in self.handlers:
+                t1 = time.perf_counter()
                 try:
                     drained = h.drain()
                 except Exception as e:  # one handler's failure must not lose the others' events
@@ -345,6 +350,9 @@ class Session(OptionalHandlers, Linking):
                     # one lacks become nulls and types are the schema's, instead of the flush
                     # failing and losing every event
                     tables[kind] = merge(kind, [tables[kind], t]) if kind in tables else t
+                key = f"drain_{getattr(h, 'name', 'handler')}"
+                phases[key] = phases.get(key, 0.0) + time.perf_counter() - t1
+            t1 = time.perf_counter()
             r = self._ranges
             if r["name"]:
                 n = len(r["name"])
@@ -355,6 +363,8 @@ class Session(OptionalHandlers, Linking):
             tables = self._gated(tables)
             part = self._part
             self._part += 1
+        phases["link_and_gate"] = time.perf_counter() - t1
+        t1 = time.perf_counter()
         for kind, t in tables.items():
             if t.num_rows == 0:
                 continue
@@ -366,7 +376,10 @@ class Session(OptionalHandlers, Linking):
             self._write_part(kind, t, part)
             self.events[kind] = self.events.get(kind, 0) + t.num_rows
             self.processor.submit(kind, t, self.rank)
+        phases["write_parts"] = time.perf_counter() - t1
         self.flush_seconds += time.perf_counter() - t0
+        if final:
+            self.final_flush_phases = {k: round(v, 6) for k, v in phases.items()}
         if tables or self._part % 10 == 1:
             self._write_meta()
 
@@ -392,7 +405,9 @@ class Session(OptionalHandlers, Linking):
             "capture_overhead": {"flush_seconds": round(self.flush_seconds, 6),
                                  "stop_seconds": round(self.stop_seconds, 6),
                                  "stop_handlers_seconds": round(self.stop_handlers_seconds, 6),
-                                 "final_flush_seconds": round(self.final_flush_seconds, 6)},
+                                 "final_flush_seconds": round(self.final_flush_seconds, 6),
+                                 "final_flush_phases": self.final_flush_phases,
+                                 "stop_join_seconds": round(self.stop_join_seconds, 6)},
             "config": self.config.to_env(), "steps_seen": self.step, "versions": _versions(),
             "relink_needed": self._relink_needed or not self._stopped, "devices": _devices(),
             "uvm_plan": next((h.summary() for h in self.handlers if getattr(h, "name", "") == "uvm_plan"), None),
