@@ -559,6 +559,20 @@ def test_gpu_work_arriving_before_its_correlation_record_is_held_and_linked(tmp_
     k = pastaprof.load(out2).table("kernel").sort_by("correlation").to_pylist()
     assert [(x["correlation"], x["op_id"]) for x in k] == [(1, 10), (5, 50)]
 
+    # ... also when that record comes in the final flush (which stores correlation records only
+    # when a re-link needs them)
+    out3 = tmp_path / "run3"
+    s = Session(CaptureConfig(out=str(out3), flush_ms=100000), gpu=False)
+    s.start()
+    s.handlers.append(Feed([{"external": ext([1], [10]), "kernel": kernels([1, 6], 1000)}, {},
+                            {"external": ext([6], [60])}]))
+    s.flush(), s.flush()
+    s.stop()
+    assert json.loads(next((out3 / "shards").glob("*.json")).read_text())["relink_needed"] is True
+    compact(out3)
+    k = pastaprof.load(out3).table("kernel").sort_by("correlation").to_pylist()
+    assert [(x["correlation"], x["op_id"]) for x in k] == [(1, 10), (6, 60)]
+
 
 @pytest.mark.parametrize("flushes", [3, 10])
 def test_compaction_keeps_a_few_parts_and_merges_many(tmp_path, flushes):

@@ -48,15 +48,17 @@ class Linking:
             tables[kind] = pa.concat_tables([t, tables[kind].cast(t.schema)]) if kind in tables else t
         ext = tables.pop("external", None)
         if ext is not None and ext.num_rows:
+            if len(self._unlinked) and np.isin(self._unlinked, _np_i64(ext["correlation"])).any():
+                self._relink_needed = True
             # Stored too: compaction re-links with all of them (a kernel's record can come
-            # in a later buffer than its launch's correlation record).
-            self._write_part(EXTERNAL, ext.append_column("pid", pa.array(np.full(ext.num_rows, self.pid, np.int64))),
-                             self._part)
+            # in a later buffer than its launch's correlation record) -- needed from the final
+            # flush only if a re-link is (this write was 1 of ~10 parts on the exit path).
+            if not final or self._relink_needed:
+                self._write_part(EXTERNAL, ext.append_column("pid", pa.array(np.full(ext.num_rows, self.pid,
+                                                                                     np.int64))), self._part)
             self._ext = pa.concat_tables([self._ext, ext]) if self._ext is not None else ext
             if self._ext.num_rows > EXT_KEEP:
                 self._ext = self._ext.slice(self._ext.num_rows - EXT_KEEP)
-            if len(self._unlinked) and np.isin(self._unlinked, _np_i64(ext["correlation"])).any():
-                self._relink_needed = True
         keys = _np_i64(self._ext["correlation"]) if self._ext is not None else np.zeros(0, np.int64)
         vals = _np_i64(self._ext["external_id"]) if self._ext is not None else np.zeros(0, np.int64)
         held_kinds = ("kernel", "memcpy", "memset")
