@@ -15,8 +15,8 @@ def _launcher() -> bool:
     which capture themselves; captured, it would pose as a rank 0 without GPU work."""
     if os.environ.get("LOCAL_RANK") is not None:
         return False
-    argv = list(getattr(sys, "orig_argv", sys.argv))[:4]
-    if any(os.path.basename(a) == "torchrun" for a in argv):
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    if any(os.path.basename(a) == "torchrun" for a in argv[:2]):  # the console script
         return True
     return "-m" in argv and argv[argv.index("-m") + 1:][:1] in (["torch.distributed.run"], ["torch.distributed.launch"])
 
