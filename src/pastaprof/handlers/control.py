@@ -25,7 +25,7 @@ PASTAPROF_PAGE      --page-bytes N           page size of the access hotness his
 PASTAPROF_TOOLS     -t kernels,ops           tools whose reports print at exit
 PASTAPROF_OUT       -o DIR                   the run directory
 PASTAPROF_OFF       (env only)               switch capture mechanisms off, for overhead
-                                             breakdowns (bench/overhead.py --parts): any of
+                                             breakdowns (bench/overhead.py --breakdown): any of
                                              kernels, api, ext, ops, modules, tensors, memory
 ==================  =======================  ==========================================
 
