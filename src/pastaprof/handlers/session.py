@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pastaprof.events.schema import SCHEMA_VERSION, conform, merge
 from pastaprof.handlers.control import CaptureConfig
@@ -109,10 +108,10 @@ class Session(OptionalHandlers, Linking):
     def start(self) -> Session:
         self.started_ns = time.time_ns()
         # Load now what the last flush needs: at interpreter exit, lazy imports that
-        # register atexit hooks (thread pools) are refused.
+        # register atexit hooks (thread pools) are refused.  Parquet's own first call is
+        # made by the flush thread's warm-up, which stop() waits for before the last flush.
         import concurrent.futures.thread  # noqa: F401
 
-        pq.write_table(pa.table({"x": [0]}), pa.BufferOutputStream())
         (self.out / SHARDS).mkdir(parents=True, exist_ok=True)
         if not self.config.rank_selected(self.rank):
             self.status["session"] = f"rank {self.rank} not selected (PASTAPROF_RANKS): nothing recorded"

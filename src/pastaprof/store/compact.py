@@ -32,7 +32,6 @@ from pastaprof.store.writer import read_parquet as _read
 _PART_RE = re.compile(r"^rank-(\d+)-pid-(\d+)-part-(\d+)\.parquet$")
 
 
-
 def _gpus() -> list[dict[str, Any]]:
     """GPU names and memory through NVML, when available (never required)."""
     try:
@@ -123,20 +122,19 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
                 p.unlink(missing_ok=True)  # a part whose writer died before the rename
         for rank, parts in sorted(by_rank.items()):
             ranks.add(rank)
-            if len(parts) == 1 and not (kind in LINKED and rank in external):  # already the final file
-                n = pq.read_metadata(parts[0]).num_rows
-                os.replace(parts[0], d / f"rank-{rank}.parquet")
-                rows[kind] = rows.get(kind, 0) + n
-                continue
             if len(parts) <= KEEP_PARTS and not (kind in LINKED and rank in external):
                 # a few parts stay as they are (readers take every rank-*.parquet): merging
                 # them was most of a short run's store time (20,000 tiny kernels: 67 ms);
                 # one that cannot be read is dropped, as merging would skip it
+                kept = []
                 for p in parts:
                     try:
                         rows[kind] = rows.get(kind, 0) + pq.read_metadata(p).num_rows
+                        kept.append(p)
                     except (OSError, pa.ArrowInvalid):
                         p.unlink(missing_ok=True)
+                if len(kept) == 1:  # already the final file
+                    os.replace(kept[0], d / f"rank-{rank}.parquet")
                 continue
             tables = []
             for p in sorted(parts):
