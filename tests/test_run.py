@@ -855,3 +855,35 @@ def test_ranges_without_capture_do_not_load_the_capture_machinery():
                        env={k: v for k, v in os.environ.items() if not k.startswith("PASTAPROF_")})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_many_ops_in_one_drain_keep_every_row_and_pointer(tmp_path):
+    """More ops than one storage chunk holds (8,192 rows; 65,536 input pointers) in one
+    drain and over several drains: every op stored once, in order, with its own pointers."""
+    code = textwrap.dedent("""
+        import torch, pastaprof
+        a, b, c = torch.zeros(4), torch.ones(4), torch.ones(4)
+        print(a.data_ptr(), b.data_ptr(), c.data_ptr())
+        with pastaprof.range("burst"):
+            for _ in range(40000):
+                torch.addcmul(a, b, c, out=a)   # inputs a, b, c, value (a scalar: 0), out=a
+        import time; time.sleep(1.3)            # a periodic drain in between
+        with pastaprof.range("after"):
+            for _ in range(9000):
+                a.add_(b)
+    """)
+    out = tmp_path / "many"
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(out), "--", sys.executable, "-c", code],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    pa_, pb, pc_ = map(int, r.stdout.split())
+    run = pastaprof.load(out)
+    ops = run.table("op").to_pylist()
+    addcmul = [o for o in ops if o["name"] == "aten::addcmul" and o["depth"] == 0]
+    add_ = [o for o in ops if o["name"] == "aten::add_" and o["depth"] == 0]
+    assert len(addcmul) == 40000 and len(add_) == 9000
+    assert len({o["id"] for o in ops}) == len(ops)  # no row stored twice
+    assert all(o["input_ptrs"] == [pa_, pb, pc_, 0, pa_] for o in addcmul)  # 200,000 pointers
+    assert all(o["input_ptrs"] == [pa_, pb, 0] for o in add_)
+    starts = [o["start_ns"] for o in addcmul]
+    assert starts == sorted(starts)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pastaprof.native import copy_columns
+from pastaprof.native import copy_all_columns, copy_columns
 
 # Column order of torch_observer.cpp's OpCol / MemCol.
 OP_COLS = ("start_ns", "end_ns", "tid", "id", "parent_id", "depth", "sequence_id", "is_backward", "name",
@@ -98,7 +98,7 @@ class NativeOps:
         lib = self.lib
         n = lib.pp_obs_take()
         if n:
-            cols = copy_columns(lib.pp_obs_copy, OP_COLS, n)
+            cols = copy_all_columns(lib.pp_obs_copy_all, OP_COLS, n)
             ptrs = np.empty(lib.pp_obs_ptr_count(), np.int64)
             lib.pp_obs_copy_ptrs(ptrs.ctypes.data_as(ctypes.c_void_p))
             lib.pp_obs_release()

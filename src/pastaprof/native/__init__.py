@@ -281,6 +281,17 @@ def copy_columns(copy: Any, names: tuple[str, ...], n: int) -> dict[str, Any]:
     return cols
 
 
+def copy_all_columns(copy_all: Any, names: tuple[str, ...], n: int) -> dict[str, Any]:
+    """``n`` int64 values of every column, written in one pass by ``copy_all(pointers)``
+    (an array of one destination pointer per column), as NumPy arrays."""
+    import numpy as np
+
+    cols = {name: np.empty(n, np.int64) for name in names}
+    dst = (ctypes.c_void_p * len(names))(*(a.ctypes.data for a in cols.values()))
+    copy_all(dst)
+    return cols
+
+
 _LIBS: dict[str, Any] = {}
 
 
@@ -330,6 +341,8 @@ def _declare_torch(lib: Any) -> None:
     lib.pp_obs_dropped.restype = c.c_int64
     lib.pp_obs_take.restype = c.c_int64
     lib.pp_obs_copy.argtypes = [c.c_int, c.c_void_p]
+    lib.pp_obs_copy_all.argtypes = [c.c_void_p]
+    lib.pp_obs_copy_all.restype = None
     lib.pp_obs_release.restype = None
     lib.pp_obs_ptr_count.restype = c.c_int64
     lib.pp_obs_copy_ptrs.argtypes = [c.c_void_p]

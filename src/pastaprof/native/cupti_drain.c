@@ -239,9 +239,34 @@ static void decode(CUpti_Activity* r) {
   }
 }
 
-static void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+/* Completed buffers are kept for reuse (a few): a fresh 8 MB buffer is new memory whose
+ * pages fault in as CUPTI writes records -- some of them on the program's thread, which
+ * writes its API records. */
+#define SPARE_SLOTS 4
+static uint8_t* g_spare[SPARE_SLOTS];
+static int g_nspare;
+
+static void* spare_get(void) {
   void* p = NULL;
-  if (posix_memalign(&p, 8, g_buffer_bytes) != 0) p = NULL;
+  pthread_mutex_lock(&g_own_mu);
+  if (g_nspare > 0) p = g_spare[--g_nspare];
+  pthread_mutex_unlock(&g_own_mu);
+  return p;
+}
+
+static void spare_put(uint8_t* p) {
+  pthread_mutex_lock(&g_own_mu);
+  if (g_nspare < SPARE_SLOTS) {
+    g_spare[g_nspare++] = p;
+    p = NULL;
+  }
+  pthread_mutex_unlock(&g_own_mu);
+  free(p);
+}
+
+static void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  void* p = spare_get();
+  if (!p && posix_memalign(&p, 8, g_buffer_bytes) != 0) p = NULL;
   if (p && !own_add((uint8_t*)p)) {  /* more outstanding buffers than we track: refuse */
     free(p);
     p = NULL;
@@ -269,7 +294,7 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* b
   int mine = own_take(buffer);
   if (!mine) g_stat[6]++; /* a foreign client's buffer: decoded, but its owner frees it */
   pthread_mutex_unlock(&g_mu);
-  if (mine) free(buffer);
+  if (mine) spare_put(buffer);
 }
 
 /* fork(): the child's copy of pending records belongs to the parent (the child, which has no

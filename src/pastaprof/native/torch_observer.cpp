@@ -27,10 +27,12 @@
 #endif
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -65,18 +67,91 @@ int32_t intern(const std::string& s) {
 // ---- op columns --------------------------------------------------------------------
 enum OpCol { START, END, TID, ID, PARENT, DEPTH, SEQ, BWD, NAME, SHAPES, DTYPES, MODULE, SITE, NPTRS, NCOLS };
 
-struct Columns {
-  std::vector<int64_t> c[NCOLS];
-  std::vector<int64_t> ptrs;  // input data pointers, NPTRS per op (the memory tool's "uses")
-  size_t size() const { return c[ID].size(); }
-  void clear() {
-    for (auto& v : c) v.clear();
-    ptrs.clear();
+// Rows are stored whole (one op = one 112-byte row, written with the op's end) in fixed
+// chunks that go back to a pool after each drain.  Per-column vectors regrown from empty
+// after every drain faulted their pages in on the program's thread: ~50,000 page faults a
+// second on a loop of small ops, ~20% of that thread's time (dev VM, perf), for seconds
+// until glibc's heap settled.  Pooled chunks are faulted in once.
+constexpr size_t kChunkRows = 8192;      // ~0.9 MB a chunk
+constexpr size_t kPtrChunk = 1u << 16;   // input pointers: 0.5 MB a chunk
+constexpr size_t kPoolChunks = 256;      // chunks kept for reuse (a drain's worth: up to 2M ops, ~230 MB)
+struct OpChunk {
+  size_t n = 0;
+  int64_t row[kChunkRows][NCOLS];
+};
+struct PtrChunk {
+  size_t n = 0;
+  int64_t v[kPtrChunk];
+};
+
+template <class T>
+struct Pool {
+  std::vector<T*> free;
+  T* get() {
+    if (free.empty()) return new T;  // not value-initialized: rows are written before read
+    T* c = free.back();
+    free.pop_back();
+    c->n = 0;
+    return c;
+  }
+  void put(std::vector<T*>& cs) {
+    for (T* c : cs) {
+      if (free.size() < kPoolChunks) free.push_back(c); else delete c;
+    }
+    cs.clear();
   }
 };
 
-std::mutex g_mu;
-Columns g_ops, g_taken;
+struct Columns {
+  std::vector<OpChunk*> chunks;
+  std::vector<PtrChunk*> ptr_chunks;  // input data pointers, NPTRS per op (the memory tool's "uses")
+  size_t rows = 0, ptrs = 0;
+  size_t size() const { return rows; }
+};
+
+// The op columns' lock: taken once per op on the program's thread, held for a few stores
+// (and by the drain for a swap).  A test-and-set lock releases with a plain store where a
+// pthread mutex pays a second atomic; on a 20,000-launch loop the mutex was ~7% of the
+// program thread's time (dev VM, perf).
+class SpinLock {
+ public:
+  void lock() {
+    while (f_.exchange(true, std::memory_order_acquire)) {
+      while (f_.load(std::memory_order_relaxed)) sched_yield();
+    }
+  }
+  void unlock() { f_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> f_{false};
+};
+SpinLock g_mu;
+Columns g_ops, g_taken;  // recording / taken by the drain (both guarded by g_mu)
+Pool<OpChunk> g_op_pool;
+Pool<PtrChunk> g_ptr_pool;
+
+// Under g_mu: a fresh row of g_ops.
+int64_t* next_row() {
+  if (g_ops.chunks.empty() || g_ops.chunks.back()->n == kChunkRows) g_ops.chunks.push_back(g_op_pool.get());
+  OpChunk* c = g_ops.chunks.back();
+  ++g_ops.rows;
+  return c->row[c->n++];
+}
+
+// Under g_mu: append n input pointers to g_ops.
+void append_ptrs(const int64_t* p, size_t n) {
+  while (n) {
+    if (g_ops.ptr_chunks.empty() || g_ops.ptr_chunks.back()->n == kPtrChunk)
+      g_ops.ptr_chunks.push_back(g_ptr_pool.get());
+    PtrChunk* c = g_ops.ptr_chunks.back();
+    size_t k = std::min(n, kPtrChunk - c->n);
+    std::memcpy(c->v + c->n, p, k * sizeof(int64_t));
+    c->n += k;
+    g_ops.ptrs += k;
+    p += k;
+    n -= k;
+  }
+}
 std::atomic<int64_t> g_next_id{1};
 std::atomic<int64_t> g_dropped{0};
 size_t g_max_rows = size_t(1) << 22;  // rows kept between drains (1 s apart): ~430 MB of ops; more are counted as dropped
@@ -121,7 +196,17 @@ thread_local ThreadState t_state;
 
 // ---- call site -------------------------------------------------------------------
 std::unordered_map<const void*, bool> g_lib_code;  // code object -> is library code (guarded by GIL)
-std::unordered_map<uint64_t, int32_t> g_site_ids;   // (code, line) -> string id (guarded by GIL)
+struct SiteKey {
+  const void* code;
+  int64_t at;  // instruction offset (line number before Python 3.11)
+  bool operator==(const SiteKey& o) const { return code == o.code && at == o.at; }
+};
+struct SiteHash {
+  size_t operator()(const SiteKey& k) const {
+    return std::hash<const void*>()(k.code) ^ (std::hash<int64_t>()(k.at) * 0x9E3779B97F4A7C15ull);
+  }
+};
+std::unordered_map<SiteKey, int32_t, SiteHash> g_site_ids;  // (code, offset) -> string id (guarded by GIL)
 
 bool is_library(PyCodeObject* code) {
   auto it = g_lib_code.find(code);
@@ -155,12 +240,20 @@ int32_t call_site() {
   while (f != nullptr) {
     PyCodeObject* code = PyFrame_GetCode(f);  // new reference
     if (!is_library(code)) {
-      int line = PyFrame_GetLineNumber(f);
-      uint64_t key = (uint64_t(reinterpret_cast<uintptr_t>(code)) << 20) ^ uint64_t(line);
+      // Keyed by the frame's instruction offset, not its line: the line number is a scan
+      // of the code's line table (~3% of a small op's time on the program's thread),
+      // needed only on a miss.  is_library() holds a reference to the code object, so
+      // its address is not reused.
+#if PY_VERSION_HEX >= 0x030B0000
+      SiteKey key{code, int64_t(PyFrame_GetLasti(f))};
+#else
+      SiteKey key{code, int64_t(PyFrame_GetLineNumber(f))};
+#endif
       auto it = g_site_ids.find(key);
       if (it != g_site_ids.end()) {
         out = it->second;
       } else {
+        int line = PyFrame_GetLineNumber(f);
         const char* fn = PyUnicode_AsUTF8(code->co_filename);
         const char* name = PyUnicode_AsUTF8(code->co_name);
         if (fn && name) {
@@ -424,27 +517,27 @@ void on_exit_impl(const at::RecordFunction& fn) {
     g_pop(g_ext_kind, &ignored);
   }
   int64_t parent = ts.stack.empty() ? -1 : ts.stack.back().id;
-  std::lock_guard<std::mutex> g(g_mu);
+  std::lock_guard<SpinLock> g(g_mu);
   if (g_ops.size() >= g_max_rows) {
     g_dropped.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  auto& c = g_ops.c;
-  c[START].push_back(fr.start);
-  c[END].push_back(end);
-  c[TID].push_back(ts.tid);
-  c[ID].push_back(fr.id);
-  c[PARENT].push_back(parent);
-  c[DEPTH].push_back(int64_t(ts.stack.size()));
-  c[SEQ].push_back(fr.seq);
-  c[BWD].push_back(fr.bwd);
-  c[NAME].push_back(fr.name);
-  c[SHAPES].push_back(fr.shapes);
-  c[DTYPES].push_back(fr.dtypes);
-  c[MODULE].push_back(fr.module);
-  c[SITE].push_back(fr.site);
-  c[NPTRS].push_back(fr.ptr_count);
-  g_ops.ptrs.insert(g_ops.ptrs.end(), fptrs, fptrs + fr.ptr_count);
+  int64_t* r = next_row();
+  r[START] = fr.start;
+  r[END] = end;
+  r[TID] = ts.tid;
+  r[ID] = fr.id;
+  r[PARENT] = parent;
+  r[DEPTH] = int64_t(ts.stack.size());
+  r[SEQ] = fr.seq;
+  r[BWD] = fr.bwd;
+  r[NAME] = fr.name;
+  r[SHAPES] = fr.shapes;
+  r[DTYPES] = fr.dtypes;
+  r[MODULE] = fr.module;
+  r[SITE] = fr.site;
+  r[NPTRS] = fr.ptr_count;
+  if (fr.ptr_count) append_ptrs(fptrs, fr.ptr_count);
 }
 
 #ifdef PP_CUDA
@@ -510,8 +603,11 @@ void fork_parent() {
 }
 
 void fork_child() {
-  g_ops.clear();
-  g_taken.clear();
+  for (Columns* c : {&g_ops, &g_taken}) {
+    g_op_pool.put(c->chunks);
+    g_ptr_pool.put(c->ptr_chunks);
+    c->rows = c->ptrs = 0;
+  }
   t_state.ptrs.clear();
   g_push = nullptr;
   g_pop = nullptr;
@@ -560,36 +656,48 @@ void pp_obs_set_module(int32_t path_id) { t_state.module = path_id; }
 
 int64_t pp_obs_dropped() { return g_dropped.load() + g_errors.load(); }
 
-// Move the rows recorded so far aside; returns how many.  Then pp_obs_copy each
-// column and pp_obs_release.
+// Move the rows recorded so far aside; returns how many.  Then pp_obs_copy_all (or
+// pp_obs_copy per column) and pp_obs_release.
 int64_t pp_obs_take() {
-  std::lock_guard<std::mutex> g(g_mu);
-  std::swap(g_ops, g_taken);
-  g_ops.clear();
+  std::lock_guard<SpinLock> g(g_mu);
+  g_op_pool.put(g_taken.chunks);  // normally released already; else never taken twice
+  g_ptr_pool.put(g_taken.ptr_chunks);
+  g_taken.rows = g_taken.ptrs = 0;
+  std::swap(g_ops, g_taken);  // g_ops starts empty
   return int64_t(g_taken.size());
 }
 
 // Input pointers of the taken rows (sum of their NPTRS), then pp_obs_copy_ptrs.
-int64_t pp_obs_ptr_count() { return int64_t(g_taken.ptrs.size()); }
+int64_t pp_obs_ptr_count() { return int64_t(g_taken.ptrs); }
 
 void pp_obs_copy_ptrs(int64_t* dst) {
-  if (!g_taken.ptrs.empty()) std::memcpy(dst, g_taken.ptrs.data(), g_taken.ptrs.size() * sizeof(int64_t));
+  for (PtrChunk* c : g_taken.ptr_chunks) {
+    std::memcpy(dst, c->v, c->n * sizeof(int64_t));
+    dst += c->n;
+  }
 }
 
 int pp_obs_copy(int col, int64_t* dst) {
   if (col < 0 || col >= NCOLS) return -1;
-  auto& v = g_taken.c[col];
-  if (!v.empty()) std::memcpy(dst, v.data(), v.size() * sizeof(int64_t));
+  for (OpChunk* c : g_taken.chunks)
+    for (size_t i = 0; i < c->n; ++i) *dst++ = c->row[i][col];
   return 0;
 }
 
+// Every column in one pass over the rows: dst[col] receives column col (NCOLS pointers).
+void pp_obs_copy_all(int64_t** dst) {
+  int64_t* out[NCOLS];
+  for (int k = 0; k < NCOLS; ++k) out[k] = dst[k];
+  for (OpChunk* c : g_taken.chunks)
+    for (size_t i = 0; i < c->n; ++i)
+      for (int k = 0; k < NCOLS; ++k) *out[k]++ = c->row[i][k];
+}
+
 void pp_obs_release() {
-  for (auto& v : g_taken.c) {
-    v.clear();
-    v.shrink_to_fit();
-  }
-  g_taken.ptrs.clear();
-  g_taken.ptrs.shrink_to_fit();
+  std::lock_guard<SpinLock> g(g_mu);  // the pools are shared with the recording side
+  g_op_pool.put(g_taken.chunks);
+  g_ptr_pool.put(g_taken.ptr_chunks);
+  g_taken.rows = g_taken.ptrs = 0;
 }
 
 int64_t pp_obs_string_count() {
