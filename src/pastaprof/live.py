@@ -97,12 +97,29 @@ def _register_exit_hooks() -> None:
 
     finalize()
     mp_util.register_after_fork(_ANCHOR, finalize)
-    os.register_at_fork(after_in_child=_restart_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_restart_in_child)
+
+
+_FORK_HELD: list[Session] = []
+
+
+def _before_fork() -> None:
+    """Let the flush thread finish what it is doing (at most a flush, bounded) so that the
+    child does not inherit its locks held -- an import lock held there hung the child."""
+    s = _session
+    if s is not None and s.fork_guard.acquire(timeout=5):
+        _FORK_HELD.append(s)
+
+
+def _after_fork_in_parent() -> None:
+    while _FORK_HELD:
+        _FORK_HELD.pop().fork_guard.release()
 
 
 def _restart_in_child() -> None:
     """A forked child (DataLoader worker) records into its own shard of the same run."""
     global _session
+    _FORK_HELD.clear()  # the parent's guard, held in this copy, is never used here
     parent = _session
     if parent is None:
         return

@@ -101,6 +101,10 @@ class Session(OptionalHandlers, Linking):
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Held by the flush thread while it works (warm-up, each flush), and by a fork() of the
+        # program until the fork is done: a child forked mid-import of that thread inherited
+        # the module's import lock held, and hung at its first import of the module.
+        self.fork_guard = threading.Lock()
         self._stopped = False
         self.reports: list[Report] = []
 
@@ -231,10 +235,12 @@ class Session(OptionalHandlers, Linking):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (AttributeError, OSError):
             pass
-        warm_up()  # Arrow/Parquet first-call costs, here rather than in the final flush
+        with self.fork_guard:
+            warm_up()  # Arrow/Parquet first-call costs, here rather than in the final flush
         while not self._stop.wait(self.config.flush_ms / 1000):
             try:
-                self.flush()
+                with self.fork_guard:
+                    self.flush()
             except Exception as e:
                 _warn(f"capture stopped: {type(e).__name__}: {e}")
                 return
