@@ -74,9 +74,10 @@ typedef struct {
 } PPPcHead;
 
 typedef struct {
-  unsigned long long pc;    /* 0 = empty hash entry */
-  unsigned long long slot;  /* (word offset of its block) / 4 + 1; 0 while its claimer writes the head */
-} PPPcKey;                  /* 16 B: read with one vector load */
+  unsigned int key;         /* the PC's low 32 bits | 1 (unique within a launch: see pc_lead); 0 = empty */
+  unsigned int slot;        /* (word offset of its block) / 4 + 1; 0 while its claimer writes the head */
+  unsigned long long pad;
+} PPPcKey;                  /* 16 B; key and slot are read with one 8-byte load */
 
 typedef struct {
   unsigned long long pc;
