@@ -110,11 +110,19 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true",
                     help="in-region cost with each capture mechanism switched off in turn (PASTAPROF_OFF)")
     ap.add_argument("--breakdown-variants", default="", help="of: " + ",".join(BREAKDOWN))
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="pastaprof configurations measured, of: " + ",".join(VARIANTS))
     ap.add_argument("--inner", type=int, default=1,
                     help="with --breakdown: measured regions per process, their median taken (default 1)")
     a = ap.parse_args()
     INNER[0] = a.inner if a.breakdown else 1
     VARIANTS_OF[:] = [v for v in a.breakdown_variants.split(",") if v]
+    chosen = [v for v in a.variants.split(",") if v]
+    if "pastaprof" not in chosen or any(v not in VARIANTS for v in chosen):
+        ap.error(f"--variants: 'pastaprof' and any of {', '.join(VARIANTS)}")
+    for v in list(VARIANTS):
+        if v not in chosen:
+            del VARIANTS[v]
     for v in VARIANTS_OF:
         if v not in BREAKDOWN:
             ap.error(f"unknown breakdown variant {v!r}")
@@ -135,10 +143,8 @@ def main() -> None:
         bare = statistics.median(r["bare"]["seconds"] for r in rounds)
         pp = statistics.median(r["pastaprof"]["seconds"] + r["pastaprof"]["after_region_seconds"] for r in rounds)
         pp_region = statistics.median(r["pastaprof"]["seconds"] for r in rounds)
-        lean = statistics.median(r["pastaprof_lean"]["seconds"] + r["pastaprof_lean"]["after_region_seconds"]
-                                 for r in rounds)
-        noflush = statistics.median(r["pastaprof_noflush"]["seconds"] + r["pastaprof_noflush"]["after_region_seconds"]
-                                    for r in rounds)
+        lean, noflush = (statistics.median(r[v]["seconds"] + r[v]["after_region_seconds"] for r in rounds)
+                         if v in VARIANTS else None for v in ("pastaprof_lean", "pastaprof_noflush"))
         tp = statistics.median(r["torchprof"]["seconds"] for r in rounds)
         last = rounds[-1]
         stored, tk = last["pastaprof"]["kernels_stored"], last["torchprof"]["kernels"]
@@ -146,8 +152,8 @@ def main() -> None:
             "steps": STEPS[name], "bare_s": round(bare, 4), "pastaprof_s": round(pp, 4), "torchprof_s": round(tp, 4),
             "pastaprof_x": round(pp / bare, 3), "torchprof_x": round(tp / bare, 3),
             "pastaprof_region_s": round(pp_region, 4), "pastaprof_region_x": round(pp_region / bare, 3),
-            "pastaprof_lean_s": round(lean, 4), "pastaprof_lean_x": round(lean / bare, 3),
-            "pastaprof_noflush_x": round(noflush / bare, 3),
+            "pastaprof_lean_s": lean and round(lean, 4), "pastaprof_lean_x": lean and round(lean / bare, 3),
+            "pastaprof_noflush_x": noflush and round(noflush / bare, 3),
             "mechanisms": last["pastaprof"]["mechanisms"],
             "kernels_pastaprof": stored, "kernels_torchprof": tk,
             "kernel_count_diff_pct": round(100 * abs(stored - tk) / tk, 3) if tk else None,

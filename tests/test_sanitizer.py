@@ -201,3 +201,20 @@ def test_kernel_names_are_shown_demangled(lib):
     assert h.demangle("vadd") == "vadd"
     long_name = "_Z" + "3abc" * 2000 + "v"  # not valid: returned as is, however long
     assert h.demangle(long_name) == long_name
+
+
+def test_per_pc_table_only_for_tools_that_read_it(monkeypatch):
+    """The per-PC probe is the patch's heaviest part: on only when a selected tool reads
+    access_pc (coalescing), unless PASTAPROF_SAN_PCS says otherwise."""
+    from pastaprof.handlers.optional import _consumed_kinds
+    from pastaprof.handlers.sanitizer import pc_slots
+
+    monkeypatch.delenv("PASTAPROF_SAN_PCS", raising=False)
+    counting = _consumed_kinds([], ("working_set", "hotness"))
+    assert "access_summary" in counting and "access_pc" not in counting
+    assert pc_slots("access_pc" in counting) == 0
+    assert pc_slots("access_pc" in _consumed_kinds([], ("working_set", "coalescing"))) == 4096
+    monkeypatch.setenv("PASTAPROF_SAN_PCS", "1024")
+    assert pc_slots(False) == 1024
+    monkeypatch.setenv("PASTAPROF_SAN_PCS", "0")
+    assert pc_slots(True) == 0

@@ -39,7 +39,7 @@ class OptionalHandlers:
         Sanitizer tool, loaded before CUDA initializes."""
         from pastaprof.handlers.sanitizer import SanitizerHandler
 
-        san = SanitizerHandler(self.config, self.rank, self.out)
+        san = SanitizerHandler(self.config, self.rank, self.out, per_pc=self._per_pc_wanted)
         san.start()
         if san.lib is None:
             self.status["sanitizer"] = san.status or "not available"

@@ -60,13 +60,23 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+def pc_slots(per_pc: bool) -> int:
+    """Entries of the device's per-PC table: PASTAPROF_SAN_PCS if set (0: none), else 4,096
+    when a tool reads per-PC rows and none otherwise -- the per-PC probe and counters were
+    the heaviest part of the patch (docs/instruction-level.md)."""
+    if os.environ.get("PASTAPROF_SAN_PCS", "").strip():
+        return _env_int("PASTAPROF_SAN_PCS", 4096)
+    return 4096 if per_pc else 0
+
+
 class SanitizerHandler:
     """Loads and drives the native sanitizer tool; drains its tables as Arrow batches."""
 
     name = "sanitizer"
 
-    def __init__(self, config: CaptureConfig, rank: int = 0, out: Path | None = None) -> None:
+    def __init__(self, config: CaptureConfig, rank: int = 0, out: Path | None = None, per_pc: bool = True) -> None:
         self.config = config
+        self.per_pc = per_pc  # count per PC only where a tool reads access_pc (coalescing)
         # module images with line info, for PC -> source line (processor/lines.py)
         self.cubins = Path(out) / "_cubins" if out is not None else None
         self.rank = rank
@@ -107,7 +117,10 @@ class SanitizerHandler:
             return
         page_shift = int(np.log2(self.config.page_bytes))
         # table sizes (entries): per-PC hash slots, page counters, raw requests (288 B each)
-        pc_cap = _env_int("PASTAPROF_SAN_PCS", 4096)  # 0: no per-PC table (coalescing gets no rows)
+        pc_cap = pc_slots(self.per_pc)
+        if not pc_cap:
+            self.notes.append("no per-PC counts (access_pc): no selected tool reads them; "
+                              "PASTAPROF_SAN_PCS=4096 keeps them for a later coalescing report")
         page_cap = _env_int("PASTAPROF_SAN_PAGES", 1 << 22)
         raw_cap = _env_int("PASTAPROF_SAN_RAW_MB", 1024) * (1 << 20) // 288
         flags = sum(INSTRUCTIONS.values())
@@ -329,7 +342,7 @@ class SanitizerHandler:
         if self.lib is None:
             return {"status": self.status}
         lib = self.lib
-        notes = [lib.pp_san_note(i).decode() for i in range(lib.pp_san_notes())]
+        notes = [*self.notes, *(lib.pp_san_note(i).decode() for i in range(lib.pp_san_notes()))]
         err = lib.pp_san_error().decode()
         return {"mechanism": f"compute sanitizer, reduced on the {self.process.upper()}",
                 "launches_seen": lib.pp_san_stat(0), "launches_instrumented": lib.pp_san_stat(1),

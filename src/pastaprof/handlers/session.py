@@ -97,6 +97,7 @@ class Session(OptionalHandlers, Linking):
         self._uvm_pending = bool(config.uvm or "uvm" in consumed)
         self._uvm_wanted = self._uvm_pending  # _uvm_pending clears once the counters are configured
         self._access_wanted = any(k.startswith("access_") for k in consumed)
+        self._per_pc_wanted = "access_pc" in consumed  # the sanitizer's per-PC table (coalescing)
         self._launches = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # recent (correlation, launch ns)
         self._lock = threading.RLock()
         self._stop = threading.Event()
