@@ -78,6 +78,11 @@ struct Dev {
   size_t dirty = 0;      // block words that may be non-zero (all of them until a read-back says less)
   size_t last_used = 0;  // block words the last launch used: the size of the next read-back's guess
   std::vector<unsigned char> stage;  // the upload's host copy, kept until the next launch
+  // Pinned host memory for the read-backs (arena, then up to kPinnedPages page counters): a
+  // copy into pageable memory goes through the driver's staging buffer.  Copied out into
+  // the launch's own vectors before the device is released (busy), so never shared.
+  unsigned long long* pinned = nullptr;
+  size_t pinned_words = 0;
   std::atomic<bool> busy{false};
   size_t bytes = 0;
 };
@@ -169,6 +174,26 @@ void dfree(CUcontext ctx, T*& p, size_t n, size_t& bytes) {
   p = nullptr;
 }
 
+constexpr size_t kPinnedPages = size_t(1) << 16;  // page counters read back through pinned memory (512 KiB)
+
+// The pinned read-back buffer for an arena of `arena_words` (plus the page counters' part);
+// without one (allocation refused), read-backs go to pageable memory as before.
+void ensure_pinned(CUcontext ctx, Dev* d, size_t arena_words) {
+  size_t want = arena_words + (cfg.mode == PP_MODE_GPU ? std::min(kPinnedPages, cfg.page_cap) : 0);
+  if (d->pinned && d->pinned_words >= want) return;
+  if (d->pinned) sanitizerFreeHost(ctx, d->pinned);
+  d->pinned = nullptr;
+  d->pinned_words = 0;
+  void* q = nullptr;
+  own_alloc = true;
+  SanitizerResult r = sanitizerAllocHost(ctx, &q, want * 8);
+  own_alloc = false;
+  if (r == SANITIZER_SUCCESS && q) {
+    d->pinned = (unsigned long long*)q;
+    d->pinned_words = want;
+  }
+}
+
 // u64 words of one object / PC block: a head and one counter row per shard.
 size_t obj_words() { return size_t(1 + cfg.n_shards) * 8; }
 size_t pc_words() { return size_t(1 + cfg.n_shards) * 4; }
@@ -204,6 +229,7 @@ bool ensure(CUcontext ctx, Dev* d, size_t n_obj) {
     d->cap_obj = cap;
     d->block_cap = block_cap;
     d->dirty = block_cap;  // zeroed in full before the first launch
+    if (gpu) ensure_pinned(ctx, d, arena_words);
   }
   return true;
 }
@@ -379,12 +405,23 @@ void launch_end(const Sanitizer_LaunchData* ld) {
   // one copy: the misc rows and as many block words as the last launch used (at least
   // 32 KiB); a second one only if this launch used more
   size_t guess = std::min(d->block_cap, std::max<size_t>(4096, d->last_used));
-  std::vector<unsigned long long> ar(M + guess);
-  if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(ar.data(), d->arena, ar.size() * 8, hs);
-  size_t used = r == SANITIZER_SUCCESS ? std::min<size_t>(ar[PP_M_BUMP], d->block_cap) : 0;
-  if (r == SANITIZER_SUCCESS && used > guess) {
-    ar.resize(M + used);
-    r = sanitizerMemcpyDeviceToHost(ar.data() + M + guess, d->arena + M + guess, (used - guess) * 8, hs);
+  std::vector<unsigned long long> ar;
+  size_t used = 0;
+  if (d->pinned && d->pinned_words >= M + d->block_cap) {
+    unsigned long long* b = d->pinned;
+    if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(b, d->arena, (M + guess) * 8, hs);
+    used = r == SANITIZER_SUCCESS ? std::min<size_t>(b[PP_M_BUMP], d->block_cap) : 0;
+    if (r == SANITIZER_SUCCESS && used > guess)
+      r = sanitizerMemcpyDeviceToHost(b + M + guess, d->arena + M + guess, (used - guess) * 8, hs);
+    ar.assign(b, b + M + std::max(guess, used));
+  } else {
+    ar.resize(M + guess);
+    if (r == SANITIZER_SUCCESS) r = sanitizerMemcpyDeviceToHost(ar.data(), d->arena, ar.size() * 8, hs);
+    used = r == SANITIZER_SUCCESS ? std::min<size_t>(ar[PP_M_BUMP], d->block_cap) : 0;
+    if (r == SANITIZER_SUCCESS && used > guess) {
+      ar.resize(M + used);
+      r = sanitizerMemcpyDeviceToHost(ar.data() + M + guess, d->arena + M + guess, (used - guess) * 8, hs);
+    }
   }
   if (r == SANITIZER_SUCCESS) d->dirty = d->last_used = used;
   t_arena += now_ns() - end_ns;
@@ -451,9 +488,18 @@ void launch_end(const Sanitizer_LaunchData* ld) {
         hi = std::max<size_t>(hi, t.page_base + pages_of(t));
         touched += pages_of(t);
       }
-    bool one = touched && (hi - lo) <= std::max<size_t>(2 * touched, 1u << 16) &&
-               sanitizerMemcpyDeviceToHost((span.resize(hi - lo), span.data()), d->pages + lo, (hi - lo) * 8, hs) ==
-                   SANITIZER_SUCCESS;
+    bool one = false;
+    if (touched && (hi - lo) <= std::max<size_t>(2 * touched, 1u << 16)) {
+      size_t room = d->pinned ? d->pinned_words - (misc_words() + d->block_cap) : 0;  // after the arena's part
+      if (d->pinned && d->pinned_words >= misc_words() + d->block_cap && hi - lo <= room) {
+        unsigned long long* b = d->pinned + misc_words() + d->block_cap;
+        one = sanitizerMemcpyDeviceToHost(b, d->pages + lo, (hi - lo) * 8, hs) == SANITIZER_SUCCESS;
+        if (one) span.assign(b, b + (hi - lo));
+      } else {
+        one = sanitizerMemcpyDeviceToHost((span.resize(hi - lo), span.data()), d->pages + lo, (hi - lo) * 8, hs) ==
+              SANITIZER_SUCCESS;
+      }
+    }
     for (size_t j = 0; j < objs.size(); ++j) {
       size_t i = objs[j].obj;
       if (i >= n_obj || p.objs[i].page_base == PP_NO_PAGES) continue;
