@@ -656,8 +656,8 @@ void pp_obs_set_module(int32_t path_id) { t_state.module = path_id; }
 
 int64_t pp_obs_dropped() { return g_dropped.load() + g_errors.load(); }
 
-// Move the rows recorded so far aside; returns how many.  Then pp_obs_copy_all (or
-// pp_obs_copy per column) and pp_obs_release.
+// Move the rows recorded so far aside; returns how many.  Then pp_obs_copy_all and
+// pp_obs_release.
 int64_t pp_obs_take() {
   std::lock_guard<SpinLock> g(g_mu);
   g_op_pool.put(g_taken.chunks);  // normally released already; else never taken twice
@@ -675,13 +675,6 @@ void pp_obs_copy_ptrs(int64_t* dst) {
     std::memcpy(dst, c->v, c->n * sizeof(int64_t));
     dst += c->n;
   }
-}
-
-int pp_obs_copy(int col, int64_t* dst) {
-  if (col < 0 || col >= NCOLS) return -1;
-  for (OpChunk* c : g_taken.chunks)
-    for (size_t i = 0; i < c->n; ++i) *dst++ = c->row[i][col];
-  return 0;
 }
 
 // Every column in one pass over the rows: dst[col] receives column col (NCOLS pointers).
