@@ -81,3 +81,19 @@ def test_groups_are_independent():
     assert list(got) == [1, 3, -1]
     par, depth = parents(g, s, e)
     assert list(par) == [-1, 0, -1, 2] and list(depth) == [0, 1, 0, 1]
+
+
+@given(st.lists(st.integers(-2, 40), max_size=60), st.lists(st.integers(-2, 45), max_size=30), st.booleans())
+def test_map_keys_is_a_first_match_lookup(table, queries, sort_table):
+    """map_keys == a dict of each key's first value (keys < 0 never match), whether the
+    table comes sorted (the sort is skipped) or not."""
+    from pastaprof.processor.link import map_keys
+
+    tk = np.array(sorted(table) if sort_table else table, np.int64)
+    tv = np.arange(len(tk), dtype=np.int64) * 7 + 1
+    first: dict[int, int] = {}
+    for k, v in zip(tk.tolist(), tv.tolist()):
+        if k >= 0:
+            first.setdefault(k, v)
+    got = map_keys(np.array(queries, np.int64), tk, tv)
+    assert got.tolist() == [first.get(q, -1) if q >= 0 else -1 for q in queries]

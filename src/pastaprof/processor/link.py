@@ -47,8 +47,9 @@ def map_keys(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray) -> np
         return out
     tk = table_keys[valid_t]
     tv = values[valid_t]
-    order = np.argsort(tk, kind="stable")
-    tk, tv = tk[order], tv[order]
+    if len(tk) > 1 and not (tk[1:] >= tk[:-1]).all():  # correlation ids mostly come in order:
+        order = np.argsort(tk, kind="stable")          # the sort is then skipped (1M keys: 49 -> ~5 ms)
+        tk, tv = tk[order], tv[order]
     pos = np.searchsorted(tk, keys)
     posc = np.clip(pos, 0, len(tk) - 1)
     hit = (keys >= 0) & (tk[posc] == keys)
