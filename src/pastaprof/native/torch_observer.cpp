@@ -112,12 +112,22 @@ struct Columns {
 // The op columns' lock: taken once per op on the program's thread, held for a few stores
 // (and by the drain for a swap).  A test-and-set lock releases with a plain store where a
 // pthread mutex pays a second atomic; on a 20,000-launch loop the mutex was ~7% of the
-// program thread's time (dev VM, perf).
+// program thread's time (dev VM, perf).  A waiter yields, then sleeps: the holder may be
+// the niced flush thread, which a busy machine would otherwise not schedule while the
+// program's thread spins.
 class SpinLock {
  public:
   void lock() {
+    int waits = 0;
     while (f_.exchange(true, std::memory_order_acquire)) {
-      while (f_.load(std::memory_order_relaxed)) sched_yield();
+      do {
+        if (++waits < 64) {
+          sched_yield();
+        } else {
+          timespec ts{0, 50000};
+          nanosleep(&ts, nullptr);
+        }
+      } while (f_.load(std::memory_order_relaxed));
     }
   }
   void unlock() { f_.store(false, std::memory_order_release); }
