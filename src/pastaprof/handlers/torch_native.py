@@ -1,5 +1,5 @@
 """The PyTorch handler's native path: ops from a C++ RecordFunction observer and
-caching-allocator events from a C++ trace tracker (native/torch_observer.cpp).
+caching-allocator events from a C++ trace tracker (native/torch_memory.cpp).
 
 Why: the Python ``TorchDispatchMode`` costs ~4-8 us per op and ``_snapshot()``
 builds a Python dict per allocator entry; the observer costs ~1-2 us per op on
@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from pastaprof.native import copy_all_columns, copy_columns
 
-# Column order of torch_observer.cpp's OpCol / MemCol.
+# Column order of torch_observer.cpp's OpCol / torch_memory.cpp's MemCol.
 OP_COLS = ("start_ns", "end_ns", "tid", "id", "parent_id", "depth", "sequence_id", "is_backward", "name",
            "input_shapes", "input_dtypes", "module", "call_site", "n_ptrs")
 MEM_COLS = ("start_ns", "device", "stream", "address", "bytes", "action")
@@ -82,7 +82,7 @@ class NativeOps:
 
     @property
     def dropped(self) -> int:
-        return int(self.lib.pp_obs_dropped())
+        return int(self.lib.pp_obs_dropped()) + int(self.lib.pp_mem_dropped())
 
     def _strings_table(self) -> pa.Array:
         """The interned strings, extended by the ones new since the last drain (only those

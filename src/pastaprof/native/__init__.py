@@ -7,8 +7,9 @@ pybind11 and a short build):
   instead of cupti-python building a Python object per record (capture.md section 1:
   ~1-2 us per record on a thread that competes for the GIL).  Needs only the
   CUPTI headers; it calls the libcupti already in the process (never a second one).
-* ``torch_observer.cpp``: a global RecordFunction observer for PyTorch ops and, with
-  CUDA, a caching-allocator trace tracker.  Built against the installed torch.
+* ``torch_observer.cpp`` (op rows), ``torch_inputs.cpp`` (shapes, dtypes, input pointers,
+  call sites) and ``torch_memory.cpp`` (with CUDA, a caching-allocator trace tracker): one
+  library, a global RecordFunction observer for PyTorch ops.  Built against the installed torch.
 
 Builds go to ``$PASTAPROF_CACHE`` (default ``~/.cache/pastaprof``), one directory per
 (source, compiler inputs) hash, written to a temporary name and renamed, under a
@@ -159,7 +160,10 @@ def _torch_args() -> tuple[list[str], bool]:
 
 def build_torch() -> tuple[Path, bool]:
     args, cuda = _torch_args()
-    return _build("pastaprof_torch", [HERE / "torch_observer.cpp"], args, cpp=True), cuda
+    sources = [HERE / "torch_observer.cpp", HERE / "torch_inputs.cpp", HERE / "torch_memory.cpp"]
+    # the shared header's hash in the flags: the build cache is keyed by sources and flags
+    args = [*args, f"-DPP_OBS_HASH={_hash(HERE / 'torch_observer.h')}"]
+    return _build("pastaprof_torch", sources, args, cpp=True), cuda
 
 
 # ---- Compute Sanitizer ---------------------------------------------------------------
@@ -356,6 +360,7 @@ def _declare_torch(lib: Any) -> None:
     lib.pp_mem_stop.restype = None
     lib.pp_mem_take.restype = c.c_int64
     lib.pp_mem_copy.argtypes = [c.c_int, c.c_void_p]
+    lib.pp_mem_dropped.restype = c.c_int64
 
 
 def _declare_sanitizer(lib: Any) -> None:

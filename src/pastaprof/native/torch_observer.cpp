@@ -11,20 +11,17 @@
 // Module paths come from Python's global module hooks (pp_obs_set_module); backward
 // ops take the module and call site of the forward op with the same sequence number.
 // The call site is the innermost Python frame outside torch and pastaprof, read only
-// for top-level forward ops on threads that run Python (nested ops inherit it).
-// With -DPP_CUDA it also attaches a CUDA caching-allocator trace tracker: alloc and
-// free events land in columns without Python and without the GIL.
+// for top-level forward ops on threads that run Python (nested ops inherit it); it, the
+// shapes and dtypes and the input pointers come from torch_inputs.cpp.
+// The CUDA caching allocator's events are recorded by torch_memory.cpp, built into the
+// same library.
 //
 // Python drains the columns through the extern "C" functions below (ctypes).
-#include <Python.h>
-#include <frameobject.h>
 #include <ATen/record_function.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/ArrayRef.h>
-#ifdef PP_CUDA
-#include <dlfcn.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
+
+#include "torch_observer.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -41,15 +38,8 @@
 #include <unordered_map>
 #include <vector>
 
-namespace {
-
-inline int64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
-
 // ---- interned strings, shared by every column that holds text -------------------
+namespace ppobs {
 std::mutex g_str_mu;
 std::vector<std::string> g_strings;
 std::unordered_map<std::string, int32_t> g_string_ids;
@@ -63,6 +53,17 @@ int32_t intern(const std::string& s) {
   g_string_ids.emplace(s, id);
   return id;
 }
+}  // namespace ppobs
+using namespace ppobs;
+
+namespace {
+
+inline int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
 
 // ---- op columns --------------------------------------------------------------------
 enum OpCol { START, END, TID, ID, PARENT, DEPTH, SEQ, BWD, NAME, SHAPES, DTYPES, MODULE, SITE, NPTRS, NCOLS };
@@ -204,232 +205,12 @@ struct ThreadState {
 };
 thread_local ThreadState t_state;
 
-// ---- call site -------------------------------------------------------------------
-std::unordered_map<const void*, bool> g_lib_code;  // code object -> is library code (guarded by GIL)
-struct SiteKey {
-  const void* code;
-  int64_t at;  // instruction offset (line number before Python 3.11)
-  bool operator==(const SiteKey& o) const { return code == o.code && at == o.at; }
-};
-struct SiteHash {
-  size_t operator()(const SiteKey& k) const {
-    return std::hash<const void*>()(k.code) ^ (std::hash<int64_t>()(k.at) * 0x9E3779B97F4A7C15ull);
-  }
-};
-std::unordered_map<SiteKey, int32_t, SiteHash> g_site_ids;  // (code, offset) -> string id (guarded by GIL)
-
-bool is_library(PyCodeObject* code) {
-  auto it = g_lib_code.find(code);
-  if (it != g_lib_code.end()) return it->second;
-  const char* fn = PyUnicode_AsUTF8(code->co_filename);
-  bool lib = true;
-  if (fn) {
-    std::string f(fn);
-    lib = f.find("/torch/") != std::string::npos || f.find("/pastaprof/") != std::string::npos ||
-          f.rfind("<frozen", 0) == 0 || f.find("/contextlib.py") != std::string::npos ||
-          f.find("/functools.py") != std::string::npos;
-  } else {
-    PyErr_Clear();
-  }
-  Py_INCREF(code);  // keeps the address from being reused by another code object
-  g_lib_code.emplace(code, lib);
-  return lib;
-}
-
-int32_t call_site() {
-  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return -1;
-#if PY_VERSION_HEX >= 0x030D0000
-  if (Py_IsFinalizing()) return -1;
-#else
-  if (_Py_IsFinalizing()) return -1;
-#endif
-  PyGILState_STATE g = PyGILState_Ensure();
-  int32_t out = -1;
-  PyFrameObject* f = PyEval_GetFrame();  // borrowed
-  Py_XINCREF(f);
-  while (f != nullptr) {
-    PyCodeObject* code = PyFrame_GetCode(f);  // new reference
-    if (!is_library(code)) {
-      // Keyed by the frame's instruction offset, not its line: the line number is a scan
-      // of the code's line table (~3% of a small op's time on the program's thread),
-      // needed only on a miss.  is_library() holds a reference to the code object, so
-      // its address is not reused.
-#if PY_VERSION_HEX >= 0x030B0000
-      SiteKey key{code, int64_t(PyFrame_GetLasti(f))};
-#else
-      SiteKey key{code, int64_t(PyFrame_GetLineNumber(f))};
-#endif
-      auto it = g_site_ids.find(key);
-      if (it != g_site_ids.end()) {
-        out = it->second;
-      } else {
-        int line = PyFrame_GetLineNumber(f);
-        const char* fn = PyUnicode_AsUTF8(code->co_filename);
-        const char* name = PyUnicode_AsUTF8(code->co_name);
-        if (fn && name) {
-          out = intern(std::string(fn) + "(" + std::to_string(line) + "): " + name);
-          g_site_ids.emplace(key, out);
-        } else {
-          PyErr_Clear();
-        }
-      }
-      Py_DECREF(code);
-      break;
-    }
-    Py_DECREF(code);
-    PyFrameObject* back = PyFrame_GetBack(f);  // new reference
-    Py_DECREF(f);
-    f = back;
-  }
-  Py_XDECREF(f);
-  PyGILState_Release(g);
-  return out;
-}
-
-// ---- shapes and dtypes, as Kineto writes them ------------------------------------
-// Sizes are read only from plain tensors: a tensor subclass (FakeTensor, functional tensors
-// under torch.compile), a symbolic-shape or a nested tensor would dispatch back into Python
-// or throw, which inside a RecordFunction callback prints a warning per op.
-inline bool plain(const at::Tensor& t) {
-  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  return !impl->is_python_dispatch() && !impl->has_symbolic_sizes_strides() && !impl->is_nested();
-}
-
-inline uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  return h;
-}
-
-// A 64-bit key of the inputs' shapes and dtypes, so the strings are built and
-// interned once per distinct signature (per thread), not once per op.
-uint64_t signature(const at::RecordFunction& fn) {
-  uint64_t h = 1469598103934665603ULL;
-  for (const c10::IValue& v : fn.inputs()) {
-    if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
-      if (!t.defined()) {
-        h = mix(h, 2);
-        continue;
-      }
-      if (!plain(t)) {
-        h = mix(h, 0xabcd);
-        continue;
-      }
-      h = mix(h, 3 + uint64_t(t.scalar_type()));
-      for (int64_t d : t.sizes()) h = mix(h, uint64_t(d));
-      h = mix(h, 0xfeed);
-    } else if (v.isTensorList()) {
-      h = mix(h, 5);
-      for (const at::Tensor& t : v.toTensorList().vec()) {
-        if (t.defined() && plain(t))
-          for (int64_t d : t.sizes()) h = mix(h, uint64_t(d));
-        h = mix(h, t.defined() && !plain(t) ? 0xabcd : 0xbeef);
-      }
-    } else {
-      h = mix(h, v.isScalar() ? 7 : (v.isList() ? 11 : 13));
-    }
-  }
-  return h;
-}
-
-void append_sizes(std::string& s, c10::IntArrayRef sz) {
-  s += "[";
-  for (size_t i = 0; i < sz.size(); ++i) {
-    if (i) s += ",";
-    s += std::to_string(sz[i]);
-  }
-  s += "]";
-}
-
-void describe_inputs(const at::RecordFunction& fn, int32_t* shapes, int32_t* dtypes) {
-  std::string s = "[", d = "[";
-  bool first = true;
-  for (const c10::IValue& v : fn.inputs()) {
-    if (!first) {
-      s += ",";
-      d += ",";
-    }
-    first = false;
-    if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
-      if (t.defined() && !plain(t)) {
-        s += "[?]";  // a subclass or symbolic shape: not read (see plain())
-        d += "\"?\"";
-      } else if (t.defined()) {
-        append_sizes(s, t.sizes());
-        d += "\"";
-        d += std::string(t.dtype().name());
-        d += "\"";
-      } else {
-        s += "[]";
-        d += "\"\"";
-      }
-    } else if (v.isTensorList()) {
-      s += "[";
-      bool f2 = true;
-      for (const at::Tensor& t : v.toTensorList().vec()) {
-        if (!f2) s += ",";
-        f2 = false;
-        if (t.defined() && !plain(t))
-          s += "[?]";
-        else
-          append_sizes(s, t.defined() ? t.sizes() : c10::IntArrayRef());
-      }
-      s += "]";
-      d += "\"TensorList\"";
-    } else {
-      s += "[]";
-      d += (v.isScalar() ? "\"Scalar\"" : (v.isList() ? "\"GenericList\"" : "\"\""));
-    }
-  }
-  s += "]";
-  d += "]";
-  *shapes = intern(s);
-  *dtypes = intern(d);
-}
-
-// The data pointer of a plain tensor input (0 for anything else), read at op entry:
-// RecordFunction's inputs are the interpreter stack, gone by the op's exit.
-int64_t ptr_of(const at::Tensor& t) {
-  if (!t.defined() || !plain(t) || !t.has_storage()) return 0;
-  return int64_t(reinterpret_cast<uintptr_t>(t.const_data_ptr()));
-}
-
-void pointers_of(const at::RecordFunction& fn, std::vector<int64_t>& out) {
-  for (const c10::IValue& v : fn.inputs()) {
-    if (v.isTensor()) {
-      out.push_back(ptr_of(v.toTensor()));
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList().vec()) out.push_back(ptr_of(t));
-    } else {
-      out.push_back(0);
-    }
-  }
-}
-
-struct Caches {
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> inputs;
-  std::unordered_map<const char*, int32_t> op_names;  // FUNCTION scope: names owned by the dispatcher
-};
-thread_local Caches t_cache;
-
-void inputs_of(const at::RecordFunction& fn, int32_t* shapes, int32_t* dtypes) {
-  uint64_t key = signature(fn);
-  auto& m = t_cache.inputs;
-  auto it = m.find(key);
-  if (it != m.end()) {
-    *shapes = it->second.first;
-    *dtypes = it->second.second;
-    return;
-  }
-  describe_inputs(fn, shapes, dtypes);
-  if (m.size() > (size_t(1) << 18)) m.clear();
-  m.emplace(key, std::make_pair(*shapes, *dtypes));
-}
+// FUNCTION scope: names owned by the dispatcher, so their addresses are stable keys
+thread_local std::unordered_map<const char*, int32_t> t_op_names;
 
 int32_t name_of(const at::RecordFunction& fn, const char* name) {
   if (fn.scope() != at::RecordScope::FUNCTION) return intern(name);
-  auto& m = t_cache.op_names;
+  auto& m = t_op_names;
   auto it = m.find(name);
   if (it != m.end()) return it->second;
   int32_t id = intern(name);
@@ -550,48 +331,6 @@ void on_exit_impl(const at::RecordFunction& fn) {
   if (fr.ptr_count) append_ptrs(fptrs, fr.ptr_count);
 }
 
-#ifdef PP_CUDA
-// ---- CUDA caching allocator ------------------------------------------------------
-enum MemCol { M_T, M_DEV, M_STREAM, M_ADDR, M_BYTES, M_ACTION, M_NCOLS };
-std::mutex g_mem_mu;
-std::vector<int64_t> g_mem[M_NCOLS], g_mem_taken[M_NCOLS];
-std::atomic<bool> g_mem_on{false};
-bool g_mem_attached = false;
-// The sanitizer tool's live-tensor table (sanitizer_tool.cpp), when it is loaded: tensors
-// are its finest objects.  Fed even while recording is gated, so that accesses inside a
-// range are attributed to tensors allocated before it.
-void (*g_san_tensor)(uint64_t, uint64_t, int) = nullptr;
-
-void on_alloc_event(const c10::cuda::CUDACachingAllocator::TraceEntry& e) {
-  // Runs under the allocator's mutex: no Python, no GIL, nothing that allocates on the GPU.
-  using A = c10::cuda::CUDACachingAllocator::TraceEntry::Action;
-  if (g_san_tensor) {
-    if (e.action_ == A::ALLOC) g_san_tensor(uint64_t(e.addr_), uint64_t(e.size_), 1);
-    else if (e.action_ == A::FREE_COMPLETED) g_san_tensor(uint64_t(e.addr_), 0, 0);
-  }
-  if (!g_mem_on.load(std::memory_order_relaxed)) return;
-  int64_t sign;
-  switch (e.action_) {
-    case A::ALLOC: sign = 1; break;
-    case A::FREE_COMPLETED: sign = -1; break;
-    case A::SEGMENT_ALLOC: sign = 2; break;
-    case A::SEGMENT_FREE: sign = -2; break;
-    default: return;
-  }
-  int64_t t = now_ns();
-  std::lock_guard<std::mutex> g(g_mem_mu);
-  if (g_mem[M_T].size() >= g_max_rows) {
-    g_dropped.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  g_mem[M_T].push_back(t);
-  g_mem[M_DEV].push_back(int64_t(e.device_));
-  g_mem[M_STREAM].push_back(int64_t(reinterpret_cast<uintptr_t>(e.stream_)));
-  g_mem[M_ADDR].push_back(int64_t(e.addr_));
-  g_mem[M_BYTES].push_back(int64_t(e.size_));
-  g_mem[M_ACTION].push_back(sign);
-}
-#endif
 
 // fork(): a child (DataLoader worker) inherits the parent's pending rows, which belong to the
 // parent's shard, and CUPTI function pointers it must not call.  The locks are held across
@@ -599,15 +338,9 @@ void on_alloc_event(const c10::cuda::CUDACachingAllocator::TraceEntry& e) {
 void fork_prepare() {
   g_str_mu.lock();
   g_mu.lock();
-#ifdef PP_CUDA
-  g_mem_mu.lock();
-#endif
 }
 
 void fork_parent() {
-#ifdef PP_CUDA
-  g_mem_mu.unlock();
-#endif
   g_mu.unlock();
   g_str_mu.unlock();
 }
@@ -622,13 +355,6 @@ void fork_child() {
   g_push = nullptr;
   g_pop = nullptr;
   t_state.stack.clear();
-#ifdef PP_CUDA
-  for (int i = 0; i < M_NCOLS; ++i) {
-    g_mem[i].clear();
-    g_mem_taken[i].clear();
-  }
-  g_mem_on.store(false);
-#endif
   fork_parent();
 }
 
@@ -716,60 +442,5 @@ const char* pp_obs_string(int64_t i) {
 }
 
 int32_t pp_obs_intern(const char* s) { return intern(std::string(s)); }
-
-// ---- allocator events (only with PP_CUDA) ----
-static std::string g_mem_error;
-const char* pp_mem_error() { return g_mem_error.c_str(); }
-
-int pp_mem_start() {
-#ifdef PP_CUDA
-  if (!g_mem_attached) {
-    g_san_tensor = reinterpret_cast<void (*)(uint64_t, uint64_t, int)>(dlsym(RTLD_DEFAULT, "pp_san_tensor"));
-    try {  // called through ctypes: an exception escaping here would terminate the program
-      c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&on_alloc_event);
-    } catch (const std::exception& e) {  // e.g. a CUDAPluggableAllocator (no trace trackers)
-      g_mem_error = e.what();
-      auto nl = g_mem_error.find('\n');
-      if (nl != std::string::npos) g_mem_error.resize(nl);
-      return 1;
-    }
-    g_mem_attached = true;  // trackers cannot be detached; g_mem_on gates them
-  }
-  g_mem_on.store(true);
-  return 0;
-#else
-  return -1;
-#endif
-}
-
-void pp_mem_stop() {
-#ifdef PP_CUDA
-  g_mem_on.store(false);
-#endif
-}
-
-int64_t pp_mem_take() {
-#ifdef PP_CUDA
-  std::lock_guard<std::mutex> g(g_mem_mu);
-  for (int i = 0; i < M_NCOLS; ++i) {
-    std::swap(g_mem[i], g_mem_taken[i]);
-    g_mem[i].clear();
-  }
-  return int64_t(g_mem_taken[M_T].size());
-#else
-  return 0;
-#endif
-}
-
-int pp_mem_copy(int col, int64_t* dst) {
-#ifdef PP_CUDA
-  if (col < 0 || col >= M_NCOLS) return -1;
-  auto& v = g_mem_taken[col];
-  if (!v.empty()) std::memcpy(dst, v.data(), v.size() * sizeof(int64_t));
-  return 0;
-#else
-  return -1;
-#endif
-}
 
 }  // extern "C"

@@ -1,0 +1,247 @@
+// What an op was called with and from where (part of the pastaprof_torch library, with
+// torch_observer.cpp): its input shapes and dtypes as Kineto writes them, interned once per
+// distinct signature and thread; its input tensors' data pointers; and the user's call site,
+// the innermost Python frame outside torch and pastaprof.
+#include <Python.h>
+#include <frameobject.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "torch_observer.h"
+
+namespace ppobs {
+namespace {
+
+// ---- call site -------------------------------------------------------------------
+std::unordered_map<const void*, bool> g_lib_code;  // code object -> is library code (guarded by GIL)
+struct SiteKey {
+  const void* code;
+  int64_t at;  // instruction offset (line number before Python 3.11)
+  bool operator==(const SiteKey& o) const { return code == o.code && at == o.at; }
+};
+struct SiteHash {
+  size_t operator()(const SiteKey& k) const {
+    return std::hash<const void*>()(k.code) ^ (std::hash<int64_t>()(k.at) * 0x9E3779B97F4A7C15ull);
+  }
+};
+std::unordered_map<SiteKey, int32_t, SiteHash> g_site_ids;  // (code, offset) -> string id (guarded by GIL)
+
+bool is_library(PyCodeObject* code) {
+  auto it = g_lib_code.find(code);
+  if (it != g_lib_code.end()) return it->second;
+  const char* fn = PyUnicode_AsUTF8(code->co_filename);
+  bool lib = true;
+  if (fn) {
+    std::string f(fn);
+    lib = f.find("/torch/") != std::string::npos || f.find("/pastaprof/") != std::string::npos ||
+          f.rfind("<frozen", 0) == 0 || f.find("/contextlib.py") != std::string::npos ||
+          f.find("/functools.py") != std::string::npos;
+  } else {
+    PyErr_Clear();
+  }
+  Py_INCREF(code);  // keeps the address from being reused by another code object
+  g_lib_code.emplace(code, lib);
+  return lib;
+}
+
+int32_t site_of_python_caller() {
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return -1;
+#if PY_VERSION_HEX >= 0x030D0000
+  if (Py_IsFinalizing()) return -1;
+#else
+  if (_Py_IsFinalizing()) return -1;
+#endif
+  PyGILState_STATE g = PyGILState_Ensure();
+  int32_t out = -1;
+  PyFrameObject* f = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(f);
+  while (f != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(f);  // new reference
+    if (!is_library(code)) {
+      // Keyed by the frame's instruction offset, not its line: the line number is a scan
+      // of the code's line table (~3% of a small op's time on the program's thread),
+      // needed only on a miss.  is_library() holds a reference to the code object, so
+      // its address is not reused.
+#if PY_VERSION_HEX >= 0x030B0000
+      SiteKey key{code, int64_t(PyFrame_GetLasti(f))};
+#else
+      SiteKey key{code, int64_t(PyFrame_GetLineNumber(f))};
+#endif
+      auto it = g_site_ids.find(key);
+      if (it != g_site_ids.end()) {
+        out = it->second;
+      } else {
+        int line = PyFrame_GetLineNumber(f);
+        const char* fn = PyUnicode_AsUTF8(code->co_filename);
+        const char* name = PyUnicode_AsUTF8(code->co_name);
+        if (fn && name) {
+          out = intern(std::string(fn) + "(" + std::to_string(line) + "): " + name);
+          g_site_ids.emplace(key, out);
+        } else {
+          PyErr_Clear();
+        }
+      }
+      Py_DECREF(code);
+      break;
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);  // new reference
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  PyGILState_Release(g);
+  return out;
+}
+
+// ---- shapes and dtypes, as Kineto writes them ------------------------------------
+// Sizes are read only from plain tensors: a tensor subclass (FakeTensor, functional tensors
+// under torch.compile), a symbolic-shape or a nested tensor would dispatch back into Python
+// or throw, which inside a RecordFunction callback prints a warning per op.
+inline bool plain(const at::Tensor& t) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return !impl->is_python_dispatch() && !impl->has_symbolic_sizes_strides() && !impl->is_nested();
+}
+
+inline uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  return h;
+}
+
+// A 64-bit key of the inputs' shapes and dtypes, so the strings are built and
+// interned once per distinct signature (per thread), not once per op.
+uint64_t signature(const at::RecordFunction& fn) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const c10::IValue& v : fn.inputs()) {
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) {
+        h = mix(h, 2);
+        continue;
+      }
+      if (!plain(t)) {
+        h = mix(h, 0xabcd);
+        continue;
+      }
+      h = mix(h, 3 + uint64_t(t.scalar_type()));
+      for (int64_t d : t.sizes()) h = mix(h, uint64_t(d));
+      h = mix(h, 0xfeed);
+    } else if (v.isTensorList()) {
+      h = mix(h, 5);
+      for (const at::Tensor& t : v.toTensorList().vec()) {
+        if (t.defined() && plain(t))
+          for (int64_t d : t.sizes()) h = mix(h, uint64_t(d));
+        h = mix(h, t.defined() && !plain(t) ? 0xabcd : 0xbeef);
+      }
+    } else {
+      h = mix(h, v.isScalar() ? 7 : (v.isList() ? 11 : 13));
+    }
+  }
+  return h;
+}
+
+void append_sizes(std::string& s, c10::IntArrayRef sz) {
+  s += "[";
+  for (size_t i = 0; i < sz.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(sz[i]);
+  }
+  s += "]";
+}
+
+void describe_inputs(const at::RecordFunction& fn, int32_t* shapes, int32_t* dtypes) {
+  std::string s = "[", d = "[";
+  bool first = true;
+  for (const c10::IValue& v : fn.inputs()) {
+    if (!first) {
+      s += ",";
+      d += ",";
+    }
+    first = false;
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined() && !plain(t)) {
+        s += "[?]";  // a subclass or symbolic shape: not read (see plain())
+        d += "\"?\"";
+      } else if (t.defined()) {
+        append_sizes(s, t.sizes());
+        d += "\"";
+        d += std::string(t.dtype().name());
+        d += "\"";
+      } else {
+        s += "[]";
+        d += "\"\"";
+      }
+    } else if (v.isTensorList()) {
+      s += "[";
+      bool f2 = true;
+      for (const at::Tensor& t : v.toTensorList().vec()) {
+        if (!f2) s += ",";
+        f2 = false;
+        if (t.defined() && !plain(t))
+          s += "[?]";
+        else
+          append_sizes(s, t.defined() ? t.sizes() : c10::IntArrayRef());
+      }
+      s += "]";
+      d += "\"TensorList\"";
+    } else {
+      s += "[]";
+      d += (v.isScalar() ? "\"Scalar\"" : (v.isList() ? "\"GenericList\"" : "\"\""));
+    }
+  }
+  s += "]";
+  d += "]";
+  *shapes = intern(s);
+  *dtypes = intern(d);
+}
+
+// The data pointer of a plain tensor input (0 for anything else), read at op entry:
+// RecordFunction's inputs are the interpreter stack, gone by the op's exit.
+int64_t ptr_of(const at::Tensor& t) {
+  if (!t.defined() || !plain(t) || !t.has_storage()) return 0;
+  return int64_t(reinterpret_cast<uintptr_t>(t.const_data_ptr()));
+}
+
+void input_pointers(const at::RecordFunction& fn, std::vector<int64_t>& out) {
+  for (const c10::IValue& v : fn.inputs()) {
+    if (v.isTensor()) {
+      out.push_back(ptr_of(v.toTensor()));
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) out.push_back(ptr_of(t));
+    } else {
+      out.push_back(0);
+    }
+  }
+}
+
+thread_local std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> t_inputs;  // signature -> (shapes, dtypes)
+
+}  // namespace
+
+int32_t call_site() { return site_of_python_caller(); }
+
+void pointers_of(const at::RecordFunction& fn, std::vector<int64_t>& out) { input_pointers(fn, out); }
+
+void inputs_of(const at::RecordFunction& fn, int32_t* shapes, int32_t* dtypes) {
+  uint64_t key = signature(fn);
+  auto& m = t_inputs;
+  auto it = m.find(key);
+  if (it != m.end()) {
+    *shapes = it->second.first;
+    *dtypes = it->second.second;
+    return;
+  }
+  describe_inputs(fn, shapes, dtypes);
+  if (m.size() > (size_t(1) << 18)) m.clear();
+  m.emplace(key, std::make_pair(*shapes, *dtypes));
+}
+
+}  // namespace ppobs

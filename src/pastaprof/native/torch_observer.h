@@ -1,0 +1,23 @@
+// Shared by the pastaprof_torch library's parts: torch_observer.cpp (the op rows, the
+// interned strings) and torch_inputs.cpp (what an op was called with and from where).
+#pragma once
+
+#include <ATen/record_function.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ppobs {
+
+// torch_observer.cpp: the id of `s` in the library's string table (thread-safe).
+int32_t intern(const std::string& s);
+
+// torch_inputs.cpp.  The call site's string id, or -1 (takes the GIL; top-level ops only).
+int32_t call_site();
+// The ids of the op's input shapes and dtypes strings (cached per signature and thread).
+void inputs_of(const at::RecordFunction& fn, int32_t* shapes, int32_t* dtypes);
+// Appends the data pointer of each input (0 for non-tensors) to `out`.
+void pointers_of(const at::RecordFunction& fn, std::vector<int64_t>& out);
+
+}  // namespace ppobs
