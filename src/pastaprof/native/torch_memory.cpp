@@ -11,7 +11,6 @@
 #endif
 
 #include <pthread.h>
-#include <time.h>
 
 #include <atomic>
 #include <cstdint>
@@ -20,17 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "torch_observer.h"
+
 namespace {
 
 #ifdef PP_CUDA
 constexpr size_t kMaxRows = size_t(1) << 22;  // events kept between drains; more are counted as dropped
 std::atomic<int64_t> g_mem_dropped{0};
-
-inline int64_t now_ns() {  // CLOCK_REALTIME: time.time_ns()'s clock, as the op rows'
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
 
 enum MemCol { M_T, M_DEV, M_STREAM, M_ADDR, M_BYTES, M_ACTION, M_NCOLS };
 std::mutex g_mem_mu;
@@ -58,7 +53,7 @@ void on_alloc_event(const c10::cuda::CUDACachingAllocator::TraceEntry& e) {
     case A::SEGMENT_FREE: sign = -2; break;
     default: return;
   }
-  int64_t t = now_ns();
+  int64_t t = ppobs::now_ns();
   std::lock_guard<std::mutex> g(g_mem_mu);
   if (g_mem[M_T].size() >= kMaxRows) {
     g_mem_dropped.fetch_add(1, std::memory_order_relaxed);

@@ -58,13 +58,6 @@ using namespace ppobs;
 
 namespace {
 
-inline int64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
-
-
 // ---- op columns --------------------------------------------------------------------
 enum OpCol { START, END, TID, ID, PARENT, DEPTH, SEQ, BWD, NAME, SHAPES, DTYPES, MODULE, SITE, NPTRS, NCOLS };
 
