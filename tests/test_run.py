@@ -860,6 +860,7 @@ def test_ranges_without_capture_do_not_load_the_capture_machinery():
 def test_many_ops_in_one_drain_keep_every_row_and_pointer(tmp_path):
     """More ops than one storage chunk holds (8,192 rows; 65,536 input pointers) in one
     drain and over several drains: every op stored once, in order, with its own pointers."""
+    pytest.importorskip("torch")
     code = textwrap.dedent("""
         import torch, pastaprof
         a, b, c = torch.zeros(4), torch.ones(4), torch.ones(4)
