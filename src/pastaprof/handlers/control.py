@@ -52,11 +52,11 @@ from pastaprof.errors import UsageError
 
 ENV_PREFIX = "PASTAPROF_"
 
-# What PASTAPROF_OFF can switch off: CUPTI kernel records, CUPTI runtime/driver launch records
-# (without them kernels keep no launch time and no op), the external-correlation push per op,
-# the op observer, the module hooks, allocator (tensor) events, CUPTI MEMORY2/MEMORY_POOL
-# records.
-OFF_PARTS = ("kernels", "api", "ext", "ops", "modules", "tensors", "memory")
+# What PASTAPROF_OFF can switch off: CUPTI kernel records, launch-call records (without them
+# kernels keep no launch time and no op), the op id per launch, the op observer, the module
+# hooks, allocator (tensor) events, CUPTI MEMORY2/MEMORY_POOL records; "callbacks" records
+# launch calls as CUPTI activity records instead of through its callback API.
+OFF_PARTS = ("kernels", "api", "ext", "ops", "modules", "tensors", "memory", "callbacks")
 
 
 def parse_rank_list(value: str, what: str = "PASTAPROF_RANKS") -> tuple[int, ...]:

@@ -92,6 +92,9 @@ class CuptiActivityHandler:
         self.native_status: str | None = None
         self.native_external: tuple[int, int, int] | None = None  # (push ptr, pop ptr, kind) for C++ callers
         self.buffers_at_reattach = -1  # diagnostics: buffers CUPTI had asked us for at the last reattach
+        # how launch calls (and their ops) are recorded: "callbacks" (CUPTI callback API, the native
+        # drain's), "activity" (RUNTIME/DRIVER + EXTERNAL_CORRELATION records) or "off"
+        self.api_mechanism = "activity"
 
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
@@ -113,22 +116,31 @@ class CuptiActivityHandler:
             # (H200: 20,000 tiny launches 1.84x -> 1.24x of bare without it; bench/overhead.py
             # --breakdown).  It is registered at reattach(), after a foreign client (Kineto)
             # left its own clock behind.
-            # DRIVER too: cuBLAS/cuDNN launch through the driver API, and CUPTI emits the
-            # external-correlation record (op -> kernel) only for traced API calls.
-            kinds = [K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION, K.RUNTIME, K.DRIVER]
+            kinds = [K.CONCURRENT_KERNEL, K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION]
             if self._native is not None:  # decoded only in C: cudaMalloc-level and pool events
                 kinds += [K.MEMORY2, K.MEMORY_POOL]
+            kept = self._keep_api_names()
+            if off("api"):
+                self.api_mechanism = "off"
+            else:
+                self._launch_calls(kept)
+                if self.api_mechanism == "activity":
+                    # DRIVER too: cuBLAS/cuDNN launch through the driver API, and CUPTI emits the
+                    # external-correlation record (op -> kernel) only for traced API calls.
+                    kinds += [K.RUNTIME, K.DRIVER]
             dropped = {K.CONCURRENT_KERNEL} if off("kernels") else set()
-            dropped |= {K.RUNTIME, K.DRIVER} if off("api") else set()
             dropped |= {K.MEMORY2, K.MEMORY_POOL} if off("memory") else set()
             kinds = [k for k in kinds if k not in dropped]
             for kind in kinds:
                 cupti.activity_enable(kind)
                 self._enabled.append(kind)
-            self._filter_api()
+            if self.api_mechanism == "activity":
+                self._filter_api()
             cupti.activity_flush_period(self.config.flush_ms)
         except Exception as e:  # e.g. another CUPTI client (torch.profiler, nsys) holds it
             self.status = f"CUPTI activity tracing could not start ({e})"
+            if self.api_mechanism == "callbacks":
+                self._native.callbacks_off()
             self._disable()
 
     def _bind_native(self) -> Any:
@@ -184,9 +196,30 @@ class CuptiActivityHandler:
             return f"unified-memory counters not supported here ({e}); the rest of the capture goes on"
         return None
 
+    def _launch_calls(self, kept: list[tuple[bool, int]]) -> None:
+        """Launch calls through CUPTI's callback API when the native drain is bound and the
+        subscriber slot is free (cheaper per launch than activity records: see
+        native/cupti_callbacks.c); else as activity records."""
+        if self._native is None or self.config.is_off("callbacks"):
+            return
+        r = self._native.callbacks_on(kept)
+        if r == 0:
+            self.api_mechanism = "callbacks"
+        else:  # e.g. a profiler (torch.profiler, nsys) subscribed before us
+            why = f"cuptiEnableCallback error {r - 1000}" if r >= 1000 else f"cuptiSubscribe error {r}"
+            self.native_status = f"launch calls recorded as CUPTI activity records (callback API refused: {why})"
+
     def release(self) -> None:
-        """Before a foreign CUPTI client (torch.profiler) takes over: deliver what we have."""
+        """Before a foreign CUPTI client (torch.profiler) takes over: deliver what we have,
+        and give back CUPTI's one subscriber slot (Kineto keeps it for the rest of the
+        process), so launch calls come as activity records from then on."""
         self.flush()
+        if self.api_mechanism == "callbacks":
+            self._native.callbacks_off()
+            self.api_mechanism = "activity"
+            K = self._cupti.ActivityKind
+            add = [K.RUNTIME, K.DRIVER] + ([K.EXTERNAL_CORRELATION] if self.native_external else [])
+            self._enabled += [k for k in add if k not in self._enabled]  # enabled at reattach()
 
     def reattach(self) -> None:
         """After a foreign client's session: CUPTI's buffer callbacks are process-global
@@ -236,41 +269,54 @@ class CuptiActivityHandler:
         if self.status is not None or self._cupti is None or self.config.is_off("ext"):
             return None, None
         cupti = self._cupti
-        try:
-            cupti.activity_enable(cupti.ActivityKind.EXTERNAL_CORRELATION)
-            self._enabled.append(cupti.ActivityKind.EXTERNAL_CORRELATION)
-        except Exception:
-            return None, None
+        if self.api_mechanism == "activity":  # the callbacks read the op stack themselves
+            try:
+                cupti.activity_enable(cupti.ActivityKind.EXTERNAL_CORRELATION)
+                self._enabled.append(cupti.ActivityKind.EXTERNAL_CORRELATION)
+            except Exception:
+                return None, None
         kind = int(cupti.ExternalCorrelationKind.CUSTOM2)
         if self._native is not None:
             self.native_external = (*self._native.push_pop, kind)
-        else:
-            from pastaprof import native
+            native = self._native
+            return (lambda i: native.tls_push(kind, i)), (lambda: native.tls_pop(kind))
+        from pastaprof import native as native_build
 
-            path = native.loaded_libcupti()
-            try:
-                if path:
-                    self.native_external = (*native.external_correlation_fns(path), kind)
-            except (OSError, AttributeError):
-                pass
+        path = native_build.loaded_libcupti()
+        try:
+            if path:
+                self.native_external = (*native_build.external_correlation_fns(path), kind)
+        except (OSError, AttributeError):
+            pass
         push, pop = cupti.activity_push_external_correlation_id, cupti.activity_pop_external_correlation_id
         return (lambda i: push(kind, i)), (lambda: pop(kind))
 
-    def _filter_api(self) -> None:
-        """Record only launch/copy/memset/sync calls: PyTorch makes ~5 runtime calls per
-        kernel (cudaGetDevice, cudaStreamIsCapturing, ...) that nothing here needs, and
-        each record costs CUPTI and us time."""
+    def _keep_api_names(self) -> list[tuple[bool, int]]:
+        """The launch/copy/memset/sync calls worth a row, as (driver, cbid); names kept for
+        the rows' labels.  PyTorch makes ~5 runtime calls per kernel (cudaGetDevice,
+        cudaStreamIsCapturing, ...) that nothing here needs."""
         cupti = self._cupti
-        for names, enable, enum in ((self._api_names, cupti.activity_enable_runtime_api, cupti.RuntimeApiTraceCbid),
-                                    (self._driver_names, cupti.activity_enable_driver_api, cupti.DriverApiTraceCbid)):
+        kept = []
+        for driver, names, enum in ((False, self._api_names, cupti.RuntimeApiTraceCbid),
+                                    (True, self._driver_names, cupti.DriverApiTraceCbid)):
             for name, cbid in enum.__members__.items():
                 keep = any(key in name for key in _API_KEEP)
                 names[int(cbid)] = name if keep else None
                 if self._native is not None:
-                    self._native.keep_api(names is self._driver_names, int(cbid), keep)
-                if not keep and name not in ("INVALID", "SIZE", "FORCE_INT"):
+                    self._native.keep_api(driver, int(cbid), keep)
+                if keep:
+                    kept.append((driver, int(cbid)))
+        return kept
+
+    def _filter_api(self) -> None:
+        """Activity records only for the kept calls: each record costs CUPTI and us time."""
+        cupti = self._cupti
+        for names, enable in ((self._api_names, cupti.activity_enable_runtime_api),
+                              (self._driver_names, cupti.activity_enable_driver_api)):
+            for cbid, name in names.items():
+                if name is None:
                     try:
-                        enable(int(cbid), 0)
+                        enable(cbid, 0)
                     except Exception:
                         pass
 
@@ -285,6 +331,8 @@ class CuptiActivityHandler:
 
     def stop(self) -> None:
         self.flush()
+        if self.api_mechanism == "callbacks":
+            self._native.callbacks_off()  # rows recorded so far stay for the final drain
         if self._native is not None:
             self._native_stats()
         elif self._cupti is not None:
@@ -346,11 +394,15 @@ class CuptiActivityHandler:
     # -- flush thread --------------------------------------------------------
     def _native_stats(self) -> None:
         n = self._native
-        self.records, self.kernels_seen, self.dropped = n.stat("records"), n.stat("kernels_seen"), n.stat("dropped")
+        calls = n.callback_stats()
+        self.records, self.kernels_seen = n.stat("records") + calls["calls"], n.stat("kernels_seen")
+        self.dropped = n.stat("dropped") + calls["dropped"]
         self.buffers = {"requested": n.stat("buffers_requested"), "completed": n.stat("buffers"),
                         "requested_at_last_reattach": self.buffers_at_reattach,
                         "foreign_completed": n.stat("foreign_buffers"),  # a foreign client's, not freed by us
-                        "decode_seconds": round(n.stat("decode_ns") / 1e9, 6)}
+                        "decode_seconds": round(n.stat("decode_ns") / 1e9, 6),
+                        "launch_calls": self.api_mechanism, "launch_callbacks": calls["calls"],
+                        "launch_cbids_refused": n.refused_cbids}
 
     def drain(self) -> dict[str, pa.Table]:
         """Everything decoded since the last drain, as raw per-kind tables."""

@@ -41,6 +41,7 @@ class NativeCupti:
         if lib.pp_cupti_init(libcupti.encode(), buffer_bytes) != 0:
             raise RuntimeError(lib.pp_cupti_error().decode())
         self._names: list[str] = []
+        self.refused_cbids = 0  # launch-call cbids this libcupti does not know (callbacks_on)
 
     def configure_uvm(self, device: int) -> None:
         """Unified-memory counters for ``device`` (before UNIFIED_MEMORY_COUNTER is enabled)."""
@@ -67,7 +68,38 @@ class NativeCupti:
 
     @property
     def push_pop(self) -> tuple[int, int]:
+        """The op observer's push/pop: a thread-local op stack read by the launch callbacks
+        (forwarded to CUPTI's external correlation while launches come as activity records)."""
         return self.lib.pp_cupti_push_fn(), self.lib.pp_cupti_pop_fn()
+
+    def tls_push(self, kind: int, op_id: int) -> None:
+        self.lib.pp_tls_push(kind, op_id)
+
+    def tls_pop(self, kind: int) -> None:
+        self.lib.pp_tls_pop(kind, None)
+
+    def callbacks_on(self, cbids: list[tuple[bool, int]]) -> int:
+        """Record launch calls through CUPTI's callback API, for these (driver, cbid): 0, or
+        the CUPTI error (e.g. 39, another subscriber such as torch.profiler's holds the slot),
+        or 1000 + the error when no cbid could be enabled.
+        cupti-python's enums name calls newer than the libcupti in the process (torch's):
+        CUPTI refuses those (1, invalid parameter), and they are skipped."""
+        r = self.lib.pp_cupti_callbacks_on()
+        if r != 0:
+            return r
+        errors = [self.lib.pp_cupti_callback_cbid(int(driver), int(cbid)) for driver, cbid in cbids]
+        refused = [e for e in errors if e != 0]
+        if len(refused) == len(cbids):
+            self.callbacks_off()
+            return 1000 + (refused[0] if refused else 0)  # none enabled
+        self.refused_cbids = len(refused)
+        return 0
+
+    def callbacks_off(self) -> None:
+        self.lib.pp_cupti_callbacks_off()
+
+    def callback_stats(self) -> dict[str, int]:
+        return {"calls": int(self.lib.pp_cupti_callback_stat(0)), "dropped": int(self.lib.pp_cupti_callback_stat(1))}
 
     def stat(self, name: str) -> int:
         return int(self.lib.pp_cupti_stat(STAT[name]))

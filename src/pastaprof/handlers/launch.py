@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -56,6 +57,9 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
     except OSError as e:
         shutil.rmtree(partial, ignore_errors=True)
         raise UsageError(f"cannot start {command[0]!r}: {e.strerror}") from None
+    # compaction's imports (pyarrow: ~0.1 s) and first calls, while the program runs instead of after it
+    warm = threading.Thread(target=_warm_compaction, name="pastaprof-warm-up", daemon=True)
+    warm.start()
     forwarded = {sig: signal.signal(sig, lambda s, f: child.send_signal(s)) for sig in (signal.SIGTERM, signal.SIGHUP)}
     old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal sends Ctrl-C to the program too
     try:
@@ -65,6 +69,7 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
             signal.signal(sig, handler)
         signal.signal(signal.SIGINT, old_int)
     wall = time.perf_counter() - t0
+    warm.join()
     _finish(partial, dest, command, code, wall, list(config.tools))
     if code < 0:  # killed by a signal: die the same way
         sys.stdout.flush()
@@ -72,6 +77,15 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
         os.kill(os.getpid(), -code)
         return 128 - code
     return code
+
+
+def _warm_compaction() -> None:
+    try:
+        from pastaprof.store.compact import warm_up
+
+        warm_up()
+    except Exception:  # noqa: BLE001 -- _finish reports what fails for real
+        pass
 
 
 def _finish(partial: Path, dest: Path, command: list[str], code: int, wall: float, tools: list[str]) -> None:

@@ -21,6 +21,18 @@ def _np_i64(col) -> np.ndarray:
     return np.asarray(col.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
+def _kept(t: pa.Table, keep: np.ndarray) -> pa.Table:
+    """``t.filter(keep)``, as a zero-copy slice where the kept rows are one run (a flush that
+    a window's start or end cuts in two, the usual case): a filter copies the table (a 10,000-
+    row op table at the final flush: 0.4 ms, and 13-19 ms where its memory was fresh)."""
+    idx = np.flatnonzero(keep)
+    if not len(idx):
+        return t.slice(0, 0)
+    if idx[-1] - idx[0] + 1 == len(idx):
+        return t.slice(int(idx[0]), len(idx))
+    return t.filter(pa.array(keep))
+
+
 class Linking:
     def _in_windows(self, t: np.ndarray) -> np.ndarray:
         """Which times fall in a recording window (closed or still open)."""
@@ -108,7 +120,8 @@ class Linking:
                 launch = map_keys(_np_i64(t["correlation"]), *self._launches)
                 when = np.where(launch >= 0, launch, when)
             keep = self._in_windows(when)
-            self.filtered_out += int((~keep).sum())
-            self.filtered_by_kind[kind] = self.filtered_by_kind.get(kind, 0) + int((~keep).sum())
-            out[kind] = t.filter(pa.array(keep))
+            dropped = len(keep) - int(np.count_nonzero(keep))
+            self.filtered_out += dropped
+            self.filtered_by_kind[kind] = self.filtered_by_kind.get(kind, 0) + dropped
+            out[kind] = t if not dropped else _kept(t, keep)
         return out

@@ -223,8 +223,7 @@ class Session(OptionalHandlers, Linking):
                         _notice(self.status["uvm plan"])
         except Exception as e:
             _warn(f"capture stopped early: {type(e).__name__}: {e}")
-        self.stop_seconds = time.perf_counter() - t0
-        self._write_meta()
+        self._write_meta(stop_t0=t0)  # stop_seconds includes this manifest write (all but its last write)
         return self.reports
 
     def _flush_loop(self) -> None:
@@ -386,14 +385,16 @@ class Session(OptionalHandlers, Linking):
         self.flush_seconds += time.perf_counter() - t0
         if final:
             self.final_flush_phases = {k: round(v, 6) for k, v in phases.items()}
-        if tables or self._part % 10 == 1:
+        if not final and (tables or self._part % 10 == 1):  # the final one: stop() writes it next
             self._write_meta()
 
     def _write_part(self, kind: str, table: pa.Table, part: int) -> None:
         write_part(self.out / kind / f"rank-{self.rank}-pid-{self.pid}-part-{part:05d}.parquet", table)
 
-    def _write_meta(self) -> None:
-        """This process's part of the manifest (merged by compaction)."""
+    def _write_meta(self, stop_t0: float | None = None) -> None:
+        """This process's part of the manifest (merged by compaction).  ``stop_t0``: from
+        stop(), whose stop_seconds is taken here, after everything but the JSON's encoding and
+        write (~0.1 ms; the manifest is one small file)."""
         handlers = {h.name: {"records": h.records, "dropped": h.dropped, "sampled_out": h.sampled_out,
                              "kernels_seen": h.kernels_seen, "reattached": getattr(h, "reattached", 0),
                              "mechanism": getattr(h, "mechanism", "python"), "buffers": getattr(h, "buffers", None)}
@@ -419,6 +420,9 @@ class Session(OptionalHandlers, Linking):
             "uvm_plan": next((h.summary() for h in self.handlers if getattr(h, "name", "") == "uvm_plan"), None),
             "sanitizer": next((h.summary() for h in self.handlers if getattr(h, "name", "") == "sanitizer"), None),
         }
+        if stop_t0 is not None:
+            self.stop_seconds = time.perf_counter() - stop_t0
+            meta["capture_overhead"]["stop_seconds"] = round(self.stop_seconds, 6)
         path = self.out / SHARDS / f"rank-{self.rank}-pid-{self.pid}.json"
         tmp = path.with_name("." + path.name + ".tmp")
         try:
@@ -428,8 +432,14 @@ class Session(OptionalHandlers, Linking):
             _warn(f"cannot write {path}: {e}")
 
 
+_DEVICES: dict[int, list[dict[str, Any]]] = {}  # per process (a forked child has no CUDA): found once, kept,
+                                                 # as every manifest write (each flush, stop) asks
+
+
 def _devices() -> list[dict[str, Any]]:
     """GPU names and memory from torch, if this process initialized CUDA (no NVML start-up)."""
+    if os.getpid() in _DEVICES:
+        return _DEVICES[os.getpid()]
     torch = sys.modules.get("torch")
     try:
         if torch is None or not torch.cuda.is_initialized():
@@ -438,6 +448,7 @@ def _devices() -> list[dict[str, Any]]:
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
             out.append({"id": i, "name": p.name, "totalGlobalMem": int(p.total_memory)})
+        _DEVICES[os.getpid()] = out
         return out
     except Exception:
         return []

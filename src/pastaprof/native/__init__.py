@@ -107,8 +107,10 @@ def build_cupti() -> Path:
     inc = cupti_include_dirs()
     if not inc:
         raise RuntimeError("CUPTI headers not found (CUDA toolkit or the nvidia-cuda-cupti wheel)")
-    return _build("pastaprof_cupti", [HERE / "cupti_drain.c"],
-                  [f"-I{i}" for i in inc] + ["-ldl", "-lpthread", "-lstdc++"],  # -lstdc++: __cxa_demangle
+    # the shared header's hash in the flags: the build cache is keyed by sources and flags
+    return _build("pastaprof_cupti", [HERE / "cupti_drain.c", HERE / "cupti_callbacks.c"],
+                  [f"-I{i}" for i in inc] + ["-ldl", "-lpthread", "-lstdc++",  # -lstdc++: __cxa_demangle
+                                             f"-DPP_CUPTI_HASH={_hash(HERE / 'cupti_drain.h')}"],
                   cpp=False)
 
 
@@ -426,3 +428,13 @@ def _declare_cupti(lib: Any) -> None:
     lib.pp_cupti_configure_uvm.argtypes = [c.c_int]
     lib.pp_cupti_configure_uvm.restype = c.c_int
     lib.pp_cupti_pop_fn.restype = c.c_void_p
+    lib.pp_cupti_callbacks_on.restype = c.c_int
+    lib.pp_cupti_callbacks_off.restype = c.c_int
+    lib.pp_cupti_callback_cbid.argtypes = [c.c_int, c.c_int]
+    lib.pp_cupti_callback_cbid.restype = c.c_int
+    lib.pp_cupti_callback_stat.argtypes = [c.c_int]
+    lib.pp_cupti_callback_stat.restype = c.c_int64
+    lib.pp_tls_push.argtypes = [c.c_int, c.c_uint64]
+    lib.pp_tls_push.restype = c.c_int
+    lib.pp_tls_pop.argtypes = [c.c_int, c.c_void_p]
+    lib.pp_tls_pop.restype = c.c_int

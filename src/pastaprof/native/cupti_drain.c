@@ -19,14 +19,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "cupti_drain.h"
+
 enum { K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_API, K_EXTERNAL, K_MEMORY, K_POOL, K_UVM, K_COUNT };
 static const int NCOLS[K_COUNT] = {14, 7, 6, 5, 7, 2, 10, 10, 9};
-#define MAXCOLS 14
-
-typedef struct {
-  int64_t* col[MAXCOLS];
-  int64_t n, cap;
-} Table;
 
 static Table g_rows[K_COUNT], g_taken[K_COUNT];
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -56,8 +52,6 @@ static int32_t* g_name_id;
 typedef CUptiResult (*next_fn_t)(uint8_t*, size_t, CUpti_Activity**);
 typedef CUptiResult (*reg_fn_t)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
 typedef CUptiResult (*dropped_fn_t)(CUcontext, uint32_t, size_t*);
-typedef CUptiResult (*push_fn_t)(CUpti_ExternalCorrelationKind, uint64_t);
-typedef CUptiResult (*pop_fn_t)(CUpti_ExternalCorrelationKind, uint64_t*);
 typedef CUptiResult (*uvm_cfg_fn_t)(CUpti_ActivityUnifiedMemoryCounterConfig*, uint32_t);
 typedef CUptiResult (*result_str_fn_t)(CUptiResult, const char**);
 typedef CUptiResult (*set_attr_fn_t)(CUpti_ActivityAttribute, size_t*, void*);
@@ -103,7 +97,7 @@ static int own_take(uint8_t* p) {
   return 0;
 }
 
-static int grow(Table* t, int ncols) {
+int pp_table_grow(Table* t, int ncols) {
   if (t->n < t->cap) return 0;
   int64_t cap = t->cap ? t->cap * 2 : 4096;
   for (int c = 0; c < ncols; ++c) {
@@ -159,7 +153,7 @@ static int32_t name_id(const char* name) {
 #define ROW(kind, ...)                                                   \
   do {                                                                   \
     Table* t = &g_rows[kind];                                            \
-    if (grow(t, NCOLS[kind]) == 0) {                                     \
+    if (pp_table_grow(t, NCOLS[kind]) == 0) {                                     \
       int64_t v[] = {__VA_ARGS__};                                       \
       for (int c = 0; c < NCOLS[kind]; ++c) t->col[c][t->n] = v[c];      \
       t->n++;                                                            \
@@ -337,6 +331,7 @@ int pp_cupti_init(const char* path, size_t buffer_bytes) {
     snprintf(g_error, sizeof g_error, "libcupti at %s lacks the activity API", path);
     return -1;
   }
+  pp_cb_bind(h, p_push, p_pop);
   if (buffer_bytes) g_buffer_bytes = buffer_bytes;
   if (!g_ext_corr) {
     g_ext_corr = (uint32_t*)calloc(EXT_SLOTS, sizeof(uint32_t));
@@ -437,8 +432,10 @@ int pp_cupti_configure_uvm(int device) {
   return 0;
 }
 
-void* pp_cupti_push_fn(void) { return (void*)p_push; }
-void* pp_cupti_pop_fn(void) { return (void*)p_pop; }
+/* The op observer's push/pop: a thread-local stack read by the launch callbacks, forwarded to
+ * CUPTI's external correlation while launch calls come as activity records instead. */
+void* pp_cupti_push_fn(void) { return (void*)pp_tls_push; }
+void* pp_cupti_pop_fn(void) { return (void*)pp_tls_pop; }
 
 int64_t pp_cupti_stat(int i) {
   if (i < 0 || i >= 8) return -1;
@@ -457,6 +454,7 @@ int64_t pp_cupti_take(int kind) {
   g_rows[kind] = t;
   g_rows[kind].n = 0;
   pthread_mutex_unlock(&g_mu);
+  if (kind == K_API || kind == K_EXTERNAL) pp_cb_move(kind == K_API, &g_taken[kind]);  /* callback rows */
   return g_taken[kind].n;
 }
 

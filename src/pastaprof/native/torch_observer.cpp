@@ -168,7 +168,7 @@ struct SeqSlot {
   int32_t site = -1;
 };
 std::vector<SeqSlot> g_seq(SEQ_SLOTS);
-std::mutex g_seq_mu;  // forward ops write, backward ops (other threads) read
+SpinLock g_seq_mu;  // forward ops write, backward ops (other threads) read (held for a 24-byte copy)
 
 typedef int (*push_fn_t)(int kind, uint64_t id);
 typedef int (*pop_fn_t)(int kind, uint64_t* id);
@@ -248,7 +248,7 @@ std::unique_ptr<at::ObserverContext> on_enter_impl(const at::RecordFunction& fn)
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     SeqSlot s;
     if (fr.seq >= 0) {
-      std::lock_guard<std::mutex> g(g_seq_mu);
+      std::lock_guard<SpinLock> g(g_seq_mu);
       s = g_seq[size_t(fr.seq) % SEQ_SLOTS];
     }
     bool hit = fr.seq >= 0 && s.seq == fr.seq;
@@ -262,7 +262,7 @@ std::unique_ptr<at::ObserverContext> on_enter_impl(const at::RecordFunction& fn)
     fr.site = g_sites ? call_site() : -1;
   }
   if (!fr.bwd && fr.seq >= 0) {
-    std::lock_guard<std::mutex> g(g_seq_mu);
+    std::lock_guard<SpinLock> g(g_seq_mu);
     SeqSlot& s = g_seq[size_t(fr.seq) % SEQ_SLOTS];
     s.seq = fr.seq;
     s.module = fr.module;
@@ -331,9 +331,11 @@ void on_exit_impl(const at::RecordFunction& fn) {
 void fork_prepare() {
   g_str_mu.lock();
   g_mu.lock();
+  g_seq_mu.lock();
 }
 
 void fork_parent() {
+  g_seq_mu.unlock();
   g_mu.unlock();
   g_str_mu.unlock();
 }

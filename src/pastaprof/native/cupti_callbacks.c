@@ -1,0 +1,201 @@
+/* Launch calls recorded through CUPTI's callback API, with the op they were made in.
+ *
+ * The activity API's RUNTIME/DRIVER records plus an EXTERNAL_CORRELATION record per call
+ * cost ~1.8 us per kernel launch on the H200 (20,000 tiny launches 1.33x -> 1.11x of bare
+ * without them; docs/benchmarks.md), more than the launch-call rows and op links are worth
+ * to someone who leaves capture on.  Here a callback on the launch/copy/memset/sync cbids
+ * only writes one row at the call's exit: its start (kept in CUPTI's per-call
+ * correlationData at entry), end, thread, correlation id, and the id of the innermost op
+ * of the calling thread -- a thread-local stack that the op observer pushes to and pops
+ * from instead of CUPTI's external-correlation stack.  Kernels join through the
+ * correlation id as before.
+ *
+ * The callback API takes CUPTI's single subscriber slot (driver 580).  Before a foreign
+ * client (torch.profiler) starts, Python unsubscribes and falls back for the rest of the
+ * process to activity records: then pp_tls_push/pop forward to CUPTI as well. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cupti_drain.h"
+
+typedef CUptiResult (*subscribe_fn_t)(CUpti_SubscriberHandle*, CUpti_CallbackFunc, void*);
+typedef CUptiResult (*unsubscribe_fn_t)(CUpti_SubscriberHandle);
+typedef CUptiResult (*enable_cb_fn_t)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
+
+static push_fn_t p_push;
+static pop_fn_t p_pop;
+static subscribe_fn_t p_subscribe;
+static unsubscribe_fn_t p_unsubscribe;
+static enable_cb_fn_t p_enable_cb;
+static CUpti_SubscriberHandle g_sub;
+static volatile int g_forward = 1; /* push/pop also go to CUPTI (activity records link ops) */
+static int64_t g_pid;
+static int64_t g_calls, g_dropped;
+
+/* the innermost ops of this thread (deeper nesting is counted, not stored) */
+#define DEPTH 64
+static __thread uint64_t t_ext[DEPTH];
+static __thread int t_depth;
+static __thread int64_t t_tid;
+/* launch calls open on this thread: the runtime makes driver calls inside its own (one row for
+ * both; the kernel's correlation id is the outer call's, as in CUPTI's activity records) */
+static __thread int t_in_api;
+
+/* rows: [0] external (correlation, external id), [1] api (start, end, pid, tid, correlation,
+ * cbid, is_driver); each has a spare that pp_cb_move swaps in, so a program thread waits only
+ * for a pointer swap, and both keep their capacity (no regrowth, no fresh pages per drain) */
+static const int CB_COLS[2] = {2, 7};
+static Table g_cb[2], g_cb_spare[2];
+static volatile int g_lock;
+
+static inline void lock(void) {
+  for (int spins = 0; __atomic_test_and_set(&g_lock, __ATOMIC_ACQUIRE); ++spins) {
+    if (spins < 64) continue;
+    if (spins < 128) sched_yield();
+    else {
+      struct timespec ts = {0, 50000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+static inline void unlock(void) { __atomic_clear(&g_lock, __ATOMIC_RELEASE); }
+
+static inline int64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+CUptiResult CUPTIAPI pp_tls_push(CUpti_ExternalCorrelationKind kind, uint64_t id) {
+  if (t_depth < DEPTH) t_ext[t_depth] = id;
+  t_depth++;
+  return g_forward && p_push ? p_push(kind, id) : CUPTI_SUCCESS;
+}
+
+CUptiResult CUPTIAPI pp_tls_pop(CUpti_ExternalCorrelationKind kind, uint64_t* id) {
+  if (t_depth > 0) {
+    t_depth--;
+    if (id && t_depth < DEPTH) *id = t_ext[t_depth];
+  }
+  return g_forward && p_pop ? p_pop(kind, id) : CUPTI_SUCCESS;
+}
+
+static void CUPTIAPI on_api(void* userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
+  (void)userdata;
+  const CUpti_CallbackData* d = (const CUpti_CallbackData*)data;
+  if (d->callbackSite == CUPTI_API_ENTER) {
+    *d->correlationData = t_in_api++ ? 0 : (uint64_t)now_ns();
+    return;
+  }
+  if (t_in_api > 0) t_in_api--;
+  if (*d->correlationData == 0) return; /* nested in a call already recorded */
+  int64_t end = now_ns();
+  if (!t_tid) t_tid = (int64_t)syscall(SYS_gettid);
+  uint64_t ext = (t_depth > 0 && t_depth <= DEPTH) ? t_ext[t_depth - 1] : 0;
+  int64_t corr = (int64_t)d->correlationId;
+  lock();
+  g_calls++;
+  Table* a = &g_cb[1];
+  if (pp_table_grow(a, 7) == 0) {
+    int64_t n = a->n++;
+    a->col[0][n] = (int64_t)*d->correlationData;
+    a->col[1][n] = end;
+    a->col[2][n] = g_pid;
+    a->col[3][n] = t_tid;
+    a->col[4][n] = corr;
+    a->col[5][n] = (int64_t)cbid;
+    a->col[6][n] = domain == CUPTI_CB_DOMAIN_DRIVER_API;
+  } else {
+    g_dropped++;
+  }
+  Table* e = &g_cb[0];
+  if (ext && pp_table_grow(e, 2) == 0) {
+    int64_t n = e->n++;
+    e->col[0][n] = corr;
+    e->col[1][n] = (int64_t)ext;
+  }
+  unlock();
+}
+
+void pp_cb_bind(void* lib, push_fn_t push, pop_fn_t pop) {
+  p_push = push;
+  p_pop = pop;
+  p_subscribe = (subscribe_fn_t)dlsym(lib, "cuptiSubscribe");
+  p_unsubscribe = (unsubscribe_fn_t)dlsym(lib, "cuptiUnsubscribe");
+  p_enable_cb = (enable_cb_fn_t)dlsym(lib, "cuptiEnableCallback");
+  g_pid = (int64_t)getpid();
+}
+
+void pp_cb_move(int api, Table* dst) {
+  int k = api ? 1 : 0, nc = CB_COLS[k];
+  lock();
+  Table t = g_cb[k];
+  g_cb[k] = g_cb_spare[k];
+  g_cb_spare[k] = t;
+  unlock();
+  Table* s = &g_cb_spare[k];
+  for (int64_t i = 0; i < s->n; ++i) {
+    if (pp_table_grow(dst, nc) != 0) break;
+    for (int c = 0; c < nc; ++c) dst->col[c][dst->n] = s->col[c][i];
+    dst->n++;
+  }
+  s->n = 0;
+}
+
+/* ---- called from Python (ctypes) -------------------------------------------------- */
+
+/* Subscribe (0), or the CUPTI error: e.g. CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+ * (39) when torch.profiler, nsys or ncu already holds the slot. */
+int pp_cupti_callbacks_on(void) {
+  if (!p_subscribe || !p_enable_cb || !p_unsubscribe) return -1;
+  if (g_sub) return 0;
+  CUptiResult r = p_subscribe(&g_sub, on_api, NULL);
+  if (r != CUPTI_SUCCESS) {
+    g_sub = NULL;
+    return (int)r;
+  }
+  g_forward = 0;
+  return 0;
+}
+
+/* Record calls of one cbid (driver: driver API, else runtime API); 0 or the CUPTI error. */
+int pp_cupti_callback_cbid(int driver, int cbid) {
+  if (!g_sub) return -1;
+  return (int)p_enable_cb(1, g_sub, driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API,
+                          (CUpti_CallbackId)cbid);
+}
+
+/* Give the subscriber slot back (before a foreign client); from now on push/pop forward. */
+int pp_cupti_callbacks_off(void) {
+  g_forward = 1;
+  if (!g_sub) return 0;
+  CUptiResult r = p_unsubscribe(g_sub);
+  g_sub = NULL;
+  return (int)r;
+}
+
+int64_t pp_cupti_callback_stat(int i) {
+  lock();
+  int64_t v = i == 0 ? g_calls : i == 1 ? g_dropped : (int64_t)(g_sub != NULL);
+  unlock();
+  return v;
+}
+
+/* fork(): rows belong to the parent; the child starts with none, its own pid, and a free lock */
+static void fork_prepare(void) { lock(); }
+static void fork_parent(void) { unlock(); }
+static void fork_child(void) {
+  for (int k = 0; k < 2; ++k) g_cb[k].n = g_cb_spare[k].n = 0;
+  g_pid = (int64_t)getpid();
+  unlock();
+}
+__attribute__((constructor)) static void install_fork_handlers(void) {
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+}

@@ -1,0 +1,25 @@
+/* Shared between cupti_drain.c (activity buffers) and cupti_callbacks.c (launch-call
+ * callbacks): the column tables both fill and the functions one calls in the other. */
+#pragma once
+#include <cupti.h>
+#include <stdint.h>
+
+#define MAXCOLS 14
+
+typedef struct {
+  int64_t* col[MAXCOLS];
+  int64_t n, cap;
+} Table;
+
+/* Room for one more row (doubling); 0, or -1 when out of memory. */
+int pp_table_grow(Table* t, int ncols);
+
+/* cupti_callbacks.c */
+typedef CUptiResult (*push_fn_t)(CUpti_ExternalCorrelationKind, uint64_t);
+typedef CUptiResult (*pop_fn_t)(CUpti_ExternalCorrelationKind, uint64_t*);
+void pp_cb_bind(void* lib, push_fn_t push, pop_fn_t pop);
+/* Append the launch calls (api != 0: 7 columns as K_API) or their op ids (api == 0:
+ * correlation, external id) recorded by the callbacks since the last move to `dst`. */
+void pp_cb_move(int api, Table* dst);
+CUptiResult CUPTIAPI pp_tls_push(CUpti_ExternalCorrelationKind kind, uint64_t id);
+CUptiResult CUPTIAPI pp_tls_pop(CUpti_ExternalCorrelationKind kind, uint64_t* id);
