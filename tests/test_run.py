@@ -956,3 +956,50 @@ def test_op_stack_of_the_launch_callbacks():
     assert got.value == 99
     assert lib.pp_cupti_callbacks_on() != 0  # no libcupti bound in this process
     assert lib.pp_cupti_take(4) == 0 and lib.pp_cupti_take(5) == 0  # no launch rows, no op links
+
+
+MODULES_APP = textwrap.dedent("""
+    import threading, torch
+    shared = torch.nn.Linear(4, 4)
+    a, b = torch.nn.Sequential(shared, torch.nn.ReLU()), torch.nn.Sequential(torch.nn.Tanh(), shared)
+    x = torch.randn(2, 4)
+    a(x)
+    b(x)
+    with torch.no_grad():
+        t = threading.Thread(target=lambda: [b(x) for _ in range(50)])
+        t.start()
+        for _ in range(50):
+            a(x)
+        t.join()
+    print("ok")
+""")
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_module_paths_follow_the_parent_and_the_thread(tmp_path, native):
+    """One Linear inside two Sequentials: its ops carry the path of the parent that called
+    it, also while the two run at once on two threads (paths are per thread).  The Python
+    fallback's dispatch mode is the main thread's only: it sees no op of the other thread."""
+    pytest.importorskip("torch")
+    app = tmp_path / "mapp.py"
+    app.write_text(MODULES_APP)
+    r = _run(tmp_path / "run", sys.executable, str(app), env={"PASTAPROF_NATIVE": native})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "ok\n"
+    op = pastaprof.load(tmp_path / "run").table("op").to_pylist()
+    linear = "aten::addmm" if native == "1" else "aten.addmm.default"
+    relu, tanh = ("aten::relu", "aten::tanh") if native == "1" else ("aten.relu.default", "aten.tanh.default")
+    by = {}
+    for o in op:
+        if o["name"] in (linear, relu, tanh):
+            by.setdefault((o["name"], o["module"]), set()).add(o["tid"])
+    threads = 2 if native == "1" else 1  # b: on the main thread, then on the other
+    assert {k: len(v) for k, v in by.items()} == {
+        (linear, "Sequential_0/Linear_0"): 1, (relu, "Sequential_0/ReLU_0"): 1,
+        (linear, "Sequential_1/Linear_0"): threads, (tanh, "Sequential_1/Tanh_0"): threads,
+    }
+    counts = {}
+    for o in op:
+        if o["name"] == linear:
+            counts[o["module"]] = counts.get(o["module"], 0) + 1
+    assert counts == {"Sequential_0/Linear_0": 51, "Sequential_1/Linear_0": 51 if native == "1" else 1}

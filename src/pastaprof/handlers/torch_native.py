@@ -71,14 +71,19 @@ class NativeOps:
         if self.mem:
             self.lib.pp_mem_stop()
 
-    def set_module(self, path: str | None) -> None:
-        if path is None:
-            self.lib.pp_obs_set_module(-1)
-            return
-        i = self._path_ids.get(path)
+    def intern(self, text: str) -> int:
+        """The id of a string in the observer's table (module paths)."""
+        i = self._path_ids.get(text)
         if i is None:
-            i = self._path_ids[path] = self.lib.pp_obs_intern(path.encode("utf-8", "replace"))
-        self.lib.pp_obs_set_module(i)
+            i = self._path_ids[text] = self.lib.pp_obs_intern(text.encode("utf-8", "replace"))
+        return i
+
+    def module_cell(self) -> ctypes.c_int32:
+        """The calling thread's current module path id, as a writable ctypes cell."""
+        return ctypes.c_int32.from_address(self.lib.pp_obs_module_cell())
+
+    def set_module(self, path: str | None) -> None:
+        self.lib.pp_obs_set_module(-1 if path is None else self.intern(path))
 
     @property
     def dropped(self) -> int:

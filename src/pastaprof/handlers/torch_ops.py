@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pastaprof.handlers.module_paths import ModulePaths
+
 _LIB_PARTS = ("/torch/", "/pastaprof/", "<frozen", "/contextlib.py", "/functools.py")
 
 
@@ -140,8 +142,7 @@ class TorchHandler:
         self._cols: dict[str, list] = self._empty()
         self._site_cache: dict[Any, bool] = {}
         self._local = threading.local()
-        self._module_names: dict[int, str] = {}
-        self._class_counts: dict[str, int] = {}
+        self._modules = ModulePaths()
         self._mode: Any = None
         self._kinds = _TensorKinds()  # knows torch.Tensor once the dispatch mode is installed
         self._hooks: list[Any] = []
@@ -169,8 +170,9 @@ class TorchHandler:
             self._install_dispatch_mode()
         mm = torch.nn.modules.module
         if self.modules:
-            self._hooks = [mm.register_module_forward_pre_hook(self._enter_module),
-                           mm.register_module_forward_hook(self._exit_module)]
+            self._modules = ModulePaths(self.native)
+            enter, exit_ = self._modules.hooks()
+            self._hooks = [mm.register_module_forward_pre_hook(enter), mm.register_module_forward_hook(exit_)]
         if self._on_step is not None:  # steps for PASTAPROF_STEPS: optimizer.step() calls
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -317,28 +319,6 @@ class TorchHandler:
         pass
 
     # -- hot path --------------------------------------------------------------
-    def _enter_module(self, module, args) -> None:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        key = id(module)
-        name = self._module_names.get(key)
-        if name is None:
-            cls = type(module).__name__
-            n = self._class_counts.get(cls, 0)
-            self._class_counts[cls] = n + 1
-            name = self._module_names[key] = f"{cls}_{n}"
-        stack.append(name)
-        if self.native is not None:
-            self.native.set_module("/".join(stack))
-
-    def _exit_module(self, module, args, output) -> None:
-        stack = getattr(self._local, "stack", None)
-        if stack:
-            stack.pop()
-            if self.native is not None:
-                self.native.set_module("/".join(stack) if stack else None)
-
     def _call_site(self) -> str | None:
         f = sys._getframe(3)
         cache = self._site_cache
@@ -355,8 +335,7 @@ class TorchHandler:
 
     def _record(self, op_id, func, args, kwargs, t0, t1, backward) -> None:
         shapes, dtypes = _shape_and_dtype(args, kwargs) if self.shapes else (None, None)
-        stack = getattr(self._local, "stack", None)
-        module = "/".join(stack) if stack else None
+        module = self._modules.current()
         site = None if backward or not self.call_sites else self._call_site()
         s = self._strings
         with self._lock:

@@ -385,6 +385,10 @@ void pp_obs_stop() {
 
 void pp_obs_set_module(int32_t path_id) { t_state.module = path_id; }
 
+// The calling thread's module path id, for Python's module hooks to write through a ctypes
+// cell (a ctypes call per hook cost more than the rest of the hook).  Valid for the thread's life.
+int32_t* pp_obs_module_cell() { return &t_state.module; }
+
 int64_t pp_obs_dropped() { return g_dropped.load() + g_errors.load(); }
 
 // Move the rows recorded so far aside; returns how many.  Then pp_obs_copy_all and
