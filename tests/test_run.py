@@ -1003,3 +1003,38 @@ def test_module_paths_follow_the_parent_and_the_thread(tmp_path, native):
         if o["name"] == linear:
             counts[o["module"]] = counts.get(o["module"], 0) + 1
     assert counts == {"Sequential_0/Linear_0": 51, "Sequential_1/Linear_0": 51 if native == "1" else 1}
+
+
+EXCEPTION_APP = textwrap.dedent("""
+    import torch
+
+    class Fails(torch.nn.Module):
+        def forward(self, x):
+            x = x.relu()
+            raise ValueError("no")
+
+    fails, after = torch.nn.Sequential(torch.nn.Linear(4, 4), Fails()), torch.nn.Sequential(torch.nn.Tanh())
+    x = torch.randn(2, 4)
+    try:
+        fails(x)
+    except ValueError:
+        pass
+    after(x)
+    # torch.compile traces through the wrapped Module.__call__ without a graph break
+    compiled = torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU()), backend="eager", fullgraph=True)
+    print(compiled(x).shape[0])
+""")
+
+
+def test_module_path_after_an_exception_and_under_torch_compile(tmp_path):
+    """A forward that raises leaves no stale path behind (a forward hook would not have
+    run), and torch.compile(fullgraph=True) traces modules without a graph break."""
+    pytest.importorskip("torch")
+    app = tmp_path / "eapp.py"
+    app.write_text(EXCEPTION_APP)
+    r = _run(tmp_path / "run", sys.executable, str(app))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "2\n"
+    op = pastaprof.load(tmp_path / "run").table("op").to_pylist()
+    assert {o["module"] for o in op if o["name"] == "aten::relu"} == {"Sequential_0/Fails_0"}
+    assert {o["module"] for o in op if o["name"] == "aten::tanh"} == {"Sequential_1/Tanh_0"}

@@ -168,11 +168,12 @@ class TorchHandler:
         memory = self.tensors and torch.cuda.is_available()
         if not self._install_native(memory) and self.ops:
             self._install_dispatch_mode()
-        mm = torch.nn.modules.module
         if self.modules:
             self._modules = ModulePaths(self.native)
-            enter, exit_ = self._modules.hooks()
-            self._hooks = [mm.register_module_forward_pre_hook(enter), mm.register_module_forward_hook(exit_)]
+            module_cls = torch.nn.Module
+            compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+            self._restore.append((module_cls, "__call__", module_cls.__call__))
+            module_cls.__call__ = self._modules.wrap_call(module_cls, compiling)
         if self._on_step is not None:  # steps for PASTAPROF_STEPS: optimizer.step() calls
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
