@@ -26,7 +26,8 @@ PASTAPROF_TOOLS     -t kernels,ops           tools whose reports print at exit
 PASTAPROF_OUT       -o DIR                   the run directory
 PASTAPROF_OFF       (env only)               switch capture mechanisms off, for overhead
                                              breakdowns (bench/overhead.py --breakdown): any of
-                                             kernels, api, ext, ops, modules, tensors, memory
+                                             kernels, api, ext, ops, modules, tensors, memory,
+                                             callbacks (launch calls as activity records)
 ==================  =======================  ==========================================
 
 The sanitizer's tuning knobs are environment-only (docs/instruction-level.md):
