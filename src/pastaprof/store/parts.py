@@ -54,5 +54,8 @@ def write_part(path: Path, table: pa.Table) -> None:
     statistics; a run keeps a few parts as written (store/compact.py)."""
     path.parent.mkdir(exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp"
-    _write(table, tmp)
+    buf = pa.BufferOutputStream()  # encoded in memory, then one plain write: Arrow's file output
+    _write(table, buf)             # path costs ~0.1 ms more per part (dev VM; 8 parts at exit)
+    with open(tmp, "wb") as f:
+        f.write(buf.getvalue())
     os.replace(tmp, path)
