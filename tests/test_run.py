@@ -1038,3 +1038,30 @@ def test_module_path_after_an_exception_and_under_torch_compile(tmp_path):
     op = pastaprof.load(tmp_path / "run").table("op").to_pylist()
     assert {o["module"] for o in op if o["name"] == "aten::relu"} == {"Sequential_0/Fails_0"}
     assert {o["module"] for o in op if o["name"] == "aten::tanh"} == {"Sequential_1/Tanh_0"}
+
+
+FOREACH_APP = textwrap.dedent("""
+    import torch
+    a, b = [torch.zeros(2), torch.zeros(3, 4)], [torch.ones(2), torch.ones(3, 4)]
+    torch._foreach_add_(a, b)
+    with open(__file__ + ".ptrs", "w") as f:
+        f.write(" ".join(str(t.data_ptr()) for t in a + b))
+    print(float(a[1].sum()))
+""")
+
+
+def test_tensor_list_inputs_of_a_foreach_op(tmp_path):
+    """An optimizer's foreach ops take tensor lists: their shapes, dtypes and data pointers
+    are read from the list in place (the observer no longer copies it)."""
+    pytest.importorskip("torch")
+    app = tmp_path / "fapp.py"
+    app.write_text(FOREACH_APP)
+    r = _run(tmp_path / "run", sys.executable, str(app))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "12.0\n"
+    run = pastaprof.load(tmp_path / "run")
+    assert run.manifest["processes"][0]["handlers"]["torch"]["mechanism"] == "native"
+    (op,) = [o for o in run.table("op").to_pylist() if o["name"] == "aten::_foreach_add_" and o["depth"] == 0]
+    assert op["input_shapes"] == "[[[2],[3,4]],[[2],[3,4]],[]]"
+    assert op["input_dtypes"] == '["TensorList","TensorList","Scalar"]'
+    assert op["input_ptrs"] == [int(p) for p in (tmp_path / "fapp.py.ptrs").read_text().split()] + [0]
