@@ -69,7 +69,7 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
             signal.signal(sig, handler)
         signal.signal(signal.SIGINT, old_int)
     wall = time.perf_counter() - t0
-    warm.join()
+    warm.join(timeout=5)  # bounded: compaction does the same work itself if the warm-up is stuck
     _finish(partial, dest, command, code, wall, list(config.tools))
     if code < 0:  # killed by a signal: die the same way
         sys.stdout.flush()
