@@ -958,6 +958,17 @@ def test_op_stack_of_the_launch_callbacks():
     assert lib.pp_cupti_take(4) == 0 and lib.pp_cupti_take(5) == 0  # no launch rows, no op links
 
 
+def _captured(tmp_path: Path, source: str, stdout: str, env: dict | None = None):
+    """Run `source` as a program under `pastaprof run`; check its exit and output; the run."""
+    pytest.importorskip("torch")
+    app = tmp_path / "app_under_test.py"
+    app.write_text(source)
+    r = _run(tmp_path / "run", sys.executable, str(app), env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == stdout
+    return pastaprof.load(tmp_path / "run")
+
+
 MODULES_APP = textwrap.dedent("""
     import threading, torch
     shared = torch.nn.Linear(4, 4)
@@ -980,13 +991,7 @@ def test_module_paths_follow_the_parent_and_the_thread(tmp_path, native):
     """One Linear inside two Sequentials: its ops carry the path of the parent that called
     it, also while the two run at once on two threads (paths are per thread).  The Python
     fallback's dispatch mode is the main thread's only: it sees no op of the other thread."""
-    pytest.importorskip("torch")
-    app = tmp_path / "mapp.py"
-    app.write_text(MODULES_APP)
-    r = _run(tmp_path / "run", sys.executable, str(app), env={"PASTAPROF_NATIVE": native})
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == "ok\n"
-    op = pastaprof.load(tmp_path / "run").table("op").to_pylist()
+    op = _captured(tmp_path, MODULES_APP, "ok\n", env={"PASTAPROF_NATIVE": native}).table("op").to_pylist()
     linear = "aten::addmm" if native == "1" else "aten.addmm.default"
     relu, tanh = ("aten::relu", "aten::tanh") if native == "1" else ("aten.relu.default", "aten.tanh.default")
     by = {}
@@ -1029,13 +1034,7 @@ EXCEPTION_APP = textwrap.dedent("""
 def test_module_path_after_an_exception_and_under_torch_compile(tmp_path):
     """A forward that raises leaves no stale path behind (a forward hook would not have
     run), and torch.compile(fullgraph=True) traces modules without a graph break."""
-    pytest.importorskip("torch")
-    app = tmp_path / "eapp.py"
-    app.write_text(EXCEPTION_APP)
-    r = _run(tmp_path / "run", sys.executable, str(app))
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == "2\n"
-    op = pastaprof.load(tmp_path / "run").table("op").to_pylist()
+    op = _captured(tmp_path, EXCEPTION_APP, "2\n").table("op").to_pylist()
     assert {o["module"] for o in op if o["name"] == "aten::relu"} == {"Sequential_0/Fails_0"}
     assert {o["module"] for o in op if o["name"] == "aten::tanh"} == {"Sequential_1/Tanh_0"}
 
@@ -1053,15 +1052,9 @@ FOREACH_APP = textwrap.dedent("""
 def test_tensor_list_inputs_of_a_foreach_op(tmp_path):
     """An optimizer's foreach ops take tensor lists: their shapes, dtypes and data pointers
     are read from the list in place (the observer no longer copies it)."""
-    pytest.importorskip("torch")
-    app = tmp_path / "fapp.py"
-    app.write_text(FOREACH_APP)
-    r = _run(tmp_path / "run", sys.executable, str(app))
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == "12.0\n"
-    run = pastaprof.load(tmp_path / "run")
+    run = _captured(tmp_path, FOREACH_APP, "12.0\n")
     assert run.manifest["processes"][0]["handlers"]["torch"]["mechanism"] == "native"
     (op,) = [o for o in run.table("op").to_pylist() if o["name"] == "aten::_foreach_add_" and o["depth"] == 0]
     assert op["input_shapes"] == "[[[2],[3,4]],[[2],[3,4]],[]]"
     assert op["input_dtypes"] == '["TensorList","TensorList","Scalar"]'
-    assert op["input_ptrs"] == [int(p) for p in (tmp_path / "fapp.py.ptrs").read_text().split()] + [0]
+    assert op["input_ptrs"] == [int(p) for p in (tmp_path / "app_under_test.py.ptrs").read_text().split()] + [0]
