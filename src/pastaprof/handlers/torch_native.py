@@ -82,9 +82,6 @@ class NativeOps:
         """The calling thread's current module path id, as a writable ctypes cell."""
         return ctypes.c_int32.from_address(self.lib.pp_obs_module_cell())
 
-    def set_module(self, path: str | None) -> None:
-        self.lib.pp_obs_set_module(-1 if path is None else self.intern(path))
-
     @property
     def dropped(self) -> int:
         return int(self.lib.pp_obs_dropped()) + int(self.lib.pp_mem_dropped())

@@ -342,8 +342,6 @@ def _declare_torch(lib: Any) -> None:
     lib.pp_obs_start.argtypes = [c.c_void_p, c.c_void_p, c.c_int, c.c_int, c.c_int]
     lib.pp_obs_start.restype = c.c_int
     lib.pp_obs_stop.restype = None
-    lib.pp_obs_set_module.argtypes = [c.c_int32]
-    lib.pp_obs_set_module.restype = None
     lib.pp_obs_module_cell.restype = c.c_void_p
     lib.pp_obs_dropped.restype = c.c_int64
     lib.pp_obs_take.restype = c.c_int64

@@ -67,12 +67,6 @@ static inline void lock(void) {
 }
 static inline void unlock(void) { __atomic_clear(&g_lock, __ATOMIC_RELEASE); }
 
-static inline int64_t now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_REALTIME, &t);
-  return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
 CUptiResult CUPTIAPI pp_tls_push(CUpti_ExternalCorrelationKind kind, uint64_t id) {
   if (t_depth < DEPTH) t_ext[t_depth] = id;
   t_depth++;
@@ -91,12 +85,12 @@ static void CUPTIAPI on_api(void* userdata, CUpti_CallbackDomain domain, CUpti_C
   (void)userdata;
   const CUpti_CallbackData* d = (const CUpti_CallbackData*)data;
   if (d->callbackSite == CUPTI_API_ENTER) {
-    *d->correlationData = t_in_api++ ? 0 : (uint64_t)now_ns();
+    *d->correlationData = t_in_api++ ? 0 : pp_realtime_ns();
     return;
   }
   if (t_in_api > 0) t_in_api--;
   if (*d->correlationData == 0) return; /* nested in a call already recorded */
-  int64_t end = now_ns();
+  int64_t end = (int64_t)pp_realtime_ns();
   if (!t_tid) t_tid = (int64_t)syscall(SYS_gettid);
   uint64_t ext = (t_depth > 0 && t_depth <= DEPTH) ? t_ext[t_depth - 1] : 0;
   int64_t corr = (int64_t)d->correlationId;

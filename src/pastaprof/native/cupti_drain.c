@@ -375,11 +375,7 @@ int pp_cupti_shared_buffers(void) {
  * Kineto (torch.profiler) configures its own (TSC) timestamp source and leaves it behind
  * after its session, so records taken after one were stamped on another clock and landed
  * before the session (measured on the H200).  Call before enabling kinds. */
-static uint64_t CUPTIAPI realtime_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_REALTIME, &t);
-  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
+static uint64_t CUPTIAPI realtime_ns(void) { return pp_realtime_ns(); }
 
 int pp_cupti_own_clock(void) {
   if (!p_ts_cb) return 1; /* older libcupti: its default clock is CLOCK_REALTIME already */

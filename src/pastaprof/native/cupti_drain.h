@@ -3,6 +3,7 @@
 #pragma once
 #include <cupti.h>
 #include <stdint.h>
+#include <time.h>
 
 #define MAXCOLS 14
 
@@ -10,6 +11,13 @@ typedef struct {
   int64_t* col[MAXCOLS];
   int64_t n, cap;
 } Table;
+
+/* time.time_ns()'s clock, CUPTI's default: launch-call rows and CUPTI's records on one clock */
+static inline uint64_t pp_realtime_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
 
 /* Room for one more row (doubling); 0, or -1 when out of memory. */
 int pp_table_grow(Table* t, int ncols);

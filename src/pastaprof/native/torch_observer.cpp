@@ -8,7 +8,7 @@
 //     time.time_ns() and CUPTI), thread, id, parent id and depth (per-thread stack),
 //     autograd sequence number, backward flag, interned name / input shapes / input
 //     dtypes / module path / call site.
-// Module paths come from Python's global module hooks (pp_obs_set_module); backward
+// Module paths come from Python (handlers/module_paths.py, through pp_obs_module_cell); backward
 // ops take the module and call site of the forward op with the same sequence number.
 // The call site is the innermost Python frame outside torch and pastaprof, read only
 // for top-level forward ops on threads that run Python (nested ops inherit it); it, the
@@ -383,10 +383,9 @@ void pp_obs_stop() {
   }
 }
 
-void pp_obs_set_module(int32_t path_id) { t_state.module = path_id; }
-
-// The calling thread's module path id, for Python's module hooks to write through a ctypes
-// cell (a ctypes call per hook cost more than the rest of the hook).  Valid for the thread's life.
+// The calling thread's module path id, for Python's module-call wrapper to write through a
+// ctypes cell (a ctypes call per module call cost more than the rest of it).  Valid for the
+// thread's life.
 int32_t* pp_obs_module_cell() { return &t_state.module; }
 
 int64_t pp_obs_dropped() { return g_dropped.load() + g_errors.load(); }

@@ -13,6 +13,7 @@ when complete.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from pastaprof.store.writer import read_parquet as _read
 _PART_RE = re.compile(r"^rank-(\d+)-pid-(\d+)-part-(\d+)\.parquet$")
 
 
+@functools.cache  # NVML's start-up takes tens of ms: asked once (``pastaprof run`` asks while the program runs)
 def _gpus() -> list[dict[str, Any]]:
     """GPU names and memory through NVML, when available (never required)."""
     try:
@@ -51,18 +53,6 @@ def _gpus() -> list[dict[str, Any]]:
         return out
     except Exception:
         return []
-
-
-_GPUS: list[dict[str, Any]] | None = None
-
-
-def _gpus_once() -> list[dict[str, Any]]:
-    """_gpus(), asked once per process (NVML's start-up takes tens of ms; ``pastaprof run``
-    asks while the program runs, in warm_up)."""
-    global _GPUS
-    if _GPUS is None:
-        _GPUS = _gpus()
-    return _GPUS
 
 
 EXTERNAL = "_external"
@@ -114,7 +104,7 @@ def warm_up() -> None:
         pq.write_table(pa.Table.from_arrays([pa.nulls(1, pa.int64())], names=["a"]), buf)
         pq.read_metadata(pa.BufferReader(buf.getvalue()))
         _dumps({"a": [1]})
-        _gpus_once()
+        _gpus()
     except Exception:  # noqa: BLE001 -- only a warm-up
         pass
 
@@ -199,7 +189,7 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
         "command": command if command is not None else (metas[0].get("argv") if metas else None),
         "exit_code": exit_code,
         "host": socket.gethostname(),
-        "devices": next((m["devices"] for m in metas if m.get("devices")), None) or _gpus_once(),
+        "devices": next((m["devices"] for m in metas if m.get("devices")), None) or _gpus(),
         "versions": metas[0].get("versions", {}) if metas else {},
         "ranks": sorted(ranks) or [0],
         "processes": [{k: m.get(k) for k in ("rank", "pid", "argv", "events", "handlers", "status", "steps_seen",
