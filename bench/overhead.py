@@ -163,6 +163,7 @@ def main() -> None:
             "events": last["pastaprof"]["events"], "capture_overhead": last["pastaprof"]["manifest"]["capture_overhead"],
             "rounds": [{m: r[m]["seconds"] + r[m].get("after_region_seconds", 0)
                         for m in ("bare", *VARIANTS, "torchprof")} for r in rounds],
+            "regions": [{m: r[m]["seconds"] for m in ("bare", *VARIANTS, "torchprof")} for r in rounds],
         }
         print(json.dumps({name: summary[name]}), flush=True)
     (out / f"overhead-steps{a.steps or 1}.json").write_text(json.dumps(summary, indent=1))

@@ -41,7 +41,7 @@ class NativeOps:
         returns a status line for what could not start, else None."""
         self.observing = observe
         if observe:
-            self.lib.pp_obs_start(push, pop, ext_kind, int(shapes), int(call_sites))
+            self.lib.pp_obs_start(push, pop, ext_kind, 3 if shapes else 0, int(call_sites))  # shapes, pointers
         if memory:
             if not getattr(self.lib, "has_cuda", False):
                 return "native allocator tracker unavailable (CUDA headers not found at build)"
@@ -64,6 +64,12 @@ class NativeOps:
             from pastaprof.handlers.messages import notice
 
             notice(self.mem_error)
+
+    def pause(self, paused: bool) -> None:
+        """Take the op callback out of (or back into) PyTorch's RecordFunction, for capture
+        gated at the source (see TorchHandler.set_gate)."""
+        if self.observing:
+            self.lib.pp_obs_pause(int(paused))
 
     def stop(self) -> None:
         if self.observing:

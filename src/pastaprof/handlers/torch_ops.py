@@ -149,6 +149,9 @@ class TorchHandler:
         self._mem_last_us = -1.0
         self._mem_on = False
         self.native_status: str | None = None
+        self._gate_open = True
+        self._installed = False
+        self.gate_changes = 0
 
     @staticmethod
     def _empty() -> dict[str, list]:
@@ -159,6 +162,7 @@ class TorchHandler:
     def start(self) -> None:
         try:
             self._install()
+            self._installed = True
         except Exception as e:
             self.status = f"PyTorch ops not recorded ({type(e).__name__}: {e})"
 
@@ -298,7 +302,24 @@ class TorchHandler:
             self._restore.append((prof, attr, getattr(prof, attr)))
             setattr(prof, attr, new)
 
+    def set_gate(self, open_: bool) -> None:
+        """Capture gated at the source: outside the selected steps and ranges (the session's
+        gate) the op observer's callback leaves RecordFunction and the module-call wrapper
+        only calls through, so those steps cost (nearly) what they cost without pastaprof, not
+        just unrecorded.  The allocator tracker stays on: tensors allocated outside a window and
+        freed inside it are still understood.  Only the native observer is gated; the Python
+        dispatch mode (the fallback) records throughout and the flush gates its ops.  A module
+        path entered while the gate was closed is missing from the paths of ops inside it."""
+        if open_ == self._gate_open or not self._installed:
+            return
+        self._gate_open = open_
+        self.gate_changes += 1
+        if self.native is not None:
+            self.native.pause(not open_)
+            self._modules.gate[0] = open_
+
     def stop(self) -> None:
+        self._installed = False
         for owner, attr, old in reversed(self._restore):
             setattr(owner, attr, old)
         self._restore.clear()

@@ -342,6 +342,8 @@ def _declare_torch(lib: Any) -> None:
     lib.pp_obs_start.argtypes = [c.c_void_p, c.c_void_p, c.c_int, c.c_int, c.c_int]
     lib.pp_obs_start.restype = c.c_int
     lib.pp_obs_stop.restype = None
+    lib.pp_obs_pause.argtypes = [c.c_int]
+    lib.pp_obs_pause.restype = None
     lib.pp_obs_module_cell.restype = c.c_void_p
     lib.pp_obs_dropped.restype = c.c_int64
     lib.pp_obs_take.restype = c.c_int64
@@ -356,6 +358,10 @@ def _declare_torch(lib: Any) -> None:
     lib.pp_obs_string.restype = c.c_char_p
     lib.pp_obs_intern.argtypes = [c.c_char_p]
     lib.pp_obs_intern.restype = c.c_int32
+    lib.pp_obs_floor_start.argtypes = [c.c_int]
+    lib.pp_obs_floor_start.restype = c.c_uint64
+    lib.pp_obs_floor_stop.argtypes = [c.c_uint64]
+    lib.pp_obs_floor_stop.restype = None
     lib.pp_mem_start.restype = c.c_int
     lib.pp_mem_error.restype = c.c_char_p
     lib.pp_mem_stop.restype = None

@@ -175,7 +175,7 @@ typedef int (*pop_fn_t)(int kind, uint64_t* id);
 push_fn_t g_push = nullptr;
 pop_fn_t g_pop = nullptr;
 int g_ext_kind = 0;
-bool g_shapes = true;
+int g_inputs = 3;  // what of an op's inputs is read: 1 shapes and dtypes, 2 data pointers
 bool g_sites = true;
 std::atomic<bool> g_on{false};
 at::CallbackHandle g_handle = 0;
@@ -237,9 +237,9 @@ std::unique_ptr<at::ObserverContext> on_enter_impl(const at::RecordFunction& fn)
   fr.name = name_of(fn, name);
   fr.shapes = fr.dtypes = -1;
   fr.ptr_start = uint32_t(ts.ptrs.size());
-  if (g_shapes && fn.scope() == at::RecordScope::FUNCTION) {
-    inputs_of(fn, &fr.shapes, &fr.dtypes);
-    pointers_of(fn, ts.ptrs);
+  if (g_inputs && fn.scope() == at::RecordScope::FUNCTION) {
+    if (g_inputs & 1) inputs_of(fn, &fr.shapes, &fr.dtypes);
+    if (g_inputs & 2) pointers_of(fn, ts.ptrs);
   }
   fr.ptr_count = uint32_t(ts.ptrs.size()) - fr.ptr_start;
   const Frame* parent = ts.stack.empty() ? nullptr : &ts.stack.back();
@@ -355,33 +355,59 @@ void fork_child() {
 
 __attribute__((constructor)) void install_fork_handlers() { pthread_atfork(fork_prepare, fork_parent, fork_child); }
 
-}  // namespace
+std::mutex g_handle_mu;  // start, stop and pause may come from different threads
 
-extern "C" {
-
-// Start observing.  push/pop: cuptiActivityPush/PopExternalCorrelationId (or null).
-int pp_obs_start(void* push, void* pop, int ext_kind, int shapes, int sites) {
-  g_push = reinterpret_cast<push_fn_t>(push);
-  g_pop = reinterpret_cast<pop_fn_t>(pop);
-  g_ext_kind = ext_kind;
-  g_shapes = shapes != 0;
-  g_sites = sites != 0;
+void add_callback() {
+  std::lock_guard<std::mutex> g(g_handle_mu);
   if (g_handle == 0) {
     g_handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
-                                         .needsInputs(g_shapes)
+                                         .needsInputs(g_inputs != 0)
                                          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
   }
   g_on.store(true);
-  return 0;
 }
 
-void pp_obs_stop() {
+void remove_callback() {
+  std::lock_guard<std::mutex> g(g_handle_mu);
   g_on.store(false);
   if (g_handle != 0) {
     at::removeCallback(g_handle);
     g_handle = 0;
   }
 }
+
+}  // namespace
+
+extern "C" {
+
+// Start observing.  push/pop: cuptiActivityPush/PopExternalCorrelationId (or null).
+// inputs: what of each op's inputs to read, bits: 1 shapes and dtypes, 2 data pointers
+// (0: RecordFunction does not box the op's arguments at all).
+int pp_obs_start(void* push, void* pop, int ext_kind, int inputs, int sites) {
+  g_push = reinterpret_cast<push_fn_t>(push);
+  g_pop = reinterpret_cast<pop_fn_t>(pop);
+  g_ext_kind = ext_kind;
+  g_inputs = inputs & 3;
+  g_sites = sites != 0;
+  add_callback();
+  return 0;
+}
+
+// Capture gated at the source (PASTAPROF_STEPS / PASTAPROF_RANGES): outside the selected
+// steps and ranges the callback is removed, so ops cost what they cost without pastaprof (a
+// registered callback, even one returning at once, is ~0.2-0.6 us per op: RecordFunction
+// itself).  An op that began before a pause still gets its exit (RecordFunction keeps the
+// callbacks it started with); one that began during it is not on the thread's stack and its
+// exit is ignored.
+void pp_obs_pause(int paused) {
+  if (paused) {
+    remove_callback();
+  } else {
+    add_callback();
+  }
+}
+
+void pp_obs_stop() { remove_callback(); }
 
 // The calling thread's module path id, for Python's module-call wrapper to write through a
 // ctypes cell (a ctypes call per module call cost more than the rest of it).  Valid for the
@@ -440,5 +466,18 @@ const char* pp_obs_string(int64_t i) {
 }
 
 int32_t pp_obs_intern(const char* s) { return intern(std::string(s)); }
+
+// For benchmarks only (bench/capture_inprocess.py): an empty callback on the same scopes, with
+// or without the op's inputs, measures what RecordFunction itself costs per op -- the floor
+// under any op observer -- against which the observer's own work is read.
+uint64_t pp_obs_floor_start(int inputs) {
+  auto enter = [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> { return nullptr; };
+  auto leave = [](const at::RecordFunction&, at::ObserverContext*) {};
+  return at::addGlobalCallback(at::RecordFunctionCallback(enter, leave)
+                                   .needsInputs(inputs != 0)
+                                   .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+}
+
+void pp_obs_floor_stop(uint64_t handle) { at::removeCallback(handle); }
 
 }  // extern "C"

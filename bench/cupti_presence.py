@@ -1,0 +1,89 @@
+"""What CUPTI's mere presence costs the launch path, in one process (issue B).
+
+    python bench/cupti_presence.py [--workloads tiny,resnet50] [--steps 10]
+
+Bare steps before CUPTI is ever enabled; then with CUPTI's kernel records on (pastaprof's
+native drain, kernels/memcpy/memset/sync only); then bare again with every kind disabled;
+again after a second enable; and after ``cuptiFinalize``.  If the bare steps after the first
+enable are slower than the ones before it, an in-process comparison against a bare baseline
+taken after CUPTI was enabled (bench/capture_inprocess.py's CUPTI rows) understates CUPTI's
+cost, and that cost is a floor for any CUPTI-based kernel trace (torch.profiler's included).
+Medians and minima of ``--steps`` synchronized steps per phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", default="tiny,resnet50")
+    ap.add_argument("--steps", type=int, default=10)
+    a = ap.parse_args()
+    import torch
+    from workloads import make
+
+    from pastaprof.handlers.control import CaptureConfig
+    from pastaprof.handlers.cupti_activity import CuptiActivityHandler
+
+    steps = {w: make(w) for w in a.workloads.split(",")}
+    for step in steps.values():
+        for _ in range(3):
+            step()
+    torch.cuda.synchronize()
+
+    def measure(step) -> dict:
+        per = []
+        for _ in range(a.steps):
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            per.append(time.perf_counter() - t0)
+        return {"median": statistics.median(per), "min": min(per)}
+
+    def kernels_on() -> CuptiActivityHandler:
+        h = CuptiActivityHandler(CaptureConfig.from_env({"PASTAPROF_OFF": "api,ext,memory"}))
+        h.start()
+        if h.status:
+            raise SystemExit(f"CUPTI did not start: {h.status}")
+        return h
+
+    out: dict[str, dict] = {w: {} for w in steps}
+    phases = ["bare_before"]
+    for w, step in steps.items():
+        out[w]["bare_before"] = measure(step)
+    for phase in ("kernels_on", "bare_after", "kernels_on_again", "bare_after_again"):
+        phases.append(phase)
+        h = kernels_on() if phase.startswith("kernels") else None
+        for w, step in steps.items():
+            out[w][phase] = measure(step)
+        if h is not None:
+            h.stop()
+            h.drain()
+    report(out, phases)  # before cuptiFinalize, in case it does not return
+    from cupti import cupti
+
+    cupti.finalize()
+    for w, step in steps.items():
+        out[w]["bare_after_finalize"] = measure(step)
+    report(out, ["bare_before", "bare_after_finalize"])
+
+
+def report(out: dict[str, dict], phases: list[str]) -> None:
+    for w, res in out.items():
+        base = res["bare_before"]
+        summary = {p: {"ms": round(res[p]["median"] * 1e3, 3), "x": round(res[p]["median"] / base["median"], 3),
+                       "min_x": round(res[p]["min"] / base["min"], 3)} for p in phases}
+        print(json.dumps({w: summary}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

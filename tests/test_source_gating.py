@@ -1,0 +1,100 @@
+"""Capture gated at the source: outside the selected steps and ranges the op observer is
+out of PyTorch's RecordFunction and the module-call wrapper only calls through, so narrowed
+capture costs (nearly) nothing there, not only records nothing.  Real PyTorch on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pastaprof
+
+APP = textwrap.dedent("""
+    import sys, torch, pastaprof
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    for i in range(6):
+        with pastaprof.range(f"s{i}"):
+            with pastaprof.range("fwd" if i in (1, 4) else "other"):
+                loss = net(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        print(f"step {i} loss {loss.item():.6f}")
+""")
+
+
+def _run(tmp_path: Path, name: str, *flags: str) -> tuple[subprocess.CompletedProcess, Path]:
+    app = tmp_path / "app.py"
+    app.write_text(APP)
+    out = tmp_path / name
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(out), *flags, "--",
+                        sys.executable, str(app)], capture_output=True, text=True,
+                       env=dict(os.environ, PASTAPROF_FLUSH_MS="200"))
+    assert r.returncode == 0, r.stderr
+    return r, out
+
+
+def _ops_in(run: pastaprof.Run, windows: list[tuple[int, int]]) -> int:
+    """Ops of an ungated run that started inside these time windows."""
+    start = np.asarray(run.table("op")["start_ns"].to_numpy())
+    return int(sum(((start >= lo) & (start <= hi)).sum() for lo, hi in windows))
+
+
+def _ranges(run: pastaprof.Run, name: str) -> list[dict]:
+    return sorted((r for r in run.table("range").to_pylist() if r["name"] == name), key=lambda r: r["start_ns"])
+
+
+@pytest.fixture(scope="module")
+def ungated(tmp_path_factory):
+    pytest.importorskip("torch")
+    return _run(tmp_path_factory.mktemp("ungated"), "run")
+
+
+def _torch_handler(out: Path) -> dict:
+    return json.loads((out / "run.json").read_text())["processes"][0]["handlers"]["torch"]
+
+
+def test_step_window_observes_only_its_steps(tmp_path, ungated):
+    bare_out, all_run = ungated
+    r, out = _run(tmp_path, "steps", "--steps", "2:4")
+    losses = [line for line in r.stdout.splitlines() if line.startswith("step")]
+    assert len(losses) == 6 and losses == [line for line in bare_out.stdout.splitlines() if line.startswith("step")]
+    run, full = pastaprof.load(out), pastaprof.load(all_run)
+    # optimizer steps count (a post-hook of optimizer.step, inside its record_function range):
+    # step 2 begins as the second optimizer.step ends, step 4 as the fourth does
+    opt = _ranges(full, "Optimizer.step#SGD.step")
+    assert len(opt) == 6
+    expected = _ops_in(full, [(opt[1]["end_ns"], opt[3]["end_ns"])])
+    assert expected > 0 and run.table("op").num_rows == expected
+    # recorded outside the window, dropped by the store: step 0 only (the observer learns the
+    # program's signatures in it), then the gate at the source closes until step 2
+    meta = json.loads((out / "run.json").read_text())["processes"][0]
+    assert meta["filtered_by_kind"]["op"] == _ops_in(full, [(0, opt[0]["end_ns"])]) > 0
+    assert _torch_handler(out)["gate_changes"] == 3  # closed at step 1, open at step 2, closed at 4
+    modules = run.table("op")["module"].drop_null().to_pylist()
+    assert modules and all(m.startswith("Sequential_0") for m in modules)
+
+
+def test_ranges_observe_only_inside_them(tmp_path, ungated):
+    _, all_run = ungated
+    r, out = _run(tmp_path, "ranges", "--ranges", "fwd")
+    run, full = pastaprof.load(out), pastaprof.load(all_run)
+    expected = _ops_in(full, [(r["start_ns"], r["end_ns"]) for r in _ranges(full, "fwd")])
+    assert expected > 0 and run.table("op").num_rows == expected
+    opt = _ranges(full, "Optimizer.step#SGD.step")
+    filtered = json.loads((out / "run.json").read_text())["processes"][0]["filtered_by_kind"]["op"]
+    assert filtered == _ops_in(full, [(0, opt[0]["end_ns"])]) > 0  # step 0 only, as above
+    assert _torch_handler(out)["gate_changes"] == 5  # closed after step 0; open and closed twice
+    # the forward's ops carry their module paths (the wrapper is back inside the range)
+    modules = set(run.table("op")["module"].drop_null().to_pylist())
+    assert {"Sequential_0/Linear_0", "Sequential_0/ReLU_0", "Sequential_0/Linear_1"} <= modules
