@@ -41,7 +41,7 @@ from pastaprof.handlers.messages import warn as _warn
 from pastaprof.handlers.optional import OptionalHandlers, _consumed_kinds
 from pastaprof.handlers.torch_ops import TorchHandler
 from pastaprof.processor.pipeline import Processor
-from pastaprof.store.parts import warm_up, write_part
+from pastaprof.store.parts import system_memory, warm_up, write_part
 from pastaprof.tools.base import Report, RunInfo, Tool
 
 SHARDS = "shards"
@@ -219,7 +219,8 @@ class Session(OptionalHandlers, Linking):
             self.stop_handlers_seconds = time.perf_counter() - t1
             self._close_gate()
             t1 = time.perf_counter()
-            self.flush(final=True)
+            with system_memory():
+                self.flush(final=True)
             self.final_flush_seconds = time.perf_counter() - t1
             self.reports = self.processor.finish() if self.processor.tools else []
             for h in self.handlers:

@@ -9,35 +9,78 @@ and slower on a 2-core machine (19-24 -> 30-66 ms), the GIL being held for much 
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pastaprof.store.writer import dictionary_columns
 
+# Parts are encoded with the C library's malloc, not Arrow's default pool (mimalloc in
+# pyarrow 26): mimalloc's fresh pages are transparent huge pages where the kernel allows them
+# (madvise mode), and a part's first encode after the pool grew spent ~70% of its time in the
+# kernel zeroing 2 MB pages (perf, dev VM: a 6,130-op part 20-26 ms to encode instead of ~3).
+POOL = pa.system_memory_pool()
+
+
+@contextlib.contextmanager
+def system_memory() -> Iterator[None]:
+    """Arrow's default pool set to the system allocator for the block: the final flush, whose
+    take, cast and concat allocate too.  At exit no program code runs then; from
+    ``pastaprof.stop()`` the program's other threads allocate from the system pool for those
+    milliseconds, which is harmless: buffers remember their pool and are freed to it."""
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(POOL)
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(previous)
+
 
 def _write(table: pa.Table, where) -> None:
     pq.write_table(table, where, compression="none", use_dictionary=dictionary_columns(table.schema),
-                   write_statistics=False, data_page_version="1.0")
+                   write_statistics=False, data_page_version="1.0", memory_pool=POOL)
 
 
-def warm_up() -> None:
-    """Pay Arrow's and Parquet's first-call costs (each column type's encoder, the compute
-    kernels behind take) once, early and off the program's path (the session's flush thread
-    calls this as it starts): paid by the final flush at exit they were ~25 ms of a short
-    run's store write (dev VM: a 7,000-row part's take 6 ms -> 0.1 ms; an op part's write
-    27 ms -> 5 ms)."""
+def _sample(typ: pa.DataType, n: int) -> pa.Array:
+    """``n`` values of ``typ``, none null, a few distinct (as events have them)."""
+    if pa.types.is_dictionary(typ):
+        return pa.DictionaryArray.from_arrays(pa.array(np.arange(n, dtype=np.int32) % 64, typ.index_type),
+                                              _sample(typ.value_type, 64))
+    if pa.types.is_string(typ):
+        return pa.array([f"aten::op_{i % 64}" for i in range(n)], typ)
+    if pa.types.is_boolean(typ):
+        return pa.array(np.arange(n) % 2 == 0)
+    if pa.types.is_fixed_size_list(typ):
+        return pa.FixedSizeListArray.from_arrays(_sample(typ.value_type, n * typ.list_size), typ.list_size)
+    if pa.types.is_list(typ):
+        return pa.ListArray.from_arrays(pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32)),
+                                        _sample(typ.value_type, 2 * n))
+    return pa.array(np.arange(n) * 7919, pa.int64()).cast(typ, safe=False)
+
+
+def warm_up(rows: int = 4096) -> None:
+    """Pay Arrow's and Parquet's first-call costs once, early and off the program's path (the
+    session's flush thread calls this as it starts): every column type's encoder, on values
+    (all-null columns, the first version of this warm-up, skip the value encoders: the first
+    real 6,000-op part then still took 20-26 ms to encode instead of ~2 ms, and a short
+    program's stop 45-50 ms instead of ~10 ms; dev VM), and the compute kernels behind take,
+    filter, the dictionary cast of text, merge and null filling."""
     from pastaprof.events.schema import SCHEMAS, conform, merge
 
     try:
-        for sch in SCHEMAS.values():  # every kind's column types
-            t = pa.Table.from_arrays([pa.nulls(2, f.type) for f in sch], names=sch.names)
-            _write(t.take(pa.array([1, 0])).filter(pa.array([True, False])), pa.BufferOutputStream())
+        for sch in SCHEMAS.values():  # every kind's column types, with values, twice (the
+            t = pa.Table.from_arrays([_sample(f.type, rows) for f in sch], schema=sch)  # second
+            for _ in range(2):                                  # encode still paid for first touches)
+                _write(t.take(pa.array(np.arange(rows)[::-1])).filter(pa.array(np.arange(rows) % 3 > 0)),
+                       pa.BufferOutputStream())
         # the flush's other first calls (dev VM: ~1.3 ms at the first flush, often the final one):
         # text cast to dictionaries (conform of the session's range rows: 0.8 ms), merge, the
-        # null filling of times and ids, a filter of the gate
+        # null filling of times and ids
         raw = pa.table({"start_ns": pa.array([2, 1], pa.int64()), "name": pa.array(["a", "b"])})
         merge("range", [conform("range", raw), raw])
         raw["start_ns"].fill_null(-1).to_numpy(zero_copy_only=False)
@@ -54,7 +97,7 @@ def write_part(path: Path, table: pa.Table) -> None:
     statistics; a run keeps a few parts as written (store/compact.py)."""
     path.parent.mkdir(exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp"
-    buf = pa.BufferOutputStream()  # encoded in memory, then one plain write: Arrow's file output
+    buf = pa.BufferOutputStream(memory_pool=POOL)  # encoded in memory, then one plain write: Arrow's file output
     _write(table, buf)             # path costs ~0.1 ms more per part (dev VM; 8 parts at exit)
     with open(tmp, "wb") as f:
         f.write(buf.getvalue())
