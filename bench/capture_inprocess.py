@@ -31,7 +31,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -113,7 +112,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated configurations (bare always runs)")
     a = ap.parse_args()
     import torch
-    from workloads import make
+    from workloads import make, timed_steps
 
     cfg = Configs()
     names = ["bare"] + [n for n in cfg.names[1:] if not a.only or n in a.only.split(",")]
@@ -129,12 +128,7 @@ def main() -> None:
             for name in names:
                 if not cfg.start(name):
                     continue
-                per = []
-                for _ in range(a.steps):
-                    t0 = time.perf_counter()
-                    step()
-                    torch.cuda.synchronize()
-                    per.append(time.perf_counter() - t0)
+                per = timed_steps(step, a.steps)
                 launches = cfg.stop(name)
                 rows = cfg.drain()
                 if name == "ops_full":

@@ -17,7 +17,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,7 +28,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     a = ap.parse_args()
     import torch
-    from workloads import make
+    from workloads import make, timed_steps
 
     from pastaprof.handlers.control import CaptureConfig
     from pastaprof.handlers.cupti_activity import CuptiActivityHandler
@@ -41,12 +40,7 @@ def main() -> None:
     torch.cuda.synchronize()
 
     def measure(step) -> dict:
-        per = []
-        for _ in range(a.steps):
-            t0 = time.perf_counter()
-            step()
-            torch.cuda.synchronize()
-            per.append(time.perf_counter() - t0)
+        per = timed_steps(step, a.steps)
         return {"median": statistics.median(per), "min": min(per)}
 
     def kernels_on() -> CuptiActivityHandler:

@@ -25,6 +25,17 @@ import time
 import torch
 
 
+def timed_steps(step, n: int) -> list[float]:
+    """Seconds of each of ``n`` calls of ``step``, each synchronized with the GPU."""
+    per = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        per.append(time.perf_counter() - t0)
+    return per
+
+
 def make(workload: str):
     dev = "cuda"
     if workload == "tiny":
