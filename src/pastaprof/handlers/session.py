@@ -91,6 +91,7 @@ class Session(OptionalHandlers, Linking):
         # paths are known, and not first met -- at ~1 ms per step of a 75-module conv net (dev
         # VM) -- inside the first selected step.
         self._source_armed = False
+        self._source_lock = threading.Lock()
         self._part = 0
         self._ext: pa.Table | None = None
         # Correlation ids of stored GPU work that had no op yet; if their correlation record
@@ -187,7 +188,8 @@ class Session(OptionalHandlers, Linking):
                                    shapes=self.config.shapes, call_sites=self.config.call_sites,
                                    ops=not off("ops"), modules=not off("modules"), tensors=not off("tensors"))
             handler.start()
-            handler.set_gate(self._gate() or not self._source_armed)
+            with self._source_lock:
+                handler.set_gate(self._gate() or not self._source_armed)
             self.status["torch"] = handler.status or "ok"
 
             if handler.native_status:
@@ -286,11 +288,16 @@ class Session(OptionalHandlers, Linking):
             elif not self._gate() and self._gate_open_since is not None:
                 self._windows.append((self._gate_open_since, now))
                 self._gate_open_since = None
-        gate = self._gate()
-        for h in self.handlers:  # handlers that gate at the source (the sanitizer, the op observer)
-            set_gate = getattr(h, "set_gate", None)
-            if set_gate is not None:
-                set_gate(gate or (getattr(h, "name", "") == "torch" and not self._source_armed))
+        # Handlers that gate at the source (the sanitizer, the op observer).  The gate is read and
+        # applied under one lock, so with ranges opening and closing on several threads the last
+        # caller leaves the handlers in the current state (not the flush's lock: a step or range
+        # must not wait for a drain).
+        with self._source_lock:
+            gate = self._gate()
+            for h in self.handlers:
+                set_gate = getattr(h, "set_gate", None)
+                if set_gate is not None:
+                    set_gate(gate or (getattr(h, "name", "") == "torch" and not self._source_armed))
 
     def _close_gate(self) -> None:
         with self._lock:

@@ -310,13 +310,12 @@ class TorchHandler:
         freed inside it are still understood.  Only the native observer is gated; the Python
         dispatch mode (the fallback) records throughout and the flush gates its ops.  A module
         path entered while the gate was closed is missing from the paths of ops inside it."""
-        if open_ == self._gate_open or not self._installed:
+        if open_ == self._gate_open or not self._installed or self.native is None:
             return
         self._gate_open = open_
         self.gate_changes += 1
-        if self.native is not None:
-            self.native.pause(not open_)
-            self._modules.gate[0] = open_
+        self.native.pause(not open_)
+        self._modules.gate[0] = open_
 
     def stop(self) -> None:
         self._installed = False

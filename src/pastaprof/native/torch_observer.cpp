@@ -179,6 +179,7 @@ int g_inputs = 3;  // what of an op's inputs is read: 1 shapes and dtypes, 2 dat
 bool g_sites = true;
 std::atomic<bool> g_on{false};
 at::CallbackHandle g_handle = 0;
+std::mutex g_handle_mu;  // start, stop and pause (the session's gate) may come from different threads
 
 constexpr char kEvaluate[] = "autograd::engine::evaluate_function: ";
 
@@ -329,6 +330,7 @@ void on_exit_impl(const at::RecordFunction& fn) {
 // parent's shard, and CUPTI function pointers it must not call.  The locks are held across
 // fork so the child never inherits one mid-update.
 void fork_prepare() {
+  g_handle_mu.lock();
   g_str_mu.lock();
   g_mu.lock();
   g_seq_mu.lock();
@@ -338,6 +340,7 @@ void fork_parent() {
   g_seq_mu.unlock();
   g_mu.unlock();
   g_str_mu.unlock();
+  g_handle_mu.unlock();
 }
 
 void fork_child() {
@@ -354,8 +357,6 @@ void fork_child() {
 }
 
 __attribute__((constructor)) void install_fork_handlers() { pthread_atfork(fork_prepare, fork_parent, fork_child); }
-
-std::mutex g_handle_mu;  // start, stop and pause may come from different threads
 
 void add_callback() {
   std::lock_guard<std::mutex> g(g_handle_mu);
