@@ -103,3 +103,31 @@ def test_ranges_observe_only_inside_them(tmp_path, ungated):
     # the forward's ops carry their module paths (the wrapper is back inside the range)
     modules = set(run.table("op")["module"].drop_null().to_pylist())
     assert {"Sequential_0/Linear_0", "Sequential_0/ReLU_0", "Sequential_0/Linear_1"} <= modules
+
+
+def test_ranges_on_two_threads_lose_no_op_inside_them(tmp_path):
+    """Ranges opening and closing on two threads at once switch the observer from both: every
+    op inside a selected range is still recorded (each thread's ops have their own input size)."""
+    pytest.importorskip("torch")
+    app = tmp_path / "threads.py"
+    app.write_text(textwrap.dedent("""
+        import threading, torch, pastaprof
+        def work(size, n):
+            x, y = torch.zeros(size), torch.zeros(size + 100)
+            for i in range(n):
+                with pastaprof.range("sel"):
+                    x.add_(1)
+                y.add_(1)  # outside this thread's range (inside the other's, at times)
+        threads = [threading.Thread(target=work, args=(s, 300)) for s in (3, 5)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    """))
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(out), "--ranges", "sel", "--",
+                        sys.executable, str(app)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    handler = _torch_handler(out)
+    ops = pastaprof.load(out).table("op")
+    adds = [s for n, s in zip(ops["name"].to_pylist(), ops["input_shapes"].to_pylist()) if n == "aten::add_"]
+    assert adds.count("[[3],[],[]]") == 300 and adds.count("[[5],[],[]]") == 300
+    assert handler["gate_changes"] > 2  # the observer was switched while the threads ran
