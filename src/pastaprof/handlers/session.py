@@ -188,8 +188,6 @@ class Session(OptionalHandlers, Linking):
                                    shapes=self.config.shapes, call_sites=self.config.call_sites,
                                    ops=not off("ops"), modules=not off("modules"), tensors=not off("tensors"))
             handler.start()
-            with self._source_lock:
-                handler.set_gate(self._gate() or not self._source_armed)
             self.status["torch"] = handler.status or "ok"
 
             if handler.native_status:
@@ -197,6 +195,7 @@ class Session(OptionalHandlers, Linking):
                 _notice(handler.native_status)
             with self._lock:
                 self.handlers.append(handler)
+            self._update_gate()  # the gate at the source, for a step or range before torch's import
 
         if "torch" in sys.modules:
             begin()
