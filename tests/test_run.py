@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -292,6 +293,12 @@ def test_pytorch_ops_with_shapes_modules_and_call_sites(tmp_path, native):
     assert {o["call_site"] for o in mm} == {f"{app}(6): <module>"}
     evaluate = [o for o in op if o["name"].startswith("autograd::engine::evaluate_function: ")]
     assert evaluate and all(o["is_backward"] and o["call_site"] == f"{app}(7): <module>" for o in evaluate)
+    # each node of the backward graph named once per step (the engine builds these names in
+    # temporary strings whose addresses repeat: a cache keyed by address alone mixed them up)
+    nodes = Counter(o["name"].split(": ", 1)[1] for o in evaluate)
+    per_step = {"SumBackward0": 1, "AddmmBackward0": 2, "TBackward0": 2, "ReluBackward0": 1,
+                "torch::autograd::AccumulateGrad": 4}
+    assert nodes == {k: 3 * v for k, v in per_step.items()}, nodes
 
 
 def test_without_a_compiler_the_python_op_path_takes_over(tmp_path):

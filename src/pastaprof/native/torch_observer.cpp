@@ -199,16 +199,30 @@ struct ThreadState {
 };
 thread_local ThreadState t_state;
 
-// FUNCTION scope: names owned by the dispatcher, so their addresses are stable keys
-thread_local std::unordered_map<const char*, int32_t> t_op_names;
+// FUNCTION scope: an op's name is mostly the dispatcher's (a stable address), so the address is
+// a cache key -- but not always: the autograd engine names each node's evaluation with a
+// temporary string ("autograd::engine::evaluate_function: MeanBackward0"), whose address the
+// next node's name may reuse.  Keyed by address alone, backward ops took the name of an
+// earlier node (seen as run-to-run differences in which evaluate_function names were
+// recorded).  So the cached text is compared too: a few ns for a short name.
+struct NameSlot {
+  int32_t id;
+  std::string text;
+};
+thread_local std::unordered_map<const char*, NameSlot> t_op_names;
 
 int32_t name_of(const at::RecordFunction& fn, const char* name) {
   if (fn.scope() != at::RecordScope::FUNCTION) return intern(name);
   auto& m = t_op_names;
   auto it = m.find(name);
-  if (it != m.end()) return it->second;
+  if (it != m.end() && it->second.text == name) return it->second.id;
   int32_t id = intern(name);
-  m.emplace(name, id);
+  if (it != m.end()) {
+    it->second.id = id;
+    it->second.text = name;
+  } else {
+    m.emplace(name, NameSlot{id, name});
+  }
   return id;
 }
 
