@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,18 +68,36 @@ def main() -> None:
     (out / "live-gpt2.json").write_text(json.dumps(res, indent=1))
     # The step window, counted by optimizer.step(): after the 2 warm-up steps the counter is 2,
     # so --steps 2:3 records exactly the first measured step (torch.profiler: 1,153 kernels).
-    win = out / "live-gpt2-step"
-    w = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(win), "--force", "--steps", "2:3", "--",
-                        sys.executable, "bench/workloads.py", "gpt2", "bare", "--steps", "2"], capture_output=True, text=True)
-    assert w.returncode == 0, w.stderr[-3000:]
-    res["kernels_in_step_window_2_3"] = pastaprof.load(win).table("kernel").num_rows
-    print(json.dumps({"kernels_in_step_window_2_3": res["kernels_in_step_window_2_3"]}))
+    # Twice: gated at the source (CUPTI's per-launch kinds and callbacks off outside the window),
+    # and with PASTAPROF_OFF=gate (CUPTI records throughout, the store gates).  The same kernels
+    # must be kept: switching CUPTI off as the window closes loses no record of work launched
+    # inside it that was still running.
+    window = {}
+    for mode, env in (("source", {}), ("store", {"PASTAPROF_OFF": "gate"})):
+        win = out / f"live-gpt2-step-{mode}"
+        w = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(win), "--force", "--steps", "2:3",
+                            "--", sys.executable, "bench/workloads.py", "gpt2", "bare", "--steps", "2"],
+                           capture_output=True, text=True, env={**os.environ, **env})
+        assert w.returncode == 0, w.stderr[-3000:]
+        kt = pastaprof.load(win).table("kernel")
+        cupti = json.loads((win / "run.json").read_text())["processes"][0]["handlers"]["cupti"]
+        window[mode] = {"kernels": kt.num_rows, "names": sorted(kt["name"].cast(pa.string()).to_pylist()),
+                        "kernels_seen": cupti["kernels_seen"], "gate_changes": cupti["gate_changes"],
+                        "gate_seconds": cupti.get("gate_seconds")}
+    res["kernels_in_step_window_2_3"] = window["source"]["kernels"]
+    res["step_window"] = {m: {k: v for k, v in d.items() if k != "names"} for m, d in window.items()}
+    print(json.dumps({"kernels_in_step_window_2_3": res["kernels_in_step_window_2_3"],
+                      "step_window": res["step_window"]}))
     (out / "live-gpt2.json").write_text(json.dumps(res, indent=1))
     assert linked >= 0.99, res
     assert res["ops_attributed_gpu_ns"] == attributed, res  # op GPU times sum to the attributed GPU time
     assert bad == 0, res
     assert res["tensor_events"] > 0, res
     assert res["mangled_kernel_names"] == 0, res
+    src, store = window["source"], window["store"]
+    assert src["names"] == store["names"] and src["kernels"] > 0, res["step_window"]  # nothing lost at the source
+    assert src["gate_changes"] >= 2 and store["gate_changes"] == 0, res["step_window"]
+    assert src["kernels_seen"] < store["kernels_seen"], res["step_window"]  # CUPTI was off outside the window
 
 
 if __name__ == "__main__":

@@ -33,13 +33,13 @@ APP = textwrap.dedent("""
 """)
 
 
-def _run(tmp_path: Path, name: str, *flags: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _run(tmp_path: Path, name: str, *flags: str, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
     app = tmp_path / "app.py"
     app.write_text(APP)
     out = tmp_path / name
     r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(out), *flags, "--",
                         sys.executable, str(app)], capture_output=True, text=True,
-                       env=dict(os.environ, PASTAPROF_FLUSH_MS="200"))
+                       env=dict(os.environ, PASTAPROF_FLUSH_MS="200", **env))
     assert r.returncode == 0, r.stderr
     return r, out
 
@@ -87,6 +87,25 @@ def test_step_window_observes_only_its_steps(tmp_path, ungated):
     assert _torch_handler(out)["gate_changes"] == 3  # closed at step 1, open at step 2, closed at 4
     modules = run.table("op")["module"].drop_null().to_pylist()
     assert modules and all(m.startswith("Sequential_0") for m in modules)
+
+
+def test_store_only_gating_keeps_the_same_ops(tmp_path):
+    """PASTAPROF_OFF=gate: the observer records throughout and the store alone gates -- the A/B
+    that the gate at the source loses nothing inside a window (scripts/gpu_live_check.py runs it
+    for CUPTI's kernels on the GPU).  Same program, same window: the same ops, by name and
+    shape, and everything outside the window filtered by the store instead."""
+    _, gated = _run(tmp_path, "gated", "--steps", "2:4")
+    _, store = _run(tmp_path, "store", "--steps", "2:4", PASTAPROF_OFF="gate")
+    assert _torch_handler(store)["gate_changes"] == 0 and _torch_handler(gated)["gate_changes"] == 3
+
+    def ops(out: Path) -> list[tuple[str, str]]:
+        t = pastaprof.load(out).table("op")
+        return sorted(zip(t["name"].to_pylist(), t["input_shapes"].to_pylist()))
+
+    assert ops(gated) == ops(store) and len(ops(gated)) > 0
+    filtered = {name: json.loads((out / "run.json").read_text())["processes"][0]["filtered_by_kind"]["op"]
+                for name, out in (("gated", gated), ("store", store))}
+    assert filtered["store"] > filtered["gated"] > 0  # steps 0, 1, 4, 5 against step 0 only
 
 
 def test_ranges_observe_only_inside_them(tmp_path, ungated):

@@ -27,7 +27,9 @@ PASTAPROF_OUT       -o DIR                   the run directory
 PASTAPROF_OFF       (env only)               switch capture mechanisms off, for overhead
                                              breakdowns (bench/overhead.py --breakdown): any of
                                              kernels, api, ext, ops, modules, tensors, memory,
-                                             callbacks (launch calls as activity records)
+                                             callbacks (launch calls as activity records),
+                                             gate (no gating at the source: the op observer
+                                             and CUPTI record throughout, the store gates)
 ==================  =======================  ==========================================
 
 The sanitizer's tuning knobs are environment-only (docs/instruction-level.md):
@@ -56,8 +58,10 @@ ENV_PREFIX = "PASTAPROF_"
 # What PASTAPROF_OFF can switch off: CUPTI kernel records, launch-call records (without them
 # kernels keep no launch time and no op), the op id per launch, the op observer, the module
 # hooks, allocator (tensor) events, CUPTI MEMORY2/MEMORY_POOL records; "callbacks" records
-# launch calls as CUPTI activity records instead of through its callback API.
-OFF_PARTS = ("kernels", "api", "ext", "ops", "modules", "tensors", "memory", "callbacks")
+# launch calls as CUPTI activity records instead of through its callback API; "gate" keeps the
+# op observer and CUPTI recording outside the --steps/--ranges windows (the store still gates:
+# the A/B check that gating at the source loses nothing inside a window).
+OFF_PARTS = ("kernels", "api", "ext", "ops", "modules", "tensors", "memory", "callbacks", "gate")
 
 
 def parse_rank_list(value: str, what: str = "PASTAPROF_RANKS") -> tuple[int, ...]:

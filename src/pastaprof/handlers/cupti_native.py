@@ -98,6 +98,11 @@ class NativeCupti:
     def callbacks_off(self) -> None:
         self.lib.pp_cupti_callbacks_off()
 
+    def callbacks_gate(self, open_: bool) -> int:
+        """Switch the launch callbacks' cbids off or back on (the session's gate); 0 or the
+        first CUPTI error."""
+        return int(self.lib.pp_cupti_callbacks_gate(int(open_)))
+
     def callback_stats(self) -> dict[str, int]:
         return {"calls": int(self.lib.pp_cupti_callback_stat(0)), "dropped": int(self.lib.pp_cupti_callback_stat(1))}
 

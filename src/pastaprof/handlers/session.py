@@ -280,23 +280,32 @@ class Session(OptionalHandlers, Linking):
         return self.config.step_selected(self.step) and self.config.range_selected(self._open_ranges)
 
     def _update_gate(self) -> None:
-        now = time.time_ns()
-        with self._lock:
-            if self._gate() and self._gate_open_since is None:
-                self._gate_open_since = now
-            elif not self._gate() and self._gate_open_since is not None:
-                self._windows.append((self._gate_open_since, now))
-                self._gate_open_since = None
-        # Handlers that gate at the source (the sanitizer, the op observer).  The gate is read and
-        # applied under one lock, so with ranges opening and closing on several threads the last
-        # caller leaves the handlers in the current state (not the flush's lock: a step or range
-        # must not wait for a drain).
+        # Handlers that gate at the source (the sanitizer, the op observer, CUPTI) are switched
+        # under one lock, so with ranges opening and closing on several threads the last caller
+        # leaves them in the current state.  They open before a recording window starts and
+        # close after it ended, so no launch inside a window misses its records.
         with self._source_lock:
             gate = self._gate()
-            for h in self.handlers:
-                set_gate = getattr(h, "set_gate", None)
-                if set_gate is not None:
-                    set_gate(gate or (getattr(h, "name", "") == "torch" and not self._source_armed))
+            if gate:
+                self._set_source_gates(True)
+            now = time.time_ns()
+            with self._lock:
+                if gate and self._gate_open_since is None:
+                    self._gate_open_since = now
+                elif not gate and self._gate_open_since is not None:
+                    self._windows.append((self._gate_open_since, now))
+                    self._gate_open_since = None
+            if not gate:
+                self._set_source_gates(False)
+
+    def _set_source_gates(self, gate: bool) -> None:
+        store_only = self.config.is_off("gate")  # PASTAPROF_OFF=gate: the store alone gates
+        for h in self.handlers:
+            set_gate = getattr(h, "set_gate", None)
+            if store_only and getattr(h, "name", "") != "sanitizer":
+                continue  # (the sanitizer's gate is what it instruments, not an optimization)
+            if set_gate is not None:  # the op observer records everything until armed (see __init__)
+                set_gate(gate or (getattr(h, "gated_once_armed", False) and not self._source_armed))
 
     def _close_gate(self) -> None:
         with self._lock:
@@ -416,7 +425,9 @@ class Session(OptionalHandlers, Linking):
         handlers = {h.name: {"records": h.records, "dropped": h.dropped, "sampled_out": h.sampled_out,
                              "kernels_seen": h.kernels_seen, "reattached": getattr(h, "reattached", 0),
                              "mechanism": getattr(h, "mechanism", "python"), "buffers": getattr(h, "buffers", None),
-                             "gate_changes": getattr(h, "gate_changes", None)}  # capture gated at the source
+                             # capture gated at the source: switches, and seconds spent switching
+                             "gate_changes": getattr(h, "gate_changes", None),
+                             "gate_seconds": round(getattr(h, "gate_seconds", 0.0), 6)}
                     for h in list(self.handlers)}
         for h in list(self.handlers):  # found after start (e.g. at CUDA's lazy init)
             native = getattr(h, "native", None)

@@ -115,6 +115,7 @@ class TorchHandler:
     """Records ops and allocator events of the process once torch is imported."""
 
     name = "torch"
+    gated_once_armed = True  # the session's gate reaches the observer from the first step on
 
     def __init__(self, rank: int = 0, push_external: Any = None, pop_external: Any = None,
                  on_optimizer_step: Any = None, on_range: Any = None, on_foreign_profiler: Any = None,

@@ -437,6 +437,8 @@ def _declare_cupti(lib: Any) -> None:
     lib.pp_cupti_callbacks_off.restype = c.c_int
     lib.pp_cupti_callback_cbid.argtypes = [c.c_int, c.c_int]
     lib.pp_cupti_callback_cbid.restype = c.c_int
+    lib.pp_cupti_callbacks_gate.argtypes = [c.c_int]
+    lib.pp_cupti_callbacks_gate.restype = c.c_int
     lib.pp_cupti_callback_stat.argtypes = [c.c_int]
     lib.pp_cupti_callback_stat.restype = c.c_int64
     lib.pp_tls_push.argtypes = [c.c_int, c.c_uint64]

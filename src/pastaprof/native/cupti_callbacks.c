@@ -38,6 +38,9 @@ static CUpti_SubscriberHandle g_sub;
 static volatile int g_forward = 1; /* push/pop also go to CUPTI (activity records link ops) */
 static int64_t g_pid;
 static int64_t g_calls, g_dropped;
+/* the cbids enabled on g_sub, so the session's gate can switch exactly those off and on */
+#define MAX_CBIDS 1024
+static int g_cbid[MAX_CBIDS], g_cbid_driver[MAX_CBIDS], g_ncbid;
 
 /* the innermost ops of this thread (deeper nesting is counted, not stored) */
 #define DEPTH 64
@@ -162,8 +165,28 @@ int pp_cupti_callbacks_on(void) {
 /* Record calls of one cbid (driver: driver API, else runtime API); 0 or the CUPTI error. */
 int pp_cupti_callback_cbid(int driver, int cbid) {
   if (!g_sub) return -1;
-  return (int)p_enable_cb(1, g_sub, driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API,
-                          (CUpti_CallbackId)cbid);
+  int r = (int)p_enable_cb(1, g_sub, driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API,
+                           (CUpti_CallbackId)cbid);
+  if (r == CUPTI_SUCCESS && g_ncbid < MAX_CBIDS) {
+    g_cbid[g_ncbid] = cbid;
+    g_cbid_driver[g_ncbid++] = driver;
+  }
+  return r;
+}
+
+/* The session's gate at the source: switch the enabled cbids' callbacks off (open=0) or back
+ * on, so launches outside the selected steps and ranges pay no callback at all.  0, or the
+ * first CUPTI error. */
+int pp_cupti_callbacks_gate(int open) {
+  if (!g_sub) return 0;
+  int first = 0;
+  for (int i = 0; i < g_ncbid; ++i) {
+    int r = (int)p_enable_cb(open ? 1 : 0, g_sub,
+                             g_cbid_driver[i] ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API,
+                             (CUpti_CallbackId)g_cbid[i]);
+    if (r != CUPTI_SUCCESS && !first) first = r;
+  }
+  return first;
 }
 
 /* Give the subscriber slot back (before a foreign client); from now on push/pop forward. */
@@ -172,6 +195,7 @@ int pp_cupti_callbacks_off(void) {
   if (!g_sub) return 0;
   CUptiResult r = p_unsubscribe(g_sub);
   g_sub = NULL;
+  g_ncbid = 0;
   return (int)r;
 }
 
