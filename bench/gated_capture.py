@@ -4,12 +4,14 @@
 
 A conv-net training loop (24 conv+BN+ReLU blocks, SGD), one process per variant, interleaved
 ``--repeat`` times: bare; ``pastaprof run`` recording everything; ``pastaprof run --steps
-1000:1001`` (a window the loop never reaches: every measured step is outside it).  The op
-observer and the module-path wrapper are gated at the source (handlers/torch_ops.py
-``set_gate``), so outside a window a step should cost what it costs bare; step 0 is observed
-whatever the window (the observer learns the program's signatures there) and is not measured.
-Prints the median step time of steps 2..N per variant (median over processes) and its ratio
-to bare.  On a GPU the CUPTI handler is not gated at the source (yet): its cost remains.
+1000:1001`` (a window the loop never reaches: every measured step is outside it); the same
+with ``PASTAPROF_OFF=gate`` (recording throughout, the store alone gates: the cost before
+gating at the source).  The op observer, the module-path wrapper (handlers/torch_ops.py
+``set_gate``) and CUPTI's per-launch records (handlers/cupti_activity.py ``set_gate``) are
+gated at the source, so outside a window a step should cost about what it costs bare; step 0
+is observed whatever the window (the observer learns the program's signatures there) and is
+not measured.  Prints the median step time of steps 2..N per variant (median over processes)
+and its ratio to bare.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ APP = textwrap.dedent("""
     print(json.dumps(times[2:]))
 """)
 
-VARIANTS = {"bare": None, "pastaprof_all": [], "pastaprof_outside_window": ["--steps", "1000:1001"]}
+VARIANTS = {"bare": None, "pastaprof_all": [], "pastaprof_outside_window": ["--steps", "1000:1001"],
+            "store_gated_outside_window": ["--steps", "1000:1001"]}
+ENV = {"store_gated_outside_window": {"PASTAPROF_OFF": "gate"}}
 
 
 def main() -> None:
@@ -64,7 +68,8 @@ def main() -> None:
             cmd = [sys.executable, str(app), a.device, str(a.steps)]
             if flags is not None:
                 cmd = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(tmp / f"{v}-{r}"), *flags, "--", *cmd]
-            out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), check=True).stdout
+            out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **ENV.get(v, {})},
+                                 check=True).stdout
             per[v].append(statistics.median(json.loads(out.strip().splitlines()[-1])))
     bare = statistics.median(per["bare"])
     print(json.dumps({v: {"step_ms": round(statistics.median(t) * 1e3, 3), "x": round(statistics.median(t) / bare, 3)}

@@ -71,6 +71,9 @@ class CuptiActivityHandler(CuptiRecords):
         # ranges, where the kinds that make a record per launch are disabled.
         self._gate_open = True
         self._gate_lock = threading.Lock()
+        # between release() and reattach() a foreign client (torch.profiler) owns CUPTI's kinds:
+        # the gate then only remembers its state (disabling a kind would cut the user's trace)
+        self._foreign = False
         self.gate_changes = 0
         self.gate_seconds = 0.0  # spent switching, on the program's thread
 
@@ -192,6 +195,8 @@ class CuptiActivityHandler(CuptiRecords):
         and give back CUPTI's one subscriber slot (Kineto keeps it for the rest of the
         process), so launch calls come as activity records from then on."""
         self.flush()
+        with self._gate_lock:
+            self._foreign = True
         if self.api_mechanism == "callbacks":
             self._native.callbacks_off()
             self.api_mechanism = "activity"
@@ -204,7 +209,12 @@ class CuptiActivityHandler(CuptiRecords):
         (last registration wins) and it disabled its kinds, so register and enable again."""
         if self._cupti is None or self.status is not None:
             return
+        with self._gate_lock:  # a step or range switching the gate meanwhile waits
+            self._reattach()
+
+    def _reattach(self) -> None:
         cupti = self._cupti
+        self._foreign = False
         try:
             if self._native is not None:
                 try:  # Kineto leaves per-thread activity buffers on (process-wide)
@@ -294,6 +304,8 @@ class CuptiActivityHandler(CuptiRecords):
             t0 = time.perf_counter()
             self._gate_open = open_
             self.gate_changes += 1
+            if self._foreign:  # applied at reattach()
+                return
             per_launch = self._per_launch_kinds()
             switch = self._cupti.activity_enable if open_ else self._cupti.activity_disable
             try:
