@@ -8,6 +8,9 @@ again after a second enable; and after ``cuptiFinalize``.  If the bare steps aft
 enable are slower than the ones before it, an in-process comparison against a bare baseline
 taken after CUPTI was enabled (bench/capture_inprocess.py's CUPTI rows) understates CUPTI's
 cost, and that cost is a floor for any CUPTI-based kernel trace (torch.profiler's included).
+Two more phases price the floor of kernels + ops together: an empty RecordFunction callback
+(what PyTorch charges any op observer) before CUPTI is first enabled, and CUPTI's kernel
+records with that empty callback, last.
 Medians and minima of ``--steps`` synchronized steps per phase.
 """
 
@@ -50,15 +53,25 @@ def main() -> None:
             raise SystemExit(f"CUPTI did not start: {h.status}")
         return h
 
+    from pastaprof import native
+
+    torch_lib = native.load("torch")
     out: dict[str, dict] = {w: {} for w in steps}
-    phases = ["bare_before"]
+    phases = ["bare_before", "rf_empty_before"]
     for w, step in steps.items():
         out[w]["bare_before"] = measure(step)
-    for phase in ("kernels_on", "bare_after", "kernels_on_again", "bare_after_again"):
+    floor = torch_lib.pp_obs_floor_start(0)  # an empty RecordFunction callback: any op observer's price
+    for w, step in steps.items():
+        out[w]["rf_empty_before"] = measure(step)
+    torch_lib.pp_obs_floor_stop(floor)
+    for phase in ("kernels_on", "bare_after", "kernels_on_again", "bare_after_again", "kernels_and_rf_empty"):
         phases.append(phase)
         h = kernels_on() if phase.startswith("kernels") else None
+        floor = torch_lib.pp_obs_floor_start(0) if phase == "kernels_and_rf_empty" else 0
         for w, step in steps.items():
             out[w][phase] = measure(step)
+        if floor:
+            torch_lib.pp_obs_floor_stop(floor)
         if h is not None:
             h.stop()
             h.drain()
