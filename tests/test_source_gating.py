@@ -94,6 +94,7 @@ def test_store_only_gating_keeps_the_same_ops(tmp_path):
     that the gate at the source loses nothing inside a window (scripts/gpu_live_check.py runs it
     for CUPTI's kernels on the GPU).  Same program, same window: the same ops, by name and
     shape, and everything outside the window filtered by the store instead."""
+    pytest.importorskip("torch")
     _, gated = _run(tmp_path, "gated", "--steps", "2:4")
     _, store = _run(tmp_path, "store", "--steps", "2:4", PASTAPROF_OFF="gate")
     assert _torch_handler(store)["gate_changes"] == 0 and _torch_handler(gated)["gate_changes"] == 3
