@@ -36,7 +36,8 @@ STEPS = {"tiny": 1, "resnet50": 1, "gpt2": 1}
 # tensors) and a lean one without shapes and call sites.
 # The third variant has no periodic flush inside the run: what the background flush costs.
 VARIANTS = {"pastaprof": {}, "pastaprof_lean": {"PASTAPROF_SHAPES": "0", "PASTAPROF_CALL_SITES": "0"},
-            "pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000"}}
+            "pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000"},
+            "pastaprof_flush100": {"PASTAPROF_FLUSH_MS": "100"}}
 
 
 INNER = [1]  # --inner: measured regions per process (the breakdown's median of several)
