@@ -372,12 +372,19 @@ void fork_child() {
 
 __attribute__((constructor)) void install_fork_handlers() { pthread_atfork(fork_prepare, fork_parent, fork_child); }
 
+// The one registration of a global callback on the ops' scopes (forward and backward), shared by
+// the observer and the benchmarks' empty callback so the floor they measure is the same hook.
+static uint64_t add_op_callback(at::RecordFunctionCallback::StartCallback enter,
+                                at::RecordFunctionCallback::EndCallback leave, bool inputs) {
+  return at::addGlobalCallback(at::RecordFunctionCallback(enter, leave)
+                                   .needsInputs(inputs)
+                                   .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+}
+
 void add_callback() {
   std::lock_guard<std::mutex> g(g_handle_mu);
   if (g_handle == 0) {
-    g_handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
-                                         .needsInputs(g_inputs != 0)
-                                         .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    g_handle = add_op_callback(&on_enter, &on_exit, g_inputs != 0);
   }
   g_on.store(true);
 }
@@ -488,9 +495,7 @@ int32_t pp_obs_intern(const char* s) { return intern(std::string(s)); }
 uint64_t pp_obs_floor_start(int inputs) {
   auto enter = [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> { return nullptr; };
   auto leave = [](const at::RecordFunction&, at::ObserverContext*) {};
-  return at::addGlobalCallback(at::RecordFunctionCallback(enter, leave)
-                                   .needsInputs(inputs != 0)
-                                   .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  return add_op_callback(enter, leave, inputs != 0);
 }
 
 void pp_obs_floor_stop(uint64_t handle) { at::removeCallback(handle); }
