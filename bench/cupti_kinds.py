@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE))
 # and one at a time: Y = memcpy, S = memset, Z = synchronization.
 VARIANTS: dict[str, tuple[str, dict]] = {
     "bare": ("", {}),
-    "cupti_loaded": ("", {"register": True}),  # buffers registered, nothing enabled
+    "cupti_loaded": ("", {}),  # the native drain's buffers registered, no kind enabled
     "kernel": ("K", {}),
     "kernel_py": ("K", {"python": True}),  # cupti-python's buffer callbacks, records counted only
     "kernel_pinned": ("K", {"attr": {"ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED": 1}}),
@@ -142,8 +142,8 @@ def child(variant: str, workloads: list[str], steps: int) -> dict:
 
 def toggle(workload: str, rounds: int, steps: int) -> dict:
     """In one process, with kernel records on throughout: each extra kind (memcpy, memset,
-    sync, memory2+pool) and the launch callbacks switched on and off in turn, ``steps`` steps per phase, ``rounds``
-    times.  A kind's cost is its phase against the kernel-only phase just before it, so the
+    sync, memory2+pool) and the launch callbacks switched on and off in turn, ``steps``
+    steps per phase, ``rounds`` times.  A kind's cost is its phase against the kernel-only phase just before it, so the
     host's drift over the minutes of a run (bare steps 120-210 ms between processes in one
     device call) cancels out."""
     import torch

@@ -34,7 +34,8 @@ STEPS = {"tiny": 1, "resnet50": 1, "gpt2": 1}
 
 # pastaprof configurations measured: the (ops with shapes and call sites, kernels,
 # tensors) and a lean one without shapes and call sites.
-# The third variant has no periodic flush inside the run: what the background flush costs.
+# The third variant has no periodic flush inside the run: what the background flush costs; the
+# fourth flushes every 100 ms, moving stop's work into the run (H200, tiny loop: no gain).
 VARIANTS = {"pastaprof": {}, "pastaprof_lean": {"PASTAPROF_SHAPES": "0", "PASTAPROF_CALL_SITES": "0"},
             "pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000"},
             "pastaprof_flush100": {"PASTAPROF_FLUSH_MS": "100"}}

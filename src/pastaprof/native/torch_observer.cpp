@@ -489,9 +489,10 @@ const char* pp_obs_string(int64_t i) {
 
 int32_t pp_obs_intern(const char* s) { return intern(std::string(s)); }
 
-// For benchmarks only (bench/capture_inprocess.py): an empty callback on the same scopes, with
-// or without the op's inputs, measures what RecordFunction itself costs per op -- the floor
-// under any op observer -- against which the observer's own work is read.
+// For benchmarks only (bench/capture_inprocess.py, cupti_presence.py, cupti_kinds.py): an empty
+// callback on the same scopes, with or without the op's inputs, measures what RecordFunction
+// itself costs per op -- the floor under any op observer -- against which the observer's own
+// work is read.
 uint64_t pp_obs_floor_start(int inputs) {
   auto enter = [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> { return nullptr; };
   auto leave = [](const at::RecordFunction&, at::ObserverContext*) {};
