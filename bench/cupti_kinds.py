@@ -55,6 +55,27 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 }
 
 
+def _native_drain():
+    """pastaprof's native drain, its buffers registered with CUPTI."""
+    from pastaprof import native
+    from pastaprof.handlers.cupti_native import NativeCupti
+    from pastaprof.handlers.cupti_records import BUFFER_BYTES
+
+    drain = NativeCupti(native.load("cupti"), native.loaded_libcupti(), BUFFER_BYTES)
+    drain.register()
+    return drain
+
+
+def _callback_cbids(cupti, drain) -> list[tuple[bool, int]]:
+    """The launch callbacks' cbids as ``pastaprof run`` keeps them (for ``callbacks_on``)."""
+    from pastaprof.handlers.control import CaptureConfig
+    from pastaprof.handlers.cupti_activity import CuptiActivityHandler
+
+    h = CuptiActivityHandler(CaptureConfig.from_env({}))
+    h._cupti, h._native = cupti, drain
+    return h._keep_api_names()
+
+
 def child(variant: str, workloads: list[str], steps: int) -> dict:
     import torch  # loads torch's libcupti (Kineto), the one cupti-python must reuse
     from cupti import cupti
@@ -92,20 +113,9 @@ def child(variant: str, workloads: list[str], steps: int) -> dict:
 
         cupti.activity_register_callbacks(requested, completed)
     elif variant != "bare":
-        from pastaprof import native
-        from pastaprof.handlers.cupti_native import NativeCupti
-        from pastaprof.handlers.cupti_records import BUFFER_BYTES
-
-        drain = NativeCupti(native.load("cupti"), native.loaded_libcupti(), BUFFER_BYTES)
-        drain.register()
-        if opt.get("callbacks"):
-            from pastaprof.handlers.control import CaptureConfig
-            from pastaprof.handlers.cupti_activity import CuptiActivityHandler
-
-            h = CuptiActivityHandler(CaptureConfig.from_env({}))
-            h._cupti, h._native = cupti, drain
-            if drain.callbacks_on(h._keep_api_names()) != 0:
-                raise SystemExit("callbacks refused")
+        drain = _native_drain()
+        if opt.get("callbacks") and drain.callbacks_on(_callback_cbids(cupti, drain)) != 0:
+            raise SystemExit("callbacks refused")
     for letter, names in (("K", [K.CONCURRENT_KERNEL]), ("C", [K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION]),
                           ("M", [K.MEMORY2, K.MEMORY_POOL]), ("Y", [K.MEMCPY]), ("S", [K.MEMSET]),
                           ("Z", [K.SYNCHRONIZATION])):
@@ -150,27 +160,17 @@ def toggle(workload: str, rounds: int, steps: int) -> dict:
     from cupti import cupti
     from workloads import make, timed_steps
 
-    from pastaprof import native
-    from pastaprof.handlers.cupti_native import NativeCupti
-    from pastaprof.handlers.cupti_records import BUFFER_BYTES
-
     K = cupti.ActivityKind
     step = make(workload)
     cupti.get_timestamp()
-    drain = NativeCupti(native.load("cupti"), native.loaded_libcupti(), BUFFER_BYTES)
-    drain.register()
+    drain = _native_drain()
+    kept = _callback_cbids(cupti, drain)
     cupti.activity_enable(K.CONCURRENT_KERNEL)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
     extra = {"memcpy": [K.MEMCPY], "memset": [K.MEMSET], "sync": [K.SYNCHRONIZATION],
              "memory": [K.MEMORY2, K.MEMORY_POOL], "callbacks": []}
-    from pastaprof.handlers.control import CaptureConfig
-    from pastaprof.handlers.cupti_activity import CuptiActivityHandler
-
-    h = CuptiActivityHandler(CaptureConfig.from_env({}))
-    h._cupti, h._native = cupti, drain
-    kept = h._keep_api_names()  # the launch callbacks' cbids, as pastaprof run switches them
     ratios: dict[str, list[float]] = {k: [] for k in extra}
     for _ in range(rounds):
         for name, kinds in extra.items():
