@@ -60,8 +60,13 @@ def ungated(tmp_path_factory):
     return _run(tmp_path_factory.mktemp("ungated"), "run")
 
 
+def _process(out: Path) -> dict:
+    """The run's manifest entry of its one process."""
+    return json.loads((out / "run.json").read_text())["processes"][0]
+
+
 def _torch_handler(out: Path) -> dict:
-    handler = json.loads((out / "run.json").read_text())["processes"][0]["handlers"]["torch"]
+    handler = _process(out)["handlers"]["torch"]
     if handler["mechanism"] != "native":  # no compiler: the Python fallback is gated in the store only
         pytest.skip("the native op observer did not build here")
     return handler
@@ -82,8 +87,7 @@ def test_step_window_observes_only_its_steps(tmp_path, ungated):
     assert expected > 0 and run.table("op").num_rows == expected
     # recorded outside the window, dropped by the store: step 0 only (the observer learns the
     # program's signatures in it), then the gate at the source closes until step 2
-    meta = json.loads((out / "run.json").read_text())["processes"][0]
-    assert meta["filtered_by_kind"]["op"] == _ops_in(full, [(0, opt[0]["end_ns"])]) > 0
+    assert _process(out)["filtered_by_kind"]["op"] == _ops_in(full, [(0, opt[0]["end_ns"])]) > 0
     assert _torch_handler(out)["gate_changes"] == 3  # closed at step 1, open at step 2, closed at 4
     modules = run.table("op")["module"].drop_null().to_pylist()
     assert modules and all(m.startswith("Sequential_0") for m in modules)
@@ -104,8 +108,7 @@ def test_store_only_gating_keeps_the_same_ops(tmp_path):
         return sorted(zip(t["name"].to_pylist(), t["input_shapes"].to_pylist()))
 
     assert ops(gated) == ops(store) and len(ops(gated)) > 0
-    filtered = {name: json.loads((out / "run.json").read_text())["processes"][0]["filtered_by_kind"]["op"]
-                for name, out in (("gated", gated), ("store", store))}
+    filtered = {name: _process(out)["filtered_by_kind"]["op"] for name, out in (("gated", gated), ("store", store))}
     assert filtered["store"] > filtered["gated"] > 0  # steps 0, 1, 4, 5 against step 0 only
 
 
@@ -117,7 +120,7 @@ def test_ranges_observe_only_inside_them(tmp_path, ungated):
     expected = _ops_in(full, [(r["start_ns"], r["end_ns"]) for r in _ranges(full, "fwd")])
     assert expected > 0 and run.table("op").num_rows == expected
     opt = _ranges(full, "Optimizer.step#SGD.step")
-    filtered = json.loads((out / "run.json").read_text())["processes"][0]["filtered_by_kind"]["op"]
+    filtered = _process(out)["filtered_by_kind"]["op"]
     assert filtered == _ops_in(full, [(0, opt[0]["end_ns"])]) > 0  # step 0 only, as above
     assert _torch_handler(out)["gate_changes"] == 5  # closed after step 0; open and closed twice
     # the forward's ops carry their module paths (the wrapper is back inside the range)
