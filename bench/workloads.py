@@ -37,6 +37,8 @@ def timed_steps(step, n: int) -> list[float]:
 
 
 def make(workload: str):
+    """The workload's step function.  ``resnet50_bs256`` and ``gpt2_16x1024`` are the GPU-bound
+    sizes of the two models (bench/host_bound.py)."""
     dev = "cuda"
     if workload == "tiny":
         x = torch.zeros(1, device=dev)
@@ -46,13 +48,15 @@ def make(workload: str):
                 x.add_(1)
 
         return step
-    if workload == "resnet50":
+    if workload in ("resnet50", "resnet50_bs256"):
         import torchvision
+
+        bs = 256 if workload == "resnet50_bs256" else 64
 
         model = torchvision.models.resnet50(weights=None).to(dev).to(memory_format=torch.channels_last)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        data = torch.randn(64, 3, 224, 224, device=dev).to(memory_format=torch.channels_last)
-        target = torch.randint(0, 1000, (64,), device=dev)
+        data = torch.randn(bs, 3, 224, 224, device=dev).to(memory_format=torch.channels_last)
+        target = torch.randint(0, 1000, (bs,), device=dev)
 
         def step() -> None:
             with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -62,12 +66,13 @@ def make(workload: str):
             opt.zero_grad(set_to_none=True)
 
         return step
-    if workload == "gpt2":
+    if workload in ("gpt2", "gpt2_16x1024"):
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        model = GPT2LMHeadModel(GPT2Config(n_layer=12, n_positions=512)).to(dev)
+        batch, seq = (16, 1024) if workload == "gpt2_16x1024" else (8, 512)
+        model = GPT2LMHeadModel(GPT2Config(n_layer=12, n_positions=seq)).to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        ids = torch.randint(0, 50257, (8, 512), device=dev)
+        ids = torch.randint(0, 50257, (batch, seq), device=dev)
 
         def step() -> None:
             with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -1,0 +1,127 @@
+"""In-step cost of `pastaprof run` around an unchanged script, where the host is the bottleneck
+and where the GPU is (issue E, section 6), against torch.profiler, in fresh processes.
+
+    python bench/host_bound.py [--rounds 3] [--workloads resnet50,gpt2,...] [--variants ...] [--out DIR]
+
+Each process runs bench/user_steps.py: 3 warm-up steps, then 20 timed steps, each synchronized.
+Variants: ``bare``; ``pastaprof`` (`pastaprof run` with the default capture); ``pastaprof_all``
+(``--shapes all``: every op's shapes); ``pastaprof_none`` (``--no-shapes``); ``tp_default``
+(torch.profiler, CPU + CUDA activities) and ``tp_full`` (with shapes, memory and stacks).
+Rounds are interleaved (every variant once per round) so the host's drift spreads over all of
+them.  Per process the median step is taken; the report gives the median over rounds and its
+ratio to bare.  For pastaprof variants the exit cost is the wall time from the script's last
+step to `pastaprof run` returning with the run stored, less the same span of the bare process
+(interpreter teardown), and per 100,000 stored events.  ``--budget-s`` starts no round that
+would not end within it (the device tool's 10-minute command limit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PP_FLAGS = {"pastaprof": [], "pastaprof_all": ["--shapes", "all"], "pastaprof_none": ["--no-shapes"]}
+TP = ("tp_default", "tp_full")
+ALL = ("bare", *PP_FLAGS, *TP)
+
+
+def one(workload: str, variant: str, out: Path, steps: int, warmup: int) -> dict:
+    """One fresh process of ``variant``: its step seconds, exit cost and (pastaprof) run facts."""
+    js = out / f"{workload}-{variant}-{time.time_ns()}.json"
+    mode = variant if variant in TP else "bare"
+    cmd = [sys.executable, str(HERE / "user_steps.py"), workload, "--mode", mode, "--steps", str(steps),
+           "--warmup", str(warmup), "--json", str(js)]
+    run_dir = None
+    if variant in PP_FLAGS:
+        run_dir = out / f"run-{workload}-{variant}-{time.time_ns()}"
+        cmd = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(run_dir), *PP_FLAGS[variant], "--", *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    t_return = time.time()
+    if r.returncode != 0:
+        raise RuntimeError(f"{workload} {variant} failed ({r.returncode}): {r.stderr[-1500:]}")
+    res = json.loads(js.read_text())
+    rec = {"step_s": statistics.median(res["steps"]), "exit_s": t_return - res["t_end"], "stop_s": res["stop_s"]}
+    if run_dir is not None:
+        m = json.loads((run_dir / "run.json").read_text())
+        rec["events"] = sum(m.get("rows", {}).values())
+        rec["rows"] = m.get("rows", {})
+        proc = (m.get("processes") or [{}])[0]
+        rec["shapes"] = (proc.get("handlers", {}).get("torch", {}) or {}).get("shapes")
+        rec["status"] = m.get("status")
+        shutil.rmtree(run_dir, ignore_errors=True)
+    js.unlink(missing_ok=True)
+    return rec
+
+
+def summarize(rounds: list[dict], variants: list[str]) -> dict:
+    """Medians over rounds per variant, x bare, and pastaprof's exit cost per 100,000 events."""
+    bare = statistics.median(r["bare"]["step_s"] for r in rounds)
+    bare_exit = statistics.median(r["bare"]["exit_s"] for r in rounds)
+    s: dict = {"rounds": len(rounds), "bare_ms": round(1e3 * bare, 2)}
+    for v in variants:
+        step = statistics.median(r[v]["step_s"] for r in rounds)
+        s[v] = {"step_ms": round(1e3 * step, 2), "x": round(step / bare, 3),
+                "per_round_x": [round(r[v]["step_s"] / r["bare"]["step_s"], 3) for r in rounds]}
+        if v in PP_FLAGS:
+            exit_s = statistics.median(r[v]["exit_s"] for r in rounds) - bare_exit
+            events = statistics.median(r[v]["events"] for r in rounds)
+            s[v].update(exit_s=round(exit_s, 3), events=int(events),
+                        exit_s_per_100k=round(exit_s * 1e5 / events, 3) if events else None,
+                        shapes=rounds[-1][v].get("shapes"))
+        elif v in TP:
+            s[v]["stop_s"] = round(statistics.median(r[v]["stop_s"] for r in rounds), 3)
+    return s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workloads", default="resnet50,gpt2,resnet50_bs256,gpt2_16x1024,tiny")
+    ap.add_argument("--variants", default=",".join(ALL), help="of: " + ",".join(ALL))
+    ap.add_argument("--tiny-variants", default="bare,pastaprof,pastaprof_all",
+                    help="variants for the tiny loop (torch.profiler on 400,000 launches takes minutes)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--budget-s", type=float, default=0, help="start no round past this many seconds")
+    ap.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp())
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0, summary = time.time(), {}
+    for w in a.workloads.split(","):
+        variants = [v for v in (a.tiny_variants if w == "tiny" else a.variants).split(",") if v]
+        bad = [v for v in variants if v not in ALL]
+        if bad or "bare" not in variants:
+            ap.error(f"variants must include bare and be of {', '.join(ALL)}")
+        rounds: list[dict] = []
+        for _ in range(a.rounds):
+            r0 = time.time()
+            rounds.append({v: one(w, v, out, a.steps, a.warmup) for v in variants})
+            took = time.time() - r0
+            if a.budget_s and time.time() - t0 + took > a.budget_s:
+                break
+        summary[w] = summarize(rounds, [v for v in variants if v != "bare"])
+        summary[w]["raw"] = rounds
+        print(json.dumps({w: {k: v for k, v in summary[w].items() if k != "raw"}}), flush=True)
+        (out / "host_bound.json").write_text(json.dumps(summary, indent=1))
+        if a.budget_s and time.time() - t0 > a.budget_s:
+            print(f"budget of {a.budget_s:.0f} s reached after {w}", flush=True)
+            break
+    print(f"{'workload':16} {'bare ms':>8} " + " ".join(f"{v:>14}" for v in ALL[1:]))
+    for w, s in summary.items():
+        print(f"{w:16} {s['bare_ms']:8.2f} " + " ".join(f"{s[v]['x']:>13.3f}x" if v in s else f"{'-':>14}"
+                                                          for v in ALL[1:]))
+    print(f"total {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

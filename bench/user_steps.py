@@ -1,0 +1,59 @@
+"""A user's training script, unchanged for profiling (bench/host_bound.py runs it).
+
+    python bench/user_steps.py WORKLOAD [--mode bare|tp_default|tp_full] [--warmup 3] [--steps 20] --json OUT
+
+It never imports pastaprof: `pastaprof run` captures it from outside, as it would a user's
+program.  It times each step (synchronized with the GPU) after ``--warmup`` steps and writes the
+step seconds and the wall-clock time its last step ended (``t_end``) to ``--json``, so the caller
+can tell the steady-state step from the cost of leaving the program.  ``tp_default`` and
+``tp_full`` wrap warm-up and timed steps in torch.profiler (default settings; with shapes, memory
+and stacks), as a user of torch.profiler would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import make  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workload")
+    ap.add_argument("--mode", choices=["bare", "tp_default", "tp_full"], default="bare")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--json", required=True)
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    step = make(a.workload)
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    prof = (contextlib.nullcontext() if a.mode == "bare" else
+            torch.profiler.profile(activities=acts) if a.mode == "tp_default" else
+            torch.profiler.profile(activities=acts, record_shapes=True, profile_memory=True, with_stack=True))
+    per = []
+    with prof:
+        for _ in range(a.warmup):
+            step()
+        torch.cuda.synchronize()
+        for _ in range(a.steps):
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            per.append(time.perf_counter() - t0)
+        t_end = time.time()
+    stop_s = time.time() - t_end
+    with open(a.json, "w") as f:
+        json.dump({"workload": a.workload, "mode": a.mode, "steps": per, "t_end": t_end, "stop_s": stop_s}, f)
+
+
+if __name__ == "__main__":
+    main()
