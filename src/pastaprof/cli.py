@@ -21,8 +21,17 @@ PROGRESS_MIN_BYTES = 32 << 20  # show a progress bar for imports above 32 MB
 
 
 def _fail(message: str) -> None:
-    click.echo(f"pastaprof: error: {message}", err=True)
+    from pastaprof.report.names import terminal_safe
+
+    click.echo(f"pastaprof: error: {terminal_safe(message)}", err=True)  # one line, no control sequences
     sys.exit(2)
+
+
+def _echo(message: str, err: bool = False) -> None:
+    """A line for the terminal: names and paths in it cannot send control sequences."""
+    from pastaprof.report.names import terminal_safe
+
+    click.echo(terminal_safe(message), err=err)
 
 
 def _parse_ranks(value: str | None) -> list[int] | None:
@@ -69,7 +78,9 @@ def _progress(path: Path, quiet: bool) -> Iterator[Callable[[int], None] | None]
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
         gz = any(p.name.endswith(".gz") for p in files)
-        task = bar.add_task(f"importing {path.name}", total=None if gz else size)
+        from pastaprof.report.terminal import markup_safe
+
+        task = bar.add_task(f"importing {markup_safe(path.name)}", total=None if gz else size)
         yield lambda n: bar.advance(task, n)
 
 
@@ -124,9 +135,13 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
     assert source is not None
     rank_list = _parse_ranks(ranks)
     tool_list = _parse_tools(tools)
+    from pastaprof.store.outputs import check_output_dir, check_output_file
+
     for target in (json_out, uvm_plan):
-        if target is not None and not target.parent.exists():
-            _fail(f"{target.parent}: directory does not exist")
+        if target is not None:
+            _run_guarded(lambda t=target: check_output_file(t))  # before the analysis, not after it
+    if out is not None:
+        _run_guarded(lambda: check_output_dir(out))
     for flag, given in (("--uvm-plan", uvm_plan), ("--access-run", access_run)):
         if given is not None and tool_list is not None and "uvm_advisor" not in tool_list:
             _fail(f"{flag} needs the uvm_advisor tool (-t uvm_advisor)")
@@ -168,7 +183,7 @@ def import_cmd(path: Path, out: Path, ranks: str | None, force: bool) -> None:
     def work() -> None:
         with _progress(path, False) as progress:
             dest = import_trace(path, out, ranks=_parse_ranks(ranks), force=force, progress=progress)
-        click.echo(f"wrote {dest}")
+        _echo(f"wrote {dest}")
 
     _run_guarded(work)
 
@@ -179,7 +194,7 @@ def tools() -> None:
     from pastaprof.tools.registry import available
 
     for name, cls in available().items():
-        click.echo(f"{name:<14} {cls.description}  [consumes: {', '.join(cls.consumes)}]")
+        _echo(f"{name:<14} {cls.description}  [consumes: {', '.join(cls.consumes)}]")
 
 
 @cli.command()
@@ -191,26 +206,27 @@ def info(path: Path, ranks: str | None) -> None:
     from rich.table import Table
 
     from pastaprof.api import load
+    from pastaprof.report.terminal import markup_safe as ms
 
     def work() -> None:
         with _progress(path, False) as progress:
             run = load(path, ranks=_parse_ranks(ranks), progress=progress)
         m = run.manifest
         console = Console(emoji=False)
-        console.print(f"[bold]{path}[/]  format={m.get('format', 'pastaprof')}  schema={m.get('schema_version', '-')}"
-                      f"  ranks={run.ranks}")
+        console.print(f"[bold]{ms(path)}[/]  format={ms(m.get('format', 'pastaprof'))}"
+                      f"  schema={ms(m.get('schema_version', '-'))}  ranks={ms(run.ranks)}")
         for d in m.get("devices", []):
-            console.print(f"  device {d.get('id')}: {d.get('name')} ({d.get('numSms', '?')} SMs)")
+            console.print(ms(f"  device {d.get('id')}: {d.get('name')} ({d.get('numSms', '?')} SMs)"))
         if m.get("versions"):
-            console.print("  versions: " + ", ".join(f"{k}={v}" for k, v in m["versions"].items()))
+            console.print(ms("  versions: " + ", ".join(f"{k}={v}" for k, v in m["versions"].items())))
         if m.get("unknown_categories"):
-            console.print(f"  unknown categories (skipped): {m['unknown_categories']}")
+            console.print(ms(f"  unknown categories (skipped): {m['unknown_categories']}"))
         t = Table("kind", "events", "first", "last", title="events")
         for kind, table in run.iter_tables():
             if table.num_rows:
                 import pyarrow.compute as pc
 
-                t.add_row(kind, f"{table.num_rows:,}", str(pc.min(table['start_ns'])), str(pc.max(table['end_ns'])))
+                t.add_row(ms(kind), f"{table.num_rows:,}", str(pc.min(table['start_ns'])), str(pc.max(table['end_ns'])))
         console.print(t)
 
     _run_guarded(work)
@@ -227,9 +243,9 @@ def export(path: Path, fmt: str, dest: Path, ranks: str | None) -> None:
     """Export a run or trace: Perfetto trace with kernels per stream, ops per thread,
     op -> kernel flows and a memory counter track.  Open it at ui.perfetto.dev."""
     from pastaprof.api import load
+    from pastaprof.store.outputs import check_output_file
 
-    if not dest.parent.exists():
-        _fail(f"{dest.parent}: directory does not exist")
+    _run_guarded(lambda: check_output_file(dest))  # before loading the input, not after
 
     def work() -> None:
         from pastaprof.report.perfetto import write_perfetto
@@ -237,7 +253,7 @@ def export(path: Path, fmt: str, dest: Path, ranks: str | None) -> None:
         with _progress(path, False) as progress:
             run = load(path, ranks=_parse_ranks(ranks), progress=progress)
         counts = write_perfetto(run, dest)
-        click.echo(f"wrote {dest} ({', '.join(f'{k}={v}' for k, v in counts.items())})")
+        _echo(f"wrote {dest} ({', '.join(f'{k}={v}' for k, v in counts.items())})")
 
     _run_guarded(work)
 

@@ -20,3 +20,12 @@ class InputError(PastaprofError):
 
 class UsageError(PastaprofError):
     """Bad flags, tool names, or environment values."""
+
+
+class OutputError(PastaprofError):
+    """An output pastaprof was asked to write (a run directory, a JSON or trace file) cannot be written."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"cannot write {path}: {problem}")

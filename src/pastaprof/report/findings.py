@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import decimal
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from pastaprof.store.outputs import write_output
 from pastaprof.tools.base import Report
 
 JSON_FORMAT_VERSION = 1
@@ -48,14 +47,7 @@ def reports_to_dict(reports: list[Report], source: str | None = None, max_rows: 
 
 
 def write_json(reports: list[Report], path: str | Path, source: str | None = None) -> None:
-    """Write atomically: a temp file in the target directory, then rename."""
-    path = Path(path)
+    """Write the document whole or not at all, to what ``path`` names (``-``: standard output;
+    a FIFO or device is written into, never replaced; see ``store.outputs``)."""
     data = orjson.dumps(reports_to_dict(reports, source), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_output(path, data + b"\n")

@@ -34,7 +34,7 @@ object per event: each field of a chunk of events is a padded (events x bytes)
 matrix with a validity mask, and one boolean gather yields the framed packets.
 This module only lays out the Perfetto messages (``_track_event_packets``) and
 sizes the chunks.  Events are written rank by rank and chunk by chunk, to a
-``.partial`` file renamed into place at the end.
+temp file renamed into place at the end (``store.outputs``: a pipe or device is written into).
 
 Modules.  ``protowire`` is the generic wire-format encoder (nothing Perfetto
 in it), ``nesting`` the laminar begin/end ordering of intervals; this module
@@ -45,6 +45,7 @@ flows, counters and ``write_perfetto``.
 from __future__ import annotations
 
 import gzip
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -69,6 +70,7 @@ from pastaprof.report.protowire import (
     tag,
     vfield,
 )
+from pastaprof.store.outputs import open_output
 
 # --- Perfetto field numbers (see perfetto_trace_subset.proto) -------------------------------
 TRACE_PACKET = 1                     # Trace.packet
@@ -371,21 +373,33 @@ def write_perfetto(run: Any, path: str | Path) -> dict[str, Any]:
     header = names.packets() + tracks.packets
     counts["packets"] += len(header)
 
-    tmp = path.with_name(path.name + ".partial")
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(tmp, "wb") as f:
+    with open_output(path) as raw:
+        sized = _Counted(raw)
+        with gzip.GzipFile(fileobj=sized, mode="wb", filename="") if path.suffix == ".gz" else nullcontext(sized) as f:
             f.write(b"".join(header))
             next_flow = 1
             for rank in ranks:
                 next_flow = _write_rank(f, rank, _of_rank(ops, rank, single), _of_rank(gpu, rank, single),
                                         names, tracks, next_flow, counts)
                 _write_memory(f, rank, _of_rank(tensor, rank, single), tracks, counts)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    counts["bytes"] = path.stat().st_size
+    counts["bytes"] = sized.bytes
     return counts
+
+
+class _Counted:
+    """A file that counts the bytes written (the output may be a pipe: no size to stat)."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.bytes = 0
+
+    def write(self, data: bytes) -> int:
+        self._f.write(data)
+        self.bytes += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self._f.flush()
 
 
 def _write_rank(f: BinaryIO, rank: int, ops: pa.Table, gpu: pa.Table, names: _Names, tracks: _Tracks,

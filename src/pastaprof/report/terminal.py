@@ -1,4 +1,10 @@
-"""Rendering reports as rich tables in the terminal."""
+"""Rendering reports as rich tables in the terminal.
+
+Every string a report carries (tool, table and column names, cells, summary keys
+and values, finding titles, locations, evidence) goes through :func:`markup_safe`
+here, so no tool's names can send control sequences to the terminal or be read as
+rich markup; a new tool gets that without doing anything.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pastaprof.report.names import short_kernel_name
+from pastaprof.report.names import short_kernel_name, terminal_safe
 from pastaprof.tools.base import Report
 
 MAX_ROWS = 15
@@ -19,6 +25,11 @@ MAX_NAME = 70
 NAME_COLUMNS = {"name", "kernel", "dominant_kernel", "location"}
 MIN_WIDTH = 150  # when not on a terminal (piped, CI logs), don't squeeze tables into 80 columns
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def markup_safe(text: object) -> str:
+    """``text`` as rich markup that prints it literally: control characters escaped, brackets too."""
+    return escape(terminal_safe(str(text)))
 
 
 def _fmt_ns(v: int | float) -> str:
@@ -70,13 +81,13 @@ def format_value(column: str, v: Any) -> str:
 
 
 def render_table(title: str, table: pa.Table, max_rows: int = MAX_ROWS) -> Table:
-    out = Table(title=escape(title), title_justify="left", show_lines=False, header_style="bold")
+    out = Table(title=markup_safe(title), title_justify="left", show_lines=False, header_style="bold")
     numeric = {f.name for f in table.schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
                or pa.types.is_decimal(f.type)}
     for name in table.column_names:
-        out.add_column(escape(name), justify="right" if name in numeric else "left", overflow="fold")
+        out.add_column(markup_safe(name), justify="right" if name in numeric else "left", overflow="fold")
     for row in table.slice(0, max_rows).to_pylist():
-        out.add_row(*(escape(format_value(c, row[c])) for c in table.column_names))
+        out.add_row(*(markup_safe(format_value(c, row[c])) for c in table.column_names))
     if table.num_rows > max_rows:
         out.caption = f"{table.num_rows - max_rows} more rows (use --json for all)"
     return out
@@ -89,10 +100,11 @@ def print_reports(reports: list[Report], console: Console | None = None, max_row
         if not console.is_terminal:
             console = Console(stderr=stderr, width=max(console.width, MIN_WIDTH), emoji=False)
     for rep in reports:
-        console.rule(f"[bold]{escape(rep.tool)}")
+        console.rule(f"[bold]{markup_safe(rep.tool)}")
         if rep.summary:
             flat = {k: v for k, v in rep.summary.items() if not isinstance(v, (dict, list))}
-            console.print("  ".join(f"[bold]{escape(k)}[/]={escape(format_value(k, v))}" for k, v in flat.items()))
+            console.print("  ".join(f"[bold]{markup_safe(k)}[/]={markup_safe(format_value(k, v))}"
+                                    for k, v in flat.items()))
         shown = rep.display or {name: [] for name in rep.tables}
         for title, columns in shown.items():
             table = rep.tables.get(title)
@@ -100,7 +112,8 @@ def print_reports(reports: list[Report], console: Console | None = None, max_row
                 cols = [c for c in columns if c in table.column_names] or table.column_names
                 console.print(render_table(title, table.select(cols), max_rows))
         for f in rep.findings:
-            style = SEVERITY_STYLE.get(f.severity, "")
+            style = SEVERITY_STYLE.get(f.severity, "none")
             ev = ", ".join(f"{k}={format_value(k, v)}" for k, v in f.evidence.items())
             loc = f" @ {format_value('location', f.location)}" if f.location else ""
-            console.print(f"[{style}]{f.severity.upper()}[/] {escape(f.title)}{escape(loc)}  [dim]{escape(ev)}[/]")
+            console.print(f"[{style}]{markup_safe(f.severity.upper())}[/] {markup_safe(f.title)}{markup_safe(loc)}"
+                          f"  [dim]{markup_safe(ev)}[/]")

@@ -3,22 +3,22 @@
 A run is ``run.json`` plus ``<kind>/rank-<r>.parquet`` (a live capture may leave a few
 parts per rank, ``<kind>/rank-<r>-pid-<p>-part-<n>.parquet``).  Everything is written
 into a hidden sibling directory first and renamed into place at the end, so a
-crash or a bad input never leaves a half-written run behind.
+crash or a bad input never leaves a half-written run behind, and a directory that
+appears at the path meanwhile is never replaced (see ``store.outputs``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pastaprof.errors import UsageError
+from pastaprof.errors import OutputError
 from pastaprof.events.schema import SCHEMA_VERSION
+from pastaprof.store.outputs import OutputDir, problem
 
 
 def read_parquet(path: Path | str) -> pa.Table:
@@ -35,41 +35,40 @@ class RunWriter:
     """Collects per-kind, per-rank tables and commits them as one run directory."""
 
     def __init__(self, path: Path | str, overwrite: bool = False) -> None:
-        self.path = Path(path)
-        if self.path.exists() and not overwrite:
-            if not (self.path.is_dir() and not any(self.path.iterdir())):
-                raise UsageError(f"{self.path}: already exists (use --force to replace it)")
+        self._out = OutputDir(path, force=overwrite)
+        self.path = self._out.dest
         self.overwrite = overwrite
-        self.partial = self.path.parent / f".{self.path.name}.partial-{os.getpid()}"
-        if self.partial.exists():
-            shutil.rmtree(self.partial)
-        self.partial.mkdir(parents=True)
+        self.partial = self._out.tmp
         self._writers: dict[tuple[str, int], pq.ParquetWriter] = {}
         self.rows: dict[str, int] = {}
 
     def write(self, kind: str, rank: int, table: pa.Table) -> None:
         key = (kind, rank)
-        w = self._writers.get(key)
-        if w is None:
-            (self.partial / kind).mkdir(exist_ok=True)
-            w = pq.ParquetWriter(self.partial / kind / f"rank-{rank}.parquet", table.schema,
-                                 compression="zstd", compression_level=3, use_dictionary=dictionary_columns(table.schema))
-            self._writers[key] = w
-        w.write_table(table, row_group_size=1 << 20)
+        try:
+            w = self._writers.get(key)
+            if w is None:
+                (self.partial / kind).mkdir(exist_ok=True)
+                w = pq.ParquetWriter(self.partial / kind / f"rank-{rank}.parquet", table.schema, compression="zstd",
+                                     compression_level=3, use_dictionary=dictionary_columns(table.schema))
+                self._writers[key] = w
+            w.write_table(table, row_group_size=1 << 20)
+        except OSError as e:
+            raise OutputError(self.path, problem(e)) from None
         self.rows[kind] = self.rows.get(kind, 0) + table.num_rows
 
     def commit(self, manifest: dict[str, Any]) -> Path:
         """Close files, write the manifest and move the run into place."""
-        for w in self._writers.values():
-            w.close()
-        self._writers.clear()
         manifest = {"schema_version": SCHEMA_VERSION, **manifest, "rows": self.rows}
-        with open(self.partial / MANIFEST, "w") as f:
-            json.dump(manifest, f, indent=1, default=str)
-        if self.path.exists():
-            shutil.rmtree(self.path)
-        os.replace(self.partial, self.path)
-        return self.path
+        try:
+            for w in self._writers.values():
+                w.close()
+            self._writers.clear()
+            with open(self.partial / MANIFEST, "w") as f:
+                json.dump(manifest, f, indent=1, default=str)
+        except OSError as e:
+            self.abort()
+            raise OutputError(self.path, problem(e)) from None
+        return self._out.publish()
 
     def abort(self) -> None:
         for w in self._writers.values():
@@ -78,7 +77,7 @@ class RunWriter:
             except Exception:
                 pass
         self._writers.clear()
-        shutil.rmtree(self.partial, ignore_errors=True)
+        self._out.discard()
 
     def __enter__(self) -> RunWriter:
         return self

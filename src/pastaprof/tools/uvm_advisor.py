@@ -427,5 +427,6 @@ def plan_of(report: Report) -> dict[str, Any]:
 
 def write_plan(report: Report, path: str) -> None:
     """Write the plan as JSON (the input of applying it in a later run)."""
-    with open(path, "w") as f:
-        json.dump(plan_of(report), f, indent=1)
+    from pastaprof.store.outputs import write_output
+
+    write_output(path, (json.dumps(plan_of(report), indent=1) + "\n").encode())
