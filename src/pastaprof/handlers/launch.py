@@ -11,7 +11,6 @@ validated before the program starts: a bad one is exit code 2.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +20,8 @@ from pathlib import Path
 
 from pastaprof.errors import UsageError
 from pastaprof.handlers.control import ENV_PREFIX, CaptureConfig
+from pastaprof.report.names import terminal_safe
+from pastaprof.store.outputs import OutputDir
 
 BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
 
@@ -39,14 +40,8 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
         from pastaprof.tools.registry import resolve
 
         resolve(list(config.tools))
-    dest = Path(out or config.out or f"pastaprof-run-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    if dest.exists() and not force and not (dest.is_dir() and not any(dest.iterdir())):
-        raise UsageError(f"{dest}: already exists (use --force to replace it)")
-    if not dest.parent.is_dir():
-        raise UsageError(f"{dest.parent}: directory does not exist")
-    partial = dest.parent / f".{dest.name}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
+    claim = OutputDir(out or config.out or f"pastaprof-run-{time.strftime('%Y%m%d-%H%M%S')}", force)
+    dest, partial = claim.dest, claim.tmp  # dest is not resolved: --force replaces a link, not its target
     env[ENV_PREFIX + "OUT"] = str(partial)
     env["PASTAPROF_RUN_PARENT"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP), env.get("PYTHONPATH", "")) if p)
@@ -55,7 +50,7 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as e:
-        shutil.rmtree(partial, ignore_errors=True)
+        claim.discard()
         raise UsageError(f"cannot start {command[0]!r}: {e.strerror}") from None
     # compaction's imports (pyarrow: ~0.1 s) and first calls, while the program runs instead of after it
     warm = threading.Thread(target=_warm_compaction, name="pastaprof-warm-up", daemon=True)
@@ -70,7 +65,7 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
         signal.signal(signal.SIGINT, old_int)
     wall = time.perf_counter() - t0
     warm.join(timeout=5)  # bounded: compaction does the same work itself if the warm-up is stuck
-    _finish(partial, dest, command, code, wall, list(config.tools))
+    _finish(partial, dest, command, code, wall, list(config.tools), claim)
     if code < 0:  # killed by a signal: die the same way
         sys.stdout.flush()
         signal.signal(-code, signal.SIG_DFL)
@@ -88,23 +83,28 @@ def _warm_compaction() -> None:
         pass
 
 
-def _finish(partial: Path, dest: Path, command: list[str], code: int, wall: float, tools: list[str]) -> None:
+def _finish(partial: Path, dest: Path, command: list[str], code: int, wall: float, tools: list[str],
+            claim: OutputDir) -> None:
+    from pastaprof.errors import PastaprofError
     from pastaprof.store.compact import compact
 
     try:
         manifest = compact(partial, command=command, exit_code=code, wall_seconds=round(wall, 6))
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(partial, dest)
+        claim.publish()
+    except PastaprofError as e:  # the output's own trouble (it appeared meanwhile, disk full): one line
+        claim.discard()
+        sys.stderr.write(f"pastaprof: warning: the run was not stored: {terminal_safe(str(e))}\n")
+        return
     except Exception as e:
-        sys.stderr.write(f"pastaprof: warning: could not store the run: {type(e).__name__}: {e}\n")
+        claim.discard()
+        sys.stderr.write(f"pastaprof: warning: the run was not stored: {type(e).__name__}: {terminal_safe(str(e))}\n")
         return
     rows = manifest.get("rows", {})
     summary = ", ".join(f"{n} {k}" for k, n in sorted(rows.items())) or "no events"
-    sys.stderr.write(f"pastaprof: run stored in {dest} ({summary})\n")
+    sys.stderr.write(terminal_safe(f"pastaprof: run stored in {dest} ({summary})") + "\n")
     for line in sorted(set(manifest.get("status", {}).values())):
         if line != "ok":
-            sys.stderr.write(f"pastaprof: {line}\n")
+            sys.stderr.write(f"pastaprof: {terminal_safe(str(line))}\n")
     if tools:
         try:
             from pastaprof.api import analyze
@@ -112,4 +112,4 @@ def _finish(partial: Path, dest: Path, command: list[str], code: int, wall: floa
 
             print_reports(analyze(dest, tools=tools), stderr=True)  # stdout is the program's
         except Exception as e:
-            sys.stderr.write(f"pastaprof: warning: tools failed: {type(e).__name__}: {e}\n")
+            sys.stderr.write(f"pastaprof: warning: tools failed: {type(e).__name__}: {terminal_safe(str(e))}\n")
