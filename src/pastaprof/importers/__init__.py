@@ -1,66 +1,136 @@
-"""Importers turn foreign traces into pastaprof events, one rank at a time."""
+"""Importers turn foreign traces into pastaprof events, one rank at a time.
+
+A folder may hold several ranks, several captures of one rank (a profiler
+``schedule`` writes one file per cycle) and files that are no Kineto trace (an
+execution trace, a config): see importers/ranks.py for how ranks are read, and
+:func:`scan` for what is skipped.  What was guessed, merged or skipped is said
+in note lines on stderr and recorded in the run's manifest.
+"""
 
 from __future__ import annotations
 
-import re
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pastaprof.errors import InputError
 from pastaprof.importers.kineto import CATEGORY_KIND, IGNORED_CATEGORIES, import_file
+from pastaprof.importers.ranks import FileRank, check_overlap, plan_ranks, rank_from_name, rank_in_header, show
+from pastaprof.importers.sniff import Sniff, sniff
+
+__all__ = ["TRACE_SUFFIXES", "iter_ranks", "manifest_for", "rank_from_name", "scan", "trace_files"]
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-_RANK_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+def _stderr_note(msg: str) -> None:
+    sys.stderr.write(f"pastaprof: note: {msg}\n")
+
+
+def scan(path: Path) -> tuple[list[Path], list[Sniff], dict[str, str]]:
+    """The trace files behind ``path`` (a file, or a folder of per-rank files), what
+    their first bytes say, and the folder's files that are skipped (name -> why):
+    hidden files, execution traces and other JSON, recognized by content."""
+    if not path.exists():
+        raise InputError(path, "no such file or directory")
+    if not path.is_dir():  # a regular file, else one line saying what it is (safe_read)
+        from pastaprof.store.safe_read import check_trace_file
+
+        f = check_trace_file(path)
+        s = sniff(f)
+        if s.kind == "et":
+            raise InputError(path, f"is {s.why}, not a Kineto trace")
+        return [f], [s], {}
+    candidates = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+    files, sniffs, skipped = [], [], {}
+    for p in candidates:
+        if p.name.startswith("."):
+            skipped[p.name] = "a hidden file"
+            continue
+        s = sniff(p)
+        if s.kind != "trace":
+            skipped[p.name] = s.why
+            continue
+        files.append(p)
+        sniffs.append(s)
+    if not files:
+        if skipped:
+            what = "; ".join(f"{show(n)}: {w}" for n, w in list(skipped.items())[:3])
+            more = f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+            raise InputError(path, f"folder holds no Kineto trace ({what}{more})")
+        raise InputError(path, "folder holds no .json or .json.gz trace files")
+    return files, sniffs, skipped
 
 
 def trace_files(path: Path) -> list[Path]:
     """The trace files behind ``path`` (a file, or a folder of per-rank files)."""
-    if not path.exists():
-        raise InputError(path, "no such file or directory")
-    if path.is_file():
-        return [path]
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
-    if not files:
-        raise InputError(path, "folder holds no .json or .json.gz trace files")
-    return files
+    return scan(path)[0]
 
 
-def rank_from_name(path: Path) -> int | None:
-    m = _RANK_RE.search(path.name)
-    return int(m.group(1)) if m else None
+def _skipped_note(skipped: dict[str, str]) -> str:
+    shown = ", ".join(f"{show(n)} ({w})" for n, w in list(skipped.items())[:3])
+    more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+    return f"skipped {len(skipped)} file{'s' if len(skipped) > 1 else ''} that {'are' if len(skipped) > 1 else 'is'} " \
+           f"no Kineto trace: {shown}{more}"
 
 
 def iter_ranks(
     path: Path, ranks: list[int] | None = None, progress: Callable[[int], None] | None = None,
-    kinds: set[str] | None = None,
+    kinds: set[str] | None = None, note: Callable[[str], None] | None = None,
 ) -> Iterator[tuple[int, dict[str, pa.Table], dict[str, Any]]]:
-    """Yield (rank, raw tables, metadata) per trace file.  The rank comes from the
-    trace's ``distributedInfo``, else from the file name (``rank-3``), else the
-    file's position in the folder.  ``kinds``: import only these (None: all)."""
-    files = trace_files(path)
-    seen: set[int] = set()
-    for i, f in enumerate(files):
-        hint = rank_from_name(f)
-        tables, meta = import_file(f, progress=progress, kinds=kinds)
-        dist = meta.get("distributedInfo")
-        if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
-            rank = dist["rank"]
-        elif hint is not None:
-            rank = hint
-        else:
-            rank = i if len(files) > 1 else 0
-        if rank in seen:
-            raise InputError(f, f"rank {rank} appears in more than one trace file")
-        seen.add(rank)
-        if rank != meta["rank"]:
-            tables = {k: _set_rank(t, rank) for k, t in tables.items()}
-            meta["rank"] = rank
-        if ranks is not None and rank not in ranks:
+    """Yield (rank, raw tables, metadata) per trace file, by rank and, within a rank,
+    in time order (several files of one rank: consecutive captures; each is linked
+    on its own).  Ranks: see importers/ranks.py.  ``kinds``: import only these
+    (None: all).  ``note``: where note lines go (default: stderr)."""
+    note = note or _stderr_note
+    files, sniffs, skipped = scan(path)
+    plan, notes = plan_ranks(files, sniffs)
+    if skipped:
+        notes.insert(0, _skipped_note(skipped))
+    for line in notes:
+        note(line)
+    shared = {"notes": notes, "skipped": skipped}
+    earlier: dict[int, list[tuple[int, int, Path]]] = {}
+    for entry in plan:
+        if ranks is not None and entry.rank not in ranks:
             continue
-        yield rank, tables, meta
+        tables, meta = import_file(entry.path, rank=entry.rank, progress=progress, kinds=kinds)
+        _check_trailer_rank(entry, meta, len(plan))
+        start, end = _time_range(tables)
+        check_overlap(entry, start, end, earlier)
+        if entry.rank != meta["rank"]:
+            tables = {k: _set_rank(t, entry.rank) for k, t in tables.items()}
+        meta["rank"] = entry.rank
+        meta["file"] = entry.path.name
+        meta["rank_source"] = entry.describe() | {"start_ns": start, "end_ns": end}
+        meta["plan"] = shared
+        yield entry.rank, tables, meta
+
+
+def _check_trailer_rank(entry: FileRank, meta: dict[str, Any], n_files: int) -> None:
+    """A ``distributedInfo`` found only after the events (the first bytes did not
+    hold it) must agree with the rank the plan gave the file."""
+    if entry.source == "distributedInfo":
+        return
+    rank = rank_in_header(meta, entry.path)
+    if rank is None or rank == entry.rank:
+        return
+    if n_files == 1:
+        entry.rank, entry.source, entry.guess = rank, "distributedInfo", False
+        return
+    raise InputError(entry.path, f"distributedInfo after the events says rank {rank}, but the folder was read "
+                                 f"with it as rank {entry.rank}: name the file rank-{rank}")
+
+
+def _time_range(tables: dict[str, pa.Table]) -> tuple[int | None, int | None]:
+    starts = [pc.min(t["start_ns"]).as_py() for t in tables.values() if t.num_rows and "start_ns" in t.column_names]
+    ends = [pc.max(t["end_ns"]).as_py() for t in tables.values() if t.num_rows and "end_ns" in t.column_names]
+    starts, ends = [s for s in starts if s is not None], [e for e in ends if e is not None]
+    return (min(starts) if starts else None), (max(ends) if ends else None)
 
 
 def _set_rank(t: pa.Table, rank: int) -> pa.Table:
@@ -69,14 +139,23 @@ def _set_rank(t: pa.Table, rank: int) -> pa.Table:
 
 
 def manifest_for(path: Path, metas: list[dict[str, Any]]) -> dict[str, Any]:
-    """A run manifest describing an imported trace (or folder of per-rank traces)."""
+    """A run manifest describing an imported trace (or folder of per-rank traces).
+    ``rank_source`` says, per file, which rank it was read as and why
+    (``guess``: the file does not state it); ``notes``: what was guessed, merged
+    or skipped, as printed on import."""
     first = metas[0] if metas else {}
     unknown: dict[str, int] = {}
+    counts: dict[str, dict[str, int]] = {}
+    anchors: dict[str, dict[str, Any]] = {}
     for m in metas:
+        per_rank = counts.setdefault(str(m["rank"]), {})
         for cat, n in m.get("category_counts", {}).items():
+            per_rank[cat] = per_rank.get(cat, 0) + n
             if cat not in CATEGORY_KIND and cat not in IGNORED_CATEGORIES and cat != "":
                 unknown[cat] = unknown.get(cat, 0) + n
+        anchors.setdefault(str(m["rank"]), {"baseTimeNanoseconds": m.get("baseTimeNanoseconds")})
     devices = first.get("deviceProperties") or []
+    plan = first.get("plan") or {}
     return {
         "source": str(path),
         "format": "kineto",
@@ -85,12 +164,14 @@ def manifest_for(path: Path, metas: list[dict[str, Any]]) -> dict[str, Any]:
         "devices": devices if isinstance(devices, list) else [],
         "versions": {k: first.get(k) for k in ("cuda_driver_version", "cuda_runtime_version", "cupti_version",
                                                 "roctracer_version", "hip_runtime_version") if k in first},
-        "ranks": sorted(m["rank"] for m in metas),
-        "clock": {"domain": "unix_epoch_ns",
-                  "anchors": {str(m["rank"]): {"baseTimeNanoseconds": m.get("baseTimeNanoseconds")} for m in metas}},
+        "ranks": sorted({m["rank"] for m in metas}),
+        "rank_source": {m["file"]: m["rank_source"] for m in metas if "file" in m and "rank_source" in m},
+        "notes": list(plan.get("notes", [])),
+        "skipped": dict(plan.get("skipped", {})),
+        "clock": {"domain": "unix_epoch_ns", "anchors": anchors},
         "capture_overhead": None,
         "dropped_events": None,
-        "category_counts": {str(m["rank"]): m.get("category_counts", {}) for m in metas},
+        "category_counts": counts,
         "unknown_categories": unknown,
         "trace_bytes": sum(m.get("bytes", 0) for m in metas),
     }
