@@ -1,0 +1,464 @@
+"""steps -- the program's training/inference steps, found without annotations, and what each cost.
+
+Step rules, per rank, the first that applies (summary ``rule``, table column ``rule``):
+
+``ProfilerStep``
+    ranges (or ops) named ``ProfilerStep#N`` (torch.profiler's schedule): each is a step.
+``step ranges``
+    user ranges named like ``step3``, ``train_step 3``, ``iteration_3`` (``record_function``).
+``optimizer steps``
+    ``Optimizer.step#...`` ranges.  Step k spans from the end of optimizer step k-1 to the end
+    of optimizer step k; step 0 starts at the rank's first host event (op, API call or user
+    range: where the profile starts).  Work after the last optimizer step belongs to no step
+    (summary ``after_last_step_ns``).
+``repeated ops``
+    the names of the top-level ops of the rank's busiest thread are whole repetitions (at least
+    2) of one block (inference loops).  Step k spans from the first op of block k to the first op
+    of block k+1; the last step ends when its last op or the GPU work it launched ends.
+
+Per step (table ``steps``, one row per step and rank; times are host-clock windows [start, end)):
+
+* ``wall_ns`` = end - start.
+* GPU: the kernels, copies and memsets of the rank on all its devices, merged into one timeline
+  (the timeline tool's temporal breakdown; sync events are not activities).  ``gpu_busy_ns`` =
+  length of their union inside the window, ``gpu_idle_ns`` = wall - busy.  Every idle interval
+  ends where an activity starts and is classified with the timeline tool's rule for the
+  activity that ends it: ``host_wait`` if its launch call started after the interval began (the
+  host had not asked for the work yet), else ``kernel_wait`` if shorter than
+  ``consecutive_kernel_delay_ns``, else ``other_idle``.  Idle after the rank's last activity is
+  host_wait (nothing was launched).  host_wait + kernel_wait + other_idle == gpu_idle exactly.
+* ``compute_ns``, ``communication_ns``, ``memory_ns``, ``other_gpu_ns``: the timeline tool's
+  priority split of the busy time (HTA's kernel classes, compute > communication > memory >
+  other); they sum to gpu_busy exactly, so communication and memory are the *exposed* parts.
+* ``kernels``, ``memcpys``, ``memsets``, ``gpu_ns`` (their summed durations), ``top_op`` (the
+  innermost op whose launched GPU work took longest): GPU work whose launch call started in
+  the window (the activity's own start when no call is known).  ``cpu_ops``: ops starting in it.
+
+Outliers: with at least ``MIN_STEPS_FOR_OUTLIERS`` steps, a step whose wall time exceeds the
+rank's median step by more than ``OUTLIER_EXCESS`` of it.  What differed: the component above
+(host_wait ... other_gpu) with the largest excess over its median, and the top-level op and the
+API call whose time in the step exceeds their median the most.  One finding per rank and
+dominant component; ``impact_ns`` = the summed excess over the median.
+Options: ``consecutive_kernel_delay_ns`` (30_000), ``outlier_excess`` (0.25).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pastaprof.events.schema import GPU_ACTIVITY_KINDS
+from pastaprof.tools._timeline_math import (
+    COMMUNICATION,
+    COMPUTATION,
+    MEMORY,
+    KeyIndex,
+    Sweep,
+    hta_kernel_class,
+    name_codes,
+    to_np,
+)
+from pastaprof.tools.base import Finding, Report, Tool, sql
+from pastaprof.tools.memory import OPTIMIZER_STEP, PROFILER_STEP_RE, USER_STEP_RE
+from pastaprof.tools.timeline import CONSECUTIVE_KERNEL_DELAY_NS
+
+OUTLIER_EXCESS = 0.25          # a step more than 25% slower than the median step is an outlier ...
+MIN_STEPS_FOR_OUTLIERS = 3     # ... when there are enough steps for a median to mean "usual"
+MIN_REPEATS = 2                # the repeated-ops rule needs the block at least twice
+_NO_LAUNCH = np.iinfo(np.int64).max
+COMPONENTS = ("host_wait", "kernel_wait", "other_idle", "compute", "communication", "memory", "other_gpu")
+SUGGESTIONS = {
+    "host_wait": "The GPU waited for the host: see what the host did longer in these steps (warm-up, data "
+                 "loading, synchronization, Python overhead) and keep warm-up steps out of the measurement.",
+    "kernel_wait": "The GPU idled between queued work: look for synchronizations or stream dependencies in these steps.",
+    "other_idle": "The GPU idled between queued work: look for synchronizations or stream dependencies in these steps.",
+    "compute": "GPU compute took longer: check input shapes and first-call work (autotuning, lazy init) in these steps.",
+    "communication": "Exposed communication grew: check for a straggling rank or larger collectives in these steps.",
+    "memory": "Copies or memsets grew: check the data transfers issued in these steps.",
+    "other_gpu": "Other GPU work (syncs, unclassified kernels) grew: check these steps' kernels.",
+}
+DISPLAY = {"steps": ["rank", "step", "label", "wall_ns", "gpu_busy_ns", "host_wait_ns", "kernel_wait_ns",
+                     "other_idle_ns", "compute_ns", "communication_ns", "memory_ns", "kernels", "top_op", "outlier"]}
+
+
+def _str_col(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    return pc.fill_null(col.cast(pa.string()), "")
+
+
+def merged(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Disjoint sorted intervals [a, b) of the union of intervals sorted by start (touching ones merge,
+    as the timeline tool's sweep), and the row that opens each one."""
+    if len(start) == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    gap, last = Sweep(np.zeros(len(start), np.int32), start, end, 1).gaps()
+    opens = np.flatnonzero(gap > 0)
+    a = np.concatenate([start[:1], start[opens]])
+    b = np.concatenate([start[opens] - gap[opens], last])
+    return a, b, np.concatenate([[0], opens])
+
+
+def overlap(a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Length of disjoint sorted intervals [a, b) inside each window [lo, hi), vectorized."""
+    if len(a) == 0:
+        return np.zeros(len(lo), np.int64)
+    before = np.concatenate([[0], np.cumsum(b - a)[:-1]])
+
+    def covered(t: np.ndarray) -> np.ndarray:  # union length in (-inf, t)
+        j = np.searchsorted(a, t, side="right") - 1
+        jc = np.maximum(j, 0)
+        return np.where(j >= 0, before[jc] + np.clip(np.minimum(t, b[jc]) - a[jc], 0, None), 0)
+
+    return covered(hi) - covered(lo)
+
+
+def window_of(t: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Index of the window [lo, hi) containing each time, or -1 (windows sorted, disjoint)."""
+    if len(lo) == 0:
+        return np.full(len(t), -1, np.int64)
+    k = np.searchsorted(lo, t, side="right") - 1
+    kc = np.maximum(k, 0)
+    return np.where((k >= 0) & (t < hi[kc]), k, -1)
+
+
+class Steps(Tool):
+    name = "steps"
+    description = ("Training/inference steps (ProfilerStep, step ranges, optimizer steps or repeated ops): "
+                   "wall time, GPU busy/idle split, compute/comm/memory, outlier steps")
+    consumes = ("kernel", "memcpy", "memset", "api", "op", "range")
+
+    # ------------------------------------------------------------------ inputs
+
+    def _activities(self) -> dict[str, np.ndarray]:
+        """GPU activities of all kinds as columns: start, end, rank, cls (HTA class), lag (start minus
+        launch-call start, or _NO_LAUNCH), launch (call start, else own start), kind (0..2), op_id."""
+        api = self.table("api")
+        index = KeyIndex(to_np(api["rank"], dtype=np.int32), to_np(api["correlation"]))
+        a_start = to_np(api["start_ns"])
+        parts = []
+        for code, kind in enumerate(GPU_ACTIVITY_KINDS):
+            t = self.table(kind)
+            if t.num_rows == 0:
+                continue
+            start = to_np(t["start_ns"])
+            end = np.maximum(to_np(t["end_ns"]), start)
+            rank = to_np(t["rank"], dtype=np.int32)
+            call = index.find(rank, to_np(t["correlation"]))
+            has = call >= 0
+            launch = start.copy()
+            launch[has] = a_start[call[has]]
+            lag = np.full(len(start), _NO_LAUNCH, np.int64)
+            lag[has] = start[has] - launch[has]
+            if kind == "kernel":
+                codes, names = name_codes(t["name"])
+                cls = np.array([hta_kernel_class(x) for x in names], dtype=np.int8)[codes]
+            else:
+                cls = np.full(len(start), MEMORY, np.int8)
+            parts.append({"start": start, "end": end, "rank": rank, "cls": cls, "lag": lag, "launch": launch,
+                          "kind": np.full(len(start), code, np.int8), "op_id": to_np(t["op_id"])})
+        keys = ("start", "end", "rank", "cls", "lag", "launch", "kind", "op_id")
+        if not parts:
+            return {k: np.zeros(0, np.int64) for k in keys}
+        return {k: np.concatenate([p[k] for p in parts]) for k in keys}
+
+    def _host_bounds(self, rank: int) -> tuple[int, int] | None:
+        """(first start, last end) of the rank's host events (ops, API calls, user ranges)."""
+        lo, hi = [], []
+        for kind in ("op", "api", "range"):
+            t = self.table(kind)
+            t = t.filter(pc.equal(t["rank"], rank))
+            if t.num_rows:
+                lo.append(pc.min(t["start_ns"]).as_py())
+                hi.append(pc.max(t["end_ns"]).as_py())
+        return (min(lo), max(hi)) if lo else None
+
+    # ------------------------------------------------------------------ step windows
+
+    def _windows(self, rank: int, act_launch: np.ndarray, act_end: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                                         list[str], str]:
+        """(starts, ends, labels, rule) of the rank's steps; see the module docstring."""
+        rng, ops = self.table("range"), self.table("op")
+        rng = rng.filter(pc.equal(rng["rank"], rank))
+        rng = rng.filter(pc.fill_null(pc.equal(_str_col(rng["domain"]), "user"), True))
+        ops = ops.filter(pc.equal(ops["rank"], rank))
+        named = pa.table({
+            "name": pa.concat_arrays([_str_col(x["name"]).combine_chunks() for x in (rng, ops)]),
+            "start_ns": pa.concat_arrays([x["start_ns"].combine_chunks() for x in (rng, ops)]),
+            "end_ns": pa.concat_arrays([x["end_ns"].combine_chunks() for x in (rng, ops)]),
+        })
+        for pattern, rule in ((PROFILER_STEP_RE, "ProfilerStep"), (USER_STEP_RE, "step ranges")):
+            hit = named.filter(pc.match_substring_regex(named["name"], pattern, ignore_case=True))
+            if hit.num_rows:
+                g = hit.group_by("name").aggregate([("start_ns", "min"), ("end_ns", "max")]).sort_by("start_ns_min")
+                return to_np(g["start_ns_min"]), to_np(g["end_ns_max"]), g["name"].to_pylist(), rule
+        opt = rng.filter(pc.starts_with(_str_col(rng["name"]), OPTIMIZER_STEP))
+        bounds = self._host_bounds(rank)
+        if opt.num_rows and bounds is not None:
+            ends = np.sort(to_np(opt["end_ns"]))
+            return np.r_[min(bounds[0], int(ends[0])), ends[:-1]], ends, [f"step {i}" for i in range(len(ends))], \
+                "optimizer steps"
+        return self._repeated(ops, act_launch, act_end)
+
+    @staticmethod
+    def _repeated(ops: pa.Table, act_launch: np.ndarray, act_end: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                                       list[str], str]:
+        none = (np.zeros(0, np.int64), np.zeros(0, np.int64), [], "none")
+        top = ops.filter(pc.fill_null(pc.equal(ops["depth"], 0), True))
+        if top.num_rows < MIN_REPEATS:
+            return none
+        pid, tid = to_np(top["pid"]), to_np(top["tid"])
+        _, thread = np.unique(np.stack([pid, tid], axis=1), axis=0, return_inverse=True)
+        thread = thread.reshape(-1)
+        top = top.filter(pa.array(thread == np.bincount(thread).argmax())).sort_by("start_ns")
+        codes, _ = name_codes(top["name"])
+        n = len(codes)
+        for p in range(1, n // MIN_REPEATS + 1):  # the smallest block the sequence repeats exactly
+            if n % p == 0 and np.array_equal(codes[p:], codes[:-p]):
+                starts = to_np(top["start_ns"])[::p]
+                last_ops_end = int(to_np(top["end_ns"])[-p:].max())
+                tail = act_end[act_launch >= starts[-1]]
+                last = max(last_ops_end, int(tail.max()) if len(tail) else last_ops_end)
+                return starts, np.r_[starts[1:], last], [f"iteration {i}" for i in range(len(starts))], "repeated ops"
+        return none
+
+    # ------------------------------------------------------------------ GPU split per window
+
+    @staticmethod
+    def _gpu_split(act: dict[str, np.ndarray], lo: np.ndarray, hi: np.ndarray, delay: int) -> dict[str, np.ndarray]:
+        """Busy, idle classes and busy classes per window for one rank's activities (sorted by start)."""
+        s, e, cls, lag = act["start"], act["end"], act["cls"], act["lag"]
+        wall = hi - lo
+        out = {c: np.zeros(len(lo), np.int64) for c in ("gpu_busy", *COMPONENTS)}
+        if len(s) == 0:
+            out["host_wait"] = wall.copy()
+            out["gpu_idle"] = wall.copy()
+            return out
+        a, b, opener = merged(s, e)
+        out["gpu_busy"] = overlap(a, b, lo, hi)
+        # Idle intervals: before the first activity (from the first window), between merged
+        # intervals, after the last one (to the last window's end).
+        ia = np.concatenate([[min(int(lo[0]), int(a[0]))], b])
+        ib = np.concatenate([a, [max(int(hi[-1]), int(b[-1]))]])
+        gap = ib - ia
+        host = np.ones(len(ia), bool)
+        host[:-1] = gap[:-1] > lag[opener]
+        kern = ~host & (gap < delay)
+        for label, mask in (("host_wait", host), ("kernel_wait", kern), ("other_idle", ~host & ~kern)):
+            keep = mask & (gap > 0)
+            out[label] = overlap(ia[keep], ib[keep], lo, hi)
+        out["gpu_idle"] = wall - out["gpu_busy"]
+        unions = {}
+        for top in (COMPUTATION, COMMUNICATION, MEMORY):
+            m = cls <= top
+            unions[top] = out["gpu_busy"] if m.all() else overlap(*merged(s[m], e[m])[:2], lo, hi)
+        out["compute"] = unions[COMPUTATION]
+        out["communication"] = unions[COMMUNICATION] - unions[COMPUTATION]
+        out["memory"] = unions[MEMORY] - unions[COMMUNICATION]
+        out["other_gpu"] = out["gpu_busy"] - unions[MEMORY]
+        return out
+
+    # ------------------------------------------------------------------ report
+
+    def report(self) -> Report:
+        delay = int(self.options.get("consecutive_kernel_delay_ns", CONSECUTIVE_KERNEL_DELAY_NS))
+        act = self._activities()
+        op = self.table("op")
+        ranks = sorted(set(np.unique(act["rank"]).tolist()).union(
+            *(set(pc.unique(self.table(k)["rank"]).to_pylist()) for k in ("op", "api", "range"))))
+        act["sid"] = np.full(len(act["start"]), -1, np.int64)
+        op_sid = np.full(op.num_rows, -1, np.int64)
+        op_rank = to_np(op["rank"], dtype=np.int32)
+        op_start = to_np(op["start_ns"])
+        tables, per_rank, base = [], [], 0
+        for r in ranks:
+            mine = np.flatnonzero(act["rank"] == r)
+            mine = mine[np.argsort(act["start"][mine], kind="stable")]
+            sub = {k: v[mine] for k, v in act.items()}
+            lo, hi, labels, rule = self._windows(r, sub["launch"], sub["end"])
+            if len(lo):  # disjoint and ordered, whatever the ranges were
+                hi = np.maximum(hi, lo)
+                lo = np.maximum(lo, np.r_[np.iinfo(np.int64).min, np.maximum.accumulate(hi)[:-1]])
+                hi = np.maximum(hi, lo)
+            per_rank.append({"rank": r, "rule": rule, "steps": len(lo)})
+            if not len(lo):
+                continue
+            w = window_of(sub["launch"], lo, hi)
+            act["sid"][mine[w >= 0]] = base + w[w >= 0]
+            on = np.flatnonzero(op_rank == r)
+            wo = window_of(op_start[on], lo, hi)
+            op_sid[on[wo >= 0]] = base + wo[wo >= 0]
+            split = self._gpu_split(sub, lo, hi, delay)
+            host = self._host_bounds(r)
+            per_rank[-1]["after_last_step_ns"] = max(0, max(host[1] if host else 0, int(sub["end"].max(initial=0)))
+                                                     - int(hi[-1]))
+            n = len(lo)
+            tables.append(pa.table({
+                "sid": np.arange(base, base + n), "rank": np.full(n, r, np.int32), "step": np.arange(n),
+                "label": pa.array(labels, pa.string()), "rule": pa.array([rule] * n, pa.string()),
+                "start_ns": lo, "end_ns": hi, "wall_ns": hi - lo,
+                **{f"{c}_ns": split[c] for c in ("gpu_busy", "gpu_idle", *COMPONENTS)},
+            }))
+            base += n
+        if not tables:
+            return self._empty(per_rank)
+        steps = self._tallies(pa.concat_tables(tables), act, op, op_sid)
+        steps, findings, stats = self._outliers(steps, op, op_sid)
+        summary = self._summary(steps, per_rank, stats)
+        return Report(self.name, tables={"steps": steps.drop_columns(["sid"])}, findings=findings,
+                      summary=summary, display=DISPLAY)
+
+    def _empty(self, per_rank: list[dict[str, Any]]) -> Report:
+        if not per_rank:
+            note = "no host events (ops, API calls or ranges): nothing to find steps in"
+        else:
+            note = ("no steps found: no ProfilerStep#N, stepN or Optimizer.step ranges, "
+                    "and the top-level ops do not repeat")
+        return Report(self.name, summary={"rule": "none", "steps": 0, "note": note})
+
+    def _tallies(self, steps: pa.Table, act: dict[str, np.ndarray], op: pa.Table, op_sid: np.ndarray) -> pa.Table:
+        """Per step: launched kernels/copies/memsets, their GPU time, the top op; ops started."""
+        codes, names = name_codes(op["name"])
+        row = KeyIndex(to_np(op["rank"], dtype=np.int32), to_np(op["id"])).find(act["rank"], act["op_id"])
+        idx = np.where(row >= 0, codes[np.clip(row, 0, None)] if len(codes) else -1, -1)
+        acts = pa.table({
+            "sid": act["sid"], "kind": act["kind"], "d": act["end"] - act["start"],
+            "op": pa.DictionaryArray.from_arrays(pa.array(idx.astype(np.int32), mask=idx < 0), pa.array(names, pa.string())),
+        })
+        con = sql(steps=steps, acts=acts, ops=pa.table({"sid": op_sid}))
+        return con.sql("""
+            WITH g AS (SELECT sid, kind, d, CAST(op AS VARCHAR) AS op FROM acts WHERE sid >= 0),
+                 t AS (SELECT sid, count(*) FILTER (kind = 0) AS kernels, count(*) FILTER (kind = 1) AS memcpys,
+                              count(*) FILTER (kind = 2) AS memsets, sum(d)::BIGINT AS gpu_ns FROM g GROUP BY sid),
+                 o AS (SELECT sid, op, sum(d) AS d FROM g WHERE op IS NOT NULL GROUP BY ALL),
+                 top AS (SELECT sid, first(op ORDER BY d DESC, op) AS top_op, max(d)::BIGINT AS top_op_gpu_ns
+                         FROM o GROUP BY sid),
+                 c AS (SELECT sid, count(*) AS cpu_ops FROM ops WHERE sid >= 0 GROUP BY sid)
+            SELECT steps.*, coalesce(kernels, 0) AS kernels, coalesce(memcpys, 0) AS memcpys,
+                   coalesce(memsets, 0) AS memsets, coalesce(gpu_ns, 0)::BIGINT AS gpu_ns, top_op,
+                   top_op_gpu_ns, coalesce(cpu_ops, 0) AS cpu_ops
+            FROM steps LEFT JOIN t USING (sid) LEFT JOIN top USING (sid) LEFT JOIN c USING (sid) ORDER BY sid
+        """).to_arrow_table()
+
+    # ------------------------------------------------------------------ outliers and findings
+
+    def _outliers(self, steps: pa.Table, op: pa.Table, op_sid: np.ndarray) -> tuple[pa.Table, list[Finding],
+                                                                                   dict[int, dict[str, Any]]]:
+        share = float(self.options.get("outlier_excess", OUTLIER_EXCESS))
+        rank, wall = to_np(steps["rank"]), to_np(steps["wall_ns"])
+        comp = {c: to_np(steps[f"{c}_ns"]) for c in COMPONENTS}
+        outlier = np.zeros(len(wall), bool)
+        stats: dict[int, dict[str, Any]] = {}
+        groups = []
+        for r in np.unique(rank).tolist():
+            m = np.flatnonzero(rank == r)
+            w = wall[m].astype(np.float64)
+            med = float(np.median(w))
+            stats[r] = {"median_wall_ns": int(round(med)), "mean_wall_ns": int(round(w.mean())),
+                        "std_wall_ns": int(round(w.std())), "cv": round(float(w.std() / w.mean()), 4) if w.mean() else 0.0,
+                        "min_wall_ns": int(w.min()), "max_wall_ns": int(w.max()), "outliers": 0}
+            if len(m) < MIN_STEPS_FOR_OUTLIERS:
+                continue
+            slow = m[w > med * (1 + share)]
+            if not len(slow):
+                continue
+            outlier[slow] = True
+            stats[r]["outliers"] = len(slow)
+            exc = np.stack([comp[c][slow] - np.median(comp[c][m]) for c in COMPONENTS])
+            dom = exc.argmax(axis=0)
+            for ci in np.unique(dom).tolist():
+                sel = slow[dom == ci]
+                groups.append((r, COMPONENTS[ci], sel, med, {c: int(round(exc[k][dom == ci].sum()))
+                                                              for k, c in enumerate(COMPONENTS)}))
+        steps = steps.append_column("outlier", pa.array(outlier))
+        if not groups:
+            return steps, [], stats
+        explain = self._differences(steps, op, op_sid, np.flatnonzero(outlier))
+        findings = [self._finding(steps, g, explain) for g in groups]
+        return steps, findings, stats
+
+    def _differences(self, steps: pa.Table, op: pa.Table, op_sid: np.ndarray, rows: np.ndarray) -> Any:
+        """Per outlier step and name: time of top-level ops / API calls in the step minus the
+        median over the rank's steps (0 where a step has none), with the op's call sites."""
+        api = self.table("api")
+        api_sid = np.full(api.num_rows, -1, np.int64)
+        a_rank, a_start = to_np(api["rank"], dtype=np.int32), to_np(api["start_ns"])
+        s_rank, lo, hi, sid = (to_np(steps[c]) for c in ("rank", "start_ns", "end_ns", "sid"))
+        for r in np.unique(s_rank).tolist():
+            m, on = np.flatnonzero(s_rank == r), np.flatnonzero(a_rank == r)
+            w = window_of(a_start[on], lo[m], hi[m])
+            api_sid[on[w >= 0]] = sid[m][w[w >= 0]]
+        top = pc.fill_null(pc.equal(op["depth"], 0), True)
+        x_op = pa.table({"sid": op_sid, "name": _str_col(op["name"]), "site": op["call_site"].cast(pa.string()),
+                         "ns": pc.subtract(op["end_ns"], op["start_ns"])}).filter(top)
+        x_api = pa.table({"sid": api_sid, "name": _str_col(api["name"]), "site": pa.nulls(api.num_rows, pa.string()),
+                          "ns": pc.subtract(api["end_ns"], api["start_ns"])})
+        con = sql(steps=steps.select(["sid", "rank"]), x_op=x_op, x_api=x_api,
+                  outl=pa.table({"sid": sid[rows]}))
+        out = {}
+        for label in ("op", "api"):
+            out[label] = con.sql(f"""
+                WITH per AS (SELECT sid, name, sum(ns) AS ns FROM x_{label} WHERE sid >= 0 GROUP BY ALL),
+                     names AS (SELECT DISTINCT rank, name FROM per JOIN steps USING (sid)),
+                     grid AS (SELECT s.rank, s.sid, n.name, coalesce(p.ns, 0) AS ns FROM steps s
+                              JOIN names n USING (rank) LEFT JOIN per p ON p.sid = s.sid AND p.name = n.name),
+                     med AS (SELECT rank, name, median(ns) AS m FROM grid GROUP BY ALL),
+                     sites AS (SELECT sid, name, first(site ORDER BY ns DESC, site) AS site FROM
+                               (SELECT sid, name, site, sum(ns) AS ns FROM x_{label} WHERE site IS NOT NULL
+                                GROUP BY ALL) GROUP BY ALL)
+                SELECT g.sid, g.name, (g.ns - med.m)::DOUBLE AS excess, sites.site FROM grid g JOIN outl USING (sid)
+                JOIN med USING (rank, name) LEFT JOIN sites ON sites.sid = g.sid AND sites.name = g.name
+            """).to_arrow_table()
+        return out
+
+    def _finding(self, steps: pa.Table, group: tuple, explain: dict[str, pa.Table]) -> Finding:
+        r, component, rows, med, excess = group
+        wall = to_np(steps["wall_ns"])[rows]
+        sids = to_np(steps["sid"])[rows]
+        labels = steps["label"].take(pa.array(rows)).to_pylist()
+        impact = int(round(float((wall - med).sum())))
+        ratio = float(wall.max() / med) if med else float("inf")
+        evidence: dict[str, Any] = {"impact_ns": impact, "steps": labels[:10], "median_wall_ns": int(round(med)),
+                                    "max_wall_ns": int(wall.max()), "ratio_to_median": round(ratio, 2),
+                                    **{f"excess_{c}_ns": v for c, v in excess.items()}}
+        location = None
+        for label in ("op", "api"):
+            t = explain[label].filter(pc.is_in(explain[label]["sid"], pa.array(sids)))
+            if not t.num_rows:
+                continue
+            g = t.group_by("name").aggregate([("excess", "sum")]).sort_by([("excess_sum", "descending"),
+                                                                            ("name", "ascending")])
+            name, ex = g["name"][0].as_py(), g["excess_sum"][0].as_py()
+            if ex <= 0:
+                continue
+            evidence[f"top_{label}"], evidence[f"top_{label}_excess_ns"] = name, int(round(ex))
+            if label == "op":
+                sites = t.filter(pc.and_(pc.equal(t["name"], name), pc.is_valid(t["site"])))["site"]
+                site = sites[0].as_py() if len(sites) else None
+                evidence["top_op_call_site"] = site
+                location = site or name
+        evidence["suggestion"] = SUGGESTIONS[component]
+        which = f"step {labels[0]}" if len(labels) == 1 else f"{len(labels)} steps ({', '.join(labels[:5])})"
+        title = (f"{which} of rank {r} took {'up to ' if len(labels) > 1 else ''}{ratio:.2f}x the median step "
+                 f"(+{impact / 1e6:.1f} ms), mostly {component.replace('_', ' ')}")
+        return Finding("warning" if ratio >= 2 else "info", title, evidence, location or f"rank {r}: {labels[0]}")
+
+    @staticmethod
+    def _summary(steps: pa.Table, per_rank: list[dict[str, Any]], stats: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        for p in per_rank:
+            p.update(stats.get(p["rank"], {}))
+        rules = sorted({p["rule"] for p in per_rank if p["steps"]})
+        wall = to_np(steps["wall_ns"]).astype(np.float64)
+        out: dict[str, Any] = {"rule": rules[0] if len(rules) == 1 else "mixed", "steps": steps.num_rows,
+                               "ranks": len(per_rank), "median_wall_ns": int(round(float(np.median(wall)))),
+                               "mean_wall_ns": int(round(wall.mean())), "std_wall_ns": int(round(wall.std())),
+                               "cv": round(float(wall.std() / wall.mean()), 4) if wall.mean() else 0.0,
+                               "outliers": int(pc.sum(steps["outlier"].cast(pa.int64())).as_py() or 0),
+                               "per_rank": per_rank}
+        if not any(p["rule"] == "none" for p in per_rank) and len(per_rank) == 1:
+            out["after_last_step_ns"] = per_rank[0].get("after_last_step_ns", 0)
+        else:
+            out["ranks_without_steps"] = [p["rank"] for p in per_rank if not p["steps"]]
+        return out
