@@ -1,29 +1,35 @@
 """Find the event array inside a Chrome-trace JSON file and stage it for DuckDB.
 
 A Kineto trace is one JSON object; its ``traceEvents`` array holds nearly all of
-its bytes, with small metadata before and after it.  We copy exactly that array
-(decompressing ``.gz`` on the way) into a temporary file that DuckDB's JSON
-reader then parses in parallel, in C++, straight into columns.  The metadata
-around it is parsed with orjson.  Nothing here holds the trace in memory.
+its bytes, with metadata before and after it (``deviceProperties``, torch >= 2.4's
+``"INFO"`` log array, ``traceName``; other writers add ``samples`` and more, in any
+order).  A streaming scan of the JSON structure (jsonscan.py) finds the top-level
+``traceEvents`` value and the ``]`` that closes it; we copy exactly that array
+(decompressing ``.gz`` on the way) into a temporary file that DuckDB's JSON reader
+then parses in parallel, in C++, straight into columns.  The members around it are
+parsed with orjson.  Nothing here holds the trace in memory.  Chrome's bare-array
+form (``[...]`` without an object) is read the same way.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
-import shutil
 import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import orjson
 
 from pastaprof.errors import InputError
+from pastaprof.importers.jsonscan import ArrayEnd, Scanner
 
 CHUNK = 8 << 20
-HEAD_LIMIT = 64 << 20
-TAIL_WINDOW = 1 << 20
+HEAD_LIMIT = 64 << 20     # metadata before the event array that we read to find it
+TRAILER_LIMIT = 64 << 20  # metadata after it that we parse (beyond: counted, not read)
+_EVENTS_KEY = b'"traceEvents"'
 
 
 def open_trace(path: Path) -> BinaryIO:
@@ -43,104 +49,186 @@ def open_trace(path: Path) -> BinaryIO:
     return f
 
 
-def _find_array_start(head: bytes) -> tuple[int, bool]:
-    """Offset of the '[' that opens the event array (-1: read more) and whether the
-    file is a bare array (Chrome's "JSON array format").  Scans JSON tokens only
-    until the array starts; the metadata before it is small."""
-    i = 0
-    n = len(head)
-    while i < n and head[i] in b" \t\r\n":
-        i += 1
+def _top_level(head: bytes, path: Path) -> tuple[int, bool]:
+    """Offset of the first byte of the JSON value and whether it is an array."""
+    i = len(head) - len(head.lstrip(b" \t\r\n"))
     if head.startswith(b"\xef\xbb\xbf", i):
         i += 3
-    if i >= n:
-        raise ValueError("empty file")
-    if head[i : i + 1] == b"[":
+        i += len(head[i:]) - len(head[i:].lstrip(b" \t\r\n"))
+    c = head[i : i + 1]
+    if c == b"[":
         return i, True
-    if head[i : i + 1] != b"{":
-        raise ValueError("not JSON: does not start with '{' or '['")
-    depth = 0
-    in_str = False
-    key_start = -1
-    last_key = None
-    j = i
-    while j < n:
-        c = head[j]
-        if in_str:
-            if c == 0x5C:  # backslash
-                j += 2
-                continue
-            if c == 0x22:
-                in_str = False
-                if depth == 1:
-                    last_key = head[key_start:j]
-            j += 1
-            continue
-        if c == 0x22:
-            in_str = True
-            key_start = j + 1
-        elif c in b"{[":
-            if c == 0x5B and depth == 1 and last_key == b"traceEvents":
-                return j, False
-            depth += 1
-        elif c in b"}]":
-            depth -= 1
-            if depth == 0:
-                raise ValueError("no traceEvents array: not a Chrome/Kineto trace")
-        elif c == 0x2C and depth == 1:
-            last_key = None
-        j += 1
-    return -1, False  # need more bytes
+    if c != b"{":
+        raise InputError(path, "not JSON: does not start with '{' or '['")
+    return i, False
 
 
-def _parse_header(prefix: bytes) -> dict[str, Any]:
-    """The metadata before ``"traceEvents":`` as a dict (best effort)."""
-    text = prefix.rstrip()
-    k = text.rfind(b'"traceEvents"')
-    if k < 0:
+def _find_events_key(head: bytes, first: int, path: Path) -> int:
+    """Offset of the '[' of the top-level ``"traceEvents"`` value in ``head`` (-1: read
+    more).  A real scan of the structure: the key must be a string that opens at
+    depth 1 (not a name inside an event, not text inside another string)."""
+    blk = Scanner().scan(memoryview(head)[first:].tobytes() if first else head)
+    k = head.find(_EVENTS_KEY, first)
+    while k >= 0:
+        rel = k - first
+        j = int(np.searchsorted(blk.quotes, rel))
+        opens = j < len(blk.quotes) and blk.quotes[j] == rel and j % 2 == 0
+        b = int(np.searchsorted(blk.brackets, rel)) - 1
+        if opens and b >= 0 and blk.depth[b] == 1:
+            i = _skip_ws(head, k + len(_EVENTS_KEY))
+            if i < len(head) and head[i : i + 1] == b":":
+                i = _skip_ws(head, i + 1)
+                if i >= len(head):
+                    return -1
+                if head[i : i + 1] != b"[":
+                    raise InputError(path, "traceEvents is not an array")
+                return i
+        k = head.find(_EVENTS_KEY, k + 1)
+    if blk.depth.size and int(blk.depth.min()) <= 0:
+        raise InputError(path, "no traceEvents array: not a Chrome/Kineto trace")
+    return -1
+
+
+def _skip_ws(b: bytes, i: int) -> int:
+    while i < len(b) and b[i] in b" \t\r\n":
+        i += 1
+    return i
+
+
+def _parse_header(head: bytes, first: int, start: int, path: Path) -> dict[str, Any]:
+    """The members before ``"traceEvents":`` as a dict."""
+    body = head[first + 1 : head.rfind(_EVENTS_KEY, first, start)].strip()
+    if not body:
         return {}
-    body = text[:k].rstrip().rstrip(b",") + b"}"
+    if not body.endswith(b","):
+        raise InputError(path, "malformed JSON before the traceEvents array")
+    return _loads_object(b"{" + body[:-1] + b"}", path, "before")
+
+
+def _parse_trailer(tail: bytes, bare: bool, path: Path) -> dict[str, Any]:
+    """The members after the array's ']' (a bare array: nothing may follow)."""
+    t = tail.strip()
+    if bare:
+        if t:
+            raise InputError(path, "data after the top-level event array")
+        return {}
+    if t == b"}":
+        return {}
+    if not t.startswith(b","):
+        raise InputError(path, "truncated or malformed JSON after the traceEvents array")
+    meta = _loads_object(b"{" + t[1:], path, "after")
+    if "traceEvents" in meta:
+        raise InputError(path, "traceEvents appears twice")
+    return meta
+
+
+def _loads_object(text: bytes, path: Path, where: str) -> dict[str, Any]:
     try:
-        meta = orjson.loads(body)
+        meta = orjson.loads(text)
     except orjson.JSONDecodeError:
-        return {}
-    return meta if isinstance(meta, dict) else {}
+        raise InputError(path, f"malformed JSON {where} the traceEvents array") from None
+    if not isinstance(meta, dict):
+        raise InputError(path, f"malformed JSON {where} the traceEvents array")
+    return meta
 
 
-def _close_array(tail: bytes, bare: bool) -> tuple[int, dict[str, Any]]:
-    """Position (in ``tail``) of the ']' that closes the event array, and the
-    metadata that follows it.  Tries candidates from the end; a wrong one cannot
-    parse, because what follows it is then not the rest of a JSON object."""
-    pos = len(tail)
+def _read_head(src: BinaryIO, path: Path) -> tuple[bytes, int, int, bool]:
+    """Read until the event array starts: (bytes read, value start, '[' offset, bare)."""
+    head = b""
     while True:
-        pos = tail.rfind(b"]", 0, pos)
-        if pos < 0:
-            raise ValueError("truncated: the traceEvents array is never closed")
-        rest = tail[pos + 1 :].strip()
-        if bare:
-            if not rest:
-                return pos, {}
+        block = src.read(CHUNK)
+        head += block
+        if not head.strip():
+            if not block:
+                raise InputError(path, "empty file")
             continue
-        rest = rest.lstrip(b",").lstrip()
+        first, bare = _top_level(head, path)
+        start = first if bare else _find_events_key(head, first, path)
+        if start >= 0:
+            return head, first, start, bare
+        if not block or len(head) >= HEAD_LIMIT:
+            raise InputError(path, "no traceEvents array found: not a Chrome/Kineto trace")
+
+
+def _copy_array(src: BinaryIO, out: BinaryIO, head: bytes, start: int, bare: bool, path: Path,
+                progress: Callable[[int], None] | None) -> tuple[bytes | None, int]:
+    """Write the event array (its '[' to its ']') to ``out``; return what follows it
+    (at most ``TRAILER_LIMIT`` bytes) and the number of bytes read in all."""
+    end = ArrayEnd(1 if bare else 2)
+    out.write(b"[")
+    block: bytes = head[start + 1 :]
+    done = 0  # bytes of the array fed before ``block``
+    total = len(head)
+    if progress:
+        progress(total)
+    buf = bytearray(CHUNK)
+    while block:
+        pos = end.feed(block)
+        if pos >= 0:
+            cut = pos - done + 1
+            out.write(block[:cut])
+            return _read_trailer(src, block[cut:], total, buf, progress)
+        out.write(block)
+        done += len(block)
+        n = src.readinto(buf)
+        block = bytes(memoryview(buf)[:n])
+        total += n
+        if progress and n:
+            progress(n)
+    raise InputError(path, "truncated: the traceEvents array is never closed")
+
+
+def _read_trailer(src: BinaryIO, first: bytes, total: int, buf: bytearray,
+                  progress: Callable[[int], None] | None) -> tuple[bytes | None, int]:
+    """The rest of the stream after the array (None: more than ``TRAILER_LIMIT``
+    bytes, which are only counted)."""
+    parts, kept = [first], len(first)
+    while True:
+        n = src.readinto(buf)
+        if not n:
+            break
+        total += n
+        if progress:
+            progress(n)
+        if kept < TRAILER_LIMIT:
+            parts.append(bytes(memoryview(buf)[:n]))
+            kept += n
+    return (b"".join(parts) if kept <= TRAILER_LIMIT else None), total
+
+
+def stage_events(
+    path: Path, dest: Path, progress: Callable[[int], None] | None = None
+) -> dict[str, Any]:
+    """Copy the event array of ``path`` to ``dest`` (a JSON array file) and return
+    the trace's metadata (every top-level member but ``traceEvents``, before and after
+    it, in any order).
+
+    Raises InputError with a one-line reason for anything that is not a
+    well-formed Chrome trace at this level (empty, not JSON, truncated, ...).
+    """
+    src = open_trace(path)
+    try:
         try:
-            meta = orjson.loads(b"{" + rest) if rest != b"}" else {}
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(meta, dict):
-            return pos, meta
+            head, first, start, bare = _read_head(src, path)
+            meta = {} if bare else _parse_header(head, first, start, path)
+            with open(dest, "wb") as out:
+                tail, total = _copy_array(src, out, head, start, bare, path, progress)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise InputError(path, f"corrupt or truncated gzip data ({_one_line(e)})") from None
+        except OSError as e:
+            raise InputError(path, f"read error: {_one_line(e)}") from None
+    finally:
+        src.close()
+    if tail is not None:
+        meta.update(_parse_trailer(tail, bare, path))
+    elif bare:
+        raise InputError(path, "data after the top-level event array")
+    meta["_bytes"] = total
+    return meta
 
 
-class _Counting:
-    """A reader that reports how many bytes went through it (for the progress bar)."""
-
-    def __init__(self, f: BinaryIO, progress: Callable[[int], None] | None) -> None:
-        self.f, self.progress = f, progress
-
-    def read(self, n: int = -1) -> bytes:
-        block = self.f.read(n)
-        if self.progress and block:
-            self.progress(len(block))
-        return block
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:200] or type(e).__name__
 
 
 def _copy_bytes(src_fd: int, dst_fd: int, start: int, end: int,
@@ -155,73 +243,6 @@ def _copy_bytes(src_fd: int, dst_fd: int, start: int, end: int,
         offset += n
         if progress:
             progress(n)
-
-
-def _copy_range(src: BinaryIO, out: BinaryIO, start: int, progress: Callable[[int], None] | None) -> bool:
-    """Copy ``src[start:]`` to ``out`` with copy_file_range.  False if unsupported."""
-    if not hasattr(os, "copy_file_range"):
-        return False
-    try:
-        _copy_bytes(src.fileno(), out.fileno(), start, os.fstat(src.fileno()).st_size, progress)
-        return True
-    except OSError:
-        out.seek(0)
-        out.truncate()
-        return False
-
-
-def stage_events(
-    path: Path, dest: Path, progress: Callable[[int], None] | None = None
-) -> dict[str, Any]:
-    """Copy the event array of ``path`` to ``dest`` (a JSON array file) and return
-    the trace's metadata (everything but ``traceEvents``).
-
-    Raises InputError with a one-line reason for anything that is not a
-    well-formed Chrome trace at this level (empty, not JSON, truncated, ...).
-    """
-    src = open_trace(path)
-    try:
-        try:
-            head = b""
-            start = -1
-            while start < 0:
-                block = src.read(CHUNK)
-                head += block
-                if not head.strip():
-                    raise InputError(path, "empty file")
-                try:
-                    start, bare = _find_array_start(head)
-                except ValueError as e:
-                    raise InputError(path, str(e)) from None
-                if start < 0 and (not block or len(head) >= HEAD_LIMIT):
-                    raise InputError(path, "no traceEvents array found: not a Chrome/Kineto trace")
-            meta = {} if bare else _parse_header(head[:start])
-            with open(dest, "wb") as out:
-                if isinstance(src, gzip.GzipFile) or not _copy_range(src, out, start, progress):
-                    out.write(head[start:])
-                    if progress:
-                        progress(len(head))
-                    shutil.copyfileobj(_Counting(src, progress), out, CHUNK)
-            copied = os.path.getsize(dest) + start
-        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-            raise InputError(path, f"corrupt or truncated gzip data ({e})") from None
-        except OSError as e:
-            raise InputError(path, f"read error: {e}") from None
-    finally:
-        src.close()
-    size = os.path.getsize(dest)
-    with open(dest, "r+b") as f:
-        off = max(0, size - TAIL_WINDOW)
-        f.seek(off)
-        tail = f.read()
-        try:
-            pos, trailer = _close_array(tail, bare)
-        except ValueError as e:
-            raise InputError(path, str(e)) from None
-        f.truncate(off + pos + 1)
-    meta.update(trailer)
-    meta["_bytes"] = copied
-    return meta
 
 
 # Kineto writes one event per block: "  {\n ... \n  }," -- a raw newline never occurs
