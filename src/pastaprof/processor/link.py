@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pastaprof.events.schema import conform, empty
 from pastaprof.processor.intervals import group_codes, innermost_enclosing, parents
 
 LIBRARY_PREFIXES = ("torch/", "pastaprof/", "<", "threading.py", "contextlib.py", "functools.py", "runpy.py")
@@ -30,6 +31,11 @@ def _np(col: pa.ChunkedArray | pa.Array, fill: int = -1) -> np.ndarray:
     return np.asarray(pc.fill_null(col, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
+def _col(t: pa.Table, name: str) -> np.ndarray:
+    """An integer column as int64 NumPy (null -> -1); a column the table lacks reads as all -1."""
+    return _np(t[name]) if name in t.column_names else np.full(t.num_rows, -1, dtype=np.int64)
+
+
 def _set(t: pa.Table, name: str, values: pa.Array) -> pa.Table:
     i = t.schema.get_field_index(name)
     return t.set_column(i, name, values) if i >= 0 else t.append_column(name, values)
@@ -37,6 +43,15 @@ def _set(t: pa.Table, name: str, values: pa.Array) -> pa.Table:
 
 def _ids_to_arrow(idx: np.ndarray) -> pa.Array:
     return pa.array(idx, pa.int64(), mask=idx < 0)
+
+
+def _gather(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """values[idx] where idx >= 0, else -1 (``values`` may be empty)."""
+    out = np.full(len(idx), -1, dtype=np.int64)
+    ok = idx >= 0
+    if ok.any():
+        out[ok] = values[idx[ok]]
+    return out
 
 
 def map_keys(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -59,8 +74,8 @@ def map_keys(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray) -> np
 
 def _thread_groups(*tables: pa.Table) -> list[np.ndarray]:
     """Shared (pid, tid) group codes across several tables."""
-    pids = [_np(t["pid"]) for t in tables]
-    tids = [_np(t["tid"]) for t in tables]
+    pids = [_col(t, "pid") for t in tables]
+    tids = [_col(t, "tid") for t in tables]
     codes = group_codes(np.concatenate(pids), np.concatenate(tids))
     out, k = [], 0
     for p in pids:
@@ -81,21 +96,19 @@ def link_ops(op: pa.Table) -> pa.Table:
 
 
 def link_api(api: pa.Table, op: pa.Table) -> pa.Table:
-    ext_op = map_keys(_np(api["external_id"]), _np(op["external_id"]), _np(op["id"])) if "external_id" in api.column_names else np.full(api.num_rows, -1)
+    """op_id of API calls: the op with their external id, else the innermost op
+    around them on their thread."""
+    ext_op = map_keys(_col(api, "external_id"), _np(op["external_id"]), _np(op["id"]))
     g_api, g_op = _thread_groups(api, op)
     by_time = innermost_enclosing(g_op, _np(op["start_ns"]), _np(op["end_ns"]), g_api, _np(api["start_ns"]))
-    op_ids = _np(op["id"])
-    by_time = np.where(by_time >= 0, op_ids[np.clip(by_time, 0, None)], -1)
+    by_time = _gather(_np(op["id"]), by_time)
     return _set(api, "op_id", _ids_to_arrow(np.where(ext_op >= 0, ext_op, by_time)))
 
 
 def link_activity(act: pa.Table, api: pa.Table, op: pa.Table) -> pa.Table:
     """op_id of GPU work: through its launching API call, else its external id."""
-    via_api = map_keys(_np(act["correlation"]), _np(api["correlation"]), _np(api["op_id"]))
-    if "external_id" in act.column_names:
-        via_ext = map_keys(_np(act["external_id"]), _np(op["external_id"]), _np(op["id"]))
-    else:
-        via_ext = np.full(act.num_rows, -1)
+    via_api = map_keys(_col(act, "correlation"), _col(api, "correlation"), _col(api, "op_id"))
+    via_ext = map_keys(_col(act, "external_id"), _np(op["external_id"]), _np(op["id"]))
     return _set(act, "op_id", _ids_to_arrow(np.where(via_api >= 0, via_api, via_ext)))
 
 
@@ -149,7 +162,7 @@ def place_ops(op: pa.Table, frame: pa.Table) -> pa.Table:
         module_hit = innermost_enclosing(g_fr[mod_idx], fstart[mod_idx], fend[mod_idx], g_op, ostart)
         usr_idx = np.nonzero(~is_mod & ~_is_library(frame["file"]))[0]
         hit = innermost_enclosing(g_fr[usr_idx], fstart[usr_idx], fend[usr_idx], g_op, ostart)
-        call_site = _take_or_null(frame["name"].cast(pa.string()).combine_chunks(), np.where(hit >= 0, usr_idx[np.clip(hit, 0, None)], -1))
+        call_site = _take_or_null(frame["name"].cast(pa.string()).combine_chunks(), _gather(usr_idx, hit))
     (g_op,) = _thread_groups(op)
     # Backward: the evaluate_function ops of autograd and everything inside them.
     ev_idx = np.nonzero(is_eval)[0]
@@ -159,7 +172,7 @@ def place_ops(op: pa.Table, frame: pa.Table) -> pa.Table:
     if len(ev_idx):
         seq = _np(op["sequence_id"])
         fwd_idx = np.nonzero(~is_bwd & (seq >= 0) & (module_hit >= 0))[0]
-        ev_of = np.where(inside >= 0, ev_idx[np.clip(inside, 0, None)], -1)
+        ev_of = _gather(ev_idx, inside)
         ev_of[is_eval] = np.nonzero(is_eval)[0]
         need = np.nonzero(is_bwd & (ev_of >= 0))[0]
         src = map_keys(seq[ev_of[need]], seq[fwd_idx], fwd_idx)
@@ -172,20 +185,26 @@ def place_ops(op: pa.Table, frame: pa.Table) -> pa.Table:
 
 
 def link_rank(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
-    """Link one rank's tables (see module docstring); returns new tables.  Without
-    ``op`` (an import of only some kinds) there is nothing to link."""
+    """Link one rank's tables (see module docstring); returns new tables.
+
+    Total over partial input: any subset of kinds, any of them empty, columns
+    missing (they read as null).  Without ``op`` (an import of only some kinds)
+    there is nothing to link; a kind it needs that is absent counts as empty and
+    is not added to the result."""
     t = dict(tables)
     if "op" not in t:
         return t
-    op = link_ops(t["op"])
-    op = place_ops(op, t["frame"])
-    api = link_api(t["api"], op)  # import_file always brings frame and api along with op
+    op = link_ops(conform("op", t["op"]))
+    op = place_ops(op, conform("frame", t["frame"]) if "frame" in t else empty("frame"))
+    api = link_api(t["api"] if "api" in t else empty("api"), op)
     for kind in ("kernel", "memcpy", "memset"):
         if kind in t:
             t[kind] = link_activity(t[kind], api, op)
-    if "collective" in t and t["collective"].num_rows and "external_id" in t["collective"].column_names:
-        coll = t["collective"]
+    if "collective" in t:
+        coll = t["collective"]  # its external id is the importer's, not in the schema
         t["collective"] = _set(coll, "op_id", _ids_to_arrow(
-            map_keys(_np(coll["external_id"]), _np(op["external_id"]), _np(op["id"]))))
-    t["op"], t["api"] = op, api
+            map_keys(_col(coll, "external_id"), _np(op["external_id"]), _np(op["id"]))))
+    t["op"] = op
+    if "api" in t:
+        t["api"] = api
     return t
