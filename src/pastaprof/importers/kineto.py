@@ -23,20 +23,28 @@ from pastaprof.errors import InputError
 from pastaprof.events.schema import SCHEMAS
 from pastaprof.importers.staging import split_staged, stage_events
 
-# Kineto category (lower-cased) -> pastaprof kind.
+# Kineto category (lower-cased) -> pastaprof kind.  Besides CUDA and ROCm, Kineto's other
+# backends: MTIA's on-device "CCP" events are its kernels and mtia_runtime its host API
+# (newer Kineto folds them into CONCURRENT_KERNEL / RUNTIME); XPU, Gaudi (hpu_op: host
+# runtime), Glow and PrivateUse1 backends write runtime/driver calls under their own names.
 CATEGORY_KIND = {
-    "kernel": "kernel",
+    "kernel": "kernel", "mtia_ccp_events": "kernel",
     "gpu_memcpy": "memcpy", "memcpy": "memcpy",
     "gpu_memset": "memset", "memset": "memset",
     "cuda_runtime": "api", "runtime": "api", "cuda_driver": "api", "driver": "api",
-    "hip_runtime": "api", "hip_driver": "api",
-    "cuda_sync": "sync",
+    "hip_runtime": "api", "hip_driver": "api", "mtia_runtime": "api", "xpu_runtime": "api", "xpu_driver": "api",
+    "privateuse1_runtime": "api", "privateuse1_driver": "api", "glow_runtime": "api", "hpu_op": "api",
+    "cuda_sync": "sync", "xpu_sync": "sync",
     "cpu_op": "op", "operator": "op",
     "user_annotation": "range", "gpu_user_annotation": "range",
     "python_function": "frame",
 }
 # Categories understood but not turned into events of their own.
 IGNORED_CATEGORIES = {"ac2g", "async", "fwdbwd", "overhead", "trace", "cpu_instant_event"}
+# c10::DeviceType codes (the "Device Type" of Kineto's [memory] events) -> name.
+DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep", 6: "hip", 7: "fpga",
+                8: "maia", 9: "xla", 10: "vulkan", 11: "metal", 12: "xpu", 13: "mps", 14: "meta", 15: "hpu",
+                16: "ve", 17: "lazy", 18: "ipu", 19: "mtia", 20: "privateuse1"}
 
 # JSON keys each kind needs from ``args`` (only the wanted kinds' keys are extracted).
 KIND_ARGS: dict[str, tuple[str, ...]] = {
@@ -65,6 +73,40 @@ COLUMNS = (
 _DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
                 "int": 4, "int32": 4, "long": 8, "int64": 8, "long int": 8, "byte": 1, "uint8": 1, "char": 1,
                 "int8": 1, "bool": 1, "short": 2, "int16": 2}
+
+
+_MAPPED_SQL = ", ".join(f"'{c}'" for c in CATEGORY_KIND)
+_DEVICE_TYPE_WHENS = " ".join(f"WHEN {code} THEN '{name}'" for code, name in DEVICE_TYPES.items())
+
+
+def unmapped_categories(counts: dict[str, int]) -> dict[str, int]:
+    """The categories of ``counts`` that pastaprof neither maps to a kind nor knows to skip."""
+    return {c: n for c, n in counts.items() if c and c not in CATEGORY_KIND and c not in IGNORED_CATEGORIES}
+
+
+def unread_note(meta: dict[str, Any]) -> str | None:
+    """One line on the events of an imported trace that pastaprof did not read (None: all
+    were read): categories it does not map (e.g. a backend's own), and events of mapped
+    categories with a phase other than complete ('X')."""
+    parts = []
+    unknown = unmapped_categories(meta.get("category_counts") or {})
+    if unknown:
+        top = sorted(unknown.items(), key=lambda kv: -kv[1])
+        shown = ", ".join(f"{_short(c)} ({n:,})" for c, n in top[:6]) + (f" and {len(top) - 6} more" if len(top) > 6 else "")
+        parts.append(f"{sum(unknown.values()):,} events of categories pastaprof does not map were skipped: {shown}")
+    phases = meta.get("unread_phases") or {}
+    if phases:
+        top = list(phases.items())
+        shown = ", ".join(f"{_short(c, 60)} {n:,}" for c, n in top[:4]) + (" ..." if len(top) > 4 else "")
+        parts.append(f"{sum(phases.values()):,} events skipped for their phase (only complete 'X' events are "
+                     f"read): {shown}")
+    return "; ".join(parts) or None
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """A category as shown in a note: printable, bounded."""
+    text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def expand_kinds(kinds: set[str] | None) -> set[str]:
@@ -183,7 +225,7 @@ class _Sql:
             "tensor": f"""SELECT {self.common(rank, arg('Device Id', 'INTEGER'))},
                 CAST({arg('Addr', 'UBIGINT')} AS UBIGINT) AS address, {arg('Bytes')} AS bytes,
                 {arg('Total Allocated')} AS total_allocated, {arg('Total Reserved')} AS total_reserved,
-                CASE {arg('Device Type', 'INTEGER')} WHEN 0 THEN 'cpu' WHEN 1 THEN 'cuda' WHEN 6 THEN 'hip'
+                CASE {arg('Device Type', 'INTEGER')} {_DEVICE_TYPE_WHENS}
                      ELSE CAST({arg('Device Type', 'INTEGER')} AS VARCHAR) END AS device_type
                 FROM ev WHERE kind = 'tensor'""",
         }
@@ -238,18 +280,19 @@ def import_file(
         base = int(base) if isinstance(base, (int, float)) and abs(base) < 2**62 else 0
         con = _connect(tmp=tmp)
         try:
-            tables, counts = _project(con, files, rank, base, path, wanted)
+            tables, counts, phases = _project(con, files, rank, base, path, wanted)
         finally:
             con.close()
     meta = {k: v for k, v in meta.items() if k != "_bytes"} | {"bytes": meta.get("_bytes", 0)}
     meta["rank"] = rank
     meta["category_counts"] = counts
+    meta["unread_phases"] = phases
     meta["kinds"] = sorted(wanted)
     return tables, meta
 
 
 def _project(con, files: list[Path], rank: int, base: int, path: Path,
-             kinds: set[str]) -> tuple[dict[str, pa.Table], dict[str, int]]:
+             kinds: set[str]) -> tuple[dict[str, pa.Table], dict[str, int], dict[str, int]]:
     sql = _Sql(kinds)
     kind = sql.kind_case(kinds)
     when = "kind IS NOT NULL"
@@ -263,6 +306,7 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
                                                            maximum_object_size={MAX_EVENT_BYTES})),
             k AS (SELECT *, {kind} AS kind FROM src)
             SELECT lcat, kind, ph IS NOT NULL AS has_ph,
+                   CASE WHEN lcat IN ({_MAPPED_SQL}) AND ph IS DISTINCT FROM 'X' THEN coalesce(ph, '') END AS odd_ph,
                    CASE WHEN {when} THEN ph END AS ph, CASE WHEN {when} THEN name END AS name,
                    CASE WHEN {when} THEN pid END AS pid, CASE WHEN {when} THEN tid END AS tid,
                    CASE WHEN {when} THEN CAST(ts * 1000 AS BIGINT) + {base} END AS start_ns,
@@ -274,6 +318,8 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
             FROM k
         """, [[str(f) for f in files]])
         counts = dict(con.execute("SELECT coalesce(lcat, ''), count(*) FROM ev GROUP BY 1").fetchall())
+        phases = {f"{c} (ph={p!r})": n for c, p, n in con.execute(
+            "SELECT lcat, odd_ph, count(*) FROM ev WHERE odd_ph IS NOT NULL GROUP BY 1, 2 ORDER BY 3 DESC").fetchall()}
         total, with_ph = con.execute("SELECT count(*), count(*) FILTER (has_ph) FROM ev").fetchall()[0]
         if total and not with_ph:
             raise InputError(path, "no event has a 'ph' field: not a Chrome/Kineto trace")
@@ -288,7 +334,7 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
         raise InputError(path, _describe_duckdb_error(e)) from None
     if "collective" in kinds:
         tables["collective"] = _collectives(tables["op"])
-    return tables, counts
+    return tables, counts, phases
 
 
 def _encode_names(kind: str, t: pa.Table) -> pa.Table:
