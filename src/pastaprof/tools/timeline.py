@@ -46,15 +46,21 @@ temporal breakdown (table ``temporal``) -- HTA's ``get_temporal_breakdown``, per
     Percentages are of the span, rounded to 2 decimals like HTA; exact ns are kept.
 
 launch-bound kernels (table ``launch_bound``, top ``top_n`` names by count)
-    A kernel is launch-bound when its duration is shorter than its launch call's
-    (the api row with its rank and correlation).
+    Judged per launch call (the api row with the kernel's rank and correlation): a call
+    that launched one kernel is launch-bound when the kernel is shorter than the call.
+    A call that launched several -- ``cudaGraphLaunch``, whose kernels all carry its
+    correlation id -- is judged once, on the summed duration of its kernels against the
+    call; its kernels share its verdict and split its duration equally in the table's
+    ``launch_bound_launch_ns``.  The summary counts ``launches`` (calls with kernels),
+    ``graph_launches`` (calls with several) and their launch-bound subsets;
+    ``launch_bound_share`` is launch-bound launches / launches.
 
 Findings (thresholds are the module constants below)
     * rank idle > 50% of its span and host_wait >= 50% of the idle time summed over
       its streams: "GPU starved by the host" (critical from 80% idle); idle > 50%
       otherwise: "GPU idle", naming the dominant idle category;
     * exposed communication or memory >= 25% of the span;
-    * >= 50% of the kernels with a known launch call launch-bound, and at least 100.
+    * >= 50% of the kernel launches launch-bound, and at least 100 of them.
 
 Options: ``consecutive_kernel_delay_ns`` (30_000), ``top_n`` (20), ``include_sync`` (True).
 """
@@ -91,6 +97,39 @@ NON_COMPUTE_PCT = 25.0                 # exposed communication or memory above 2
 TOP_N = 20
 _NO_LAUNCH = np.iinfo(np.int64).max
 _COLUMNS = ("start", "end", "rank", "device", "stream", "lag", "cls")
+
+
+_NO_UNITS = (0, 0, 0, 0)
+
+
+def _launch_bound_flags(start: np.ndarray, end: np.ndarray, launch: np.ndarray, a_start: np.ndarray,
+                        a_end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                    tuple[int, int, int, int]]:
+    """Per kernel: has a launch call, is launch-bound, its duration, its share of the
+    call's duration; and (launches, graph launches, launch-bound launches, launch-bound
+    graph launches).  A call that launched one kernel is launch-bound when the kernel is
+    shorter than the call.  A call that launched several (``cudaGraphLaunch``: every
+    kernel of the graph carries the call's correlation id) is judged once, on the GPU
+    time of all its kernels; each of its kernels takes that verdict and an equal share
+    of the call's time (so per-name sums add up to the call, not n times it)."""
+    has = launch >= 0
+    call = launch[has].astype(np.int64)
+    kernel_ns = end - start
+    n_calls = len(a_start)
+    per_call = np.bincount(call, minlength=n_calls)
+    gpu_ns = np.rint(np.bincount(call, weights=kernel_ns[has], minlength=n_calls)).astype(np.int64)
+    call_ns = a_end - a_start
+    multi = per_call[call] > 1
+    bound_has = np.where(multi, gpu_ns[call] < call_ns[call], kernel_ns[has] < call_ns[call])
+    bound = np.zeros(len(start), dtype=bool)
+    bound[has] = bound_has
+    launch_ns = np.zeros(len(start), dtype=np.int64)
+    launch_ns[has] = call_ns[call] // np.maximum(per_call[call], 1)
+    used = per_call > 0
+    graphs = per_call > 1
+    call_bound = gpu_ns < call_ns
+    units = (int(used.sum()), int(graphs.sum()), int((used & call_bound).sum()), int((graphs & call_bound).sum()))
+    return has, bound, kernel_ns, launch_ns, units
 
 
 def _pct(part: np.ndarray, whole: np.ndarray) -> np.ndarray:
@@ -150,10 +189,7 @@ class Timeline(Tool):
             if kind == "kernel":
                 codes, names = name_codes(t["name"])
                 cls = np.array([hta_kernel_class(x) for x in names], dtype=np.int8)[codes]
-                launch_ns = np.zeros(len(start), dtype=np.int64)
-                launch_ns[has] = a_end[call] - a_start[call]
-                kernel_ns = end - start
-                self._lb = (names, codes, has, has & (kernel_ns < launch_ns), kernel_ns, launch_ns)
+                self._lb = (names, codes) + _launch_bound_flags(start, end, launch, a_start, a_end)
             else:
                 cls = np.full(len(start), MEMORY, dtype=np.int8)
             parts.append({"start": start, "end": end, "rank": rank, "device": to_np(t["device"], dtype=np.int32),
@@ -281,10 +317,10 @@ class Timeline(Tool):
 
     def _launch_bound(self, top_n: int) -> tuple[pa.Table, dict[str, Any]]:
         if self._lb is None:
-            names, codes, has, bound = [], np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(0, bool)
-            kdur = ldur = np.zeros(0, np.int64)
+            z = np.zeros(0, np.int64)
+            names, codes, has, bound, kdur, ldur, units = [], np.zeros(0, np.int32), z > 0, z > 0, z, z, _NO_UNITS
         else:
-            names, codes, has, bound, kdur, ldur = self._lb
+            names, codes, has, bound, kdur, ldur, units = self._lb
         m = len(names)
 
         def per_name(weights: np.ndarray) -> np.ndarray:  # exact int64 sums per name (float64 sums of ints < 2**53)
@@ -302,9 +338,11 @@ class Timeline(Tool):
             "launch_bound_kernel_ns": per_name(np.where(bound, kdur, 0))[order],
             "launch_bound_launch_ns": per_name(np.where(bound, ldur, 0))[order],
         })
-        n_has, n_lb = int(has.sum()), int(bound.sum())
-        totals = {"kernels": int(len(codes)), "kernels_with_launch": n_has, "launch_bound_kernels": n_lb,
-                  "launch_bound_share": round(n_lb / n_has, 4) if n_has else 0.0}
+        n_units, n_graphs, lb_units, lb_graphs = units
+        totals = {"kernels": int(len(codes)), "kernels_with_launch": int(has.sum()),
+                  "launch_bound_kernels": int(bound.sum()), "launches": n_units, "graph_launches": n_graphs,
+                  "launch_bound_launches": lb_units, "launch_bound_graph_launches": lb_graphs,
+                  "launch_bound_share": round(lb_units / n_units, 4) if n_units else 0.0}
         return table, totals
 
     # ------------------------------------------------------------------ findings
@@ -336,9 +374,12 @@ class Timeline(Tool):
                     out.append(Finding("warning", f"{what}: {r[f'{label}_pct']:.1f}% of the GPU span",
                                        {f"{label}_ns": r[f"{label}_ns"], f"{label}_pct": r[f"{label}_pct"],
                                         "span_ns": r["span_ns"], "compute_pct": r["compute_pct"]}, where))
-        if lb["launch_bound_kernels"] >= LAUNCH_BOUND_MIN and lb["launch_bound_share"] >= LAUNCH_BOUND_SHARE:
-            out.append(Finding("warning", f"{lb['launch_bound_kernels']} of {lb['kernels_with_launch']} kernels "
-                                          f"({lb['launch_bound_share']:.0%}) run shorter than their launch call",
+        if lb["launch_bound_launches"] >= LAUNCH_BOUND_MIN and lb["launch_bound_share"] >= LAUNCH_BOUND_SHARE:
+            graphs = (f", {lb['launch_bound_graph_launches']} of them CUDA-graph launches"
+                      if lb["launch_bound_graph_launches"] else "")
+            out.append(Finding("warning", f"{lb['launch_bound_launches']} of {lb['launches']} kernel launches "
+                                          f"({lb['launch_bound_share']:.0%}) run shorter on the GPU than their "
+                                          f"launch call{graphs}",
                                {**lb, "top_kernels": lb_table.column("name").to_pylist()[:5]},
                                location="launch-bound: consider CUDA graphs, fusion or larger batches"))
         return out
