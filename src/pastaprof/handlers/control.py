@@ -24,6 +24,11 @@ PASTAPROF_PROCESS   --process gpu|cpu        where instruction-level accesses ar
 PASTAPROF_PAGE      --page-bytes N           page size of the access hotness histograms (65536)
 PASTAPROF_TOOLS     -t kernels,ops           tools whose reports print at exit
 PASTAPROF_OUT       -o DIR                   the run directory
+PASTAPROF_FLUSH_MS  (env only)               flush period (default 1000); a flush also starts when
+                                             the last one is older than two periods, whatever
+                                             the machine's load (see handlers/session.py)
+PASTAPROF_BUFFER_MB (env only)               events held in memory between flushes (default 64):
+                                             past it a flush writes them to disk, none is dropped
 PASTAPROF_OFF       (env only)               switch capture mechanisms off, for overhead
                                              breakdowns (bench/overhead.py --breakdown): any of
                                              kernels, api, ext, ops, modules, tensors, memory,
@@ -115,6 +120,7 @@ class CaptureConfig:
     steps: tuple[int, int | None] | None = None
     ranks: tuple[int, ...] | None = None
     flush_ms: int = 1000
+    buffer_mb: int = 64
     shapes: bool = True
     call_sites: bool = True
     uvm: bool = False
@@ -137,6 +143,8 @@ class CaptureConfig:
                              f"(expected some of {', '.join(OFF_PARTS)})")
         if self.flush_ms < 10:
             raise UsageError(f"PASTAPROF_FLUSH_MS={self.flush_ms}: must be at least 10")
+        if self.buffer_mb < 1:
+            raise UsageError(f"PASTAPROF_BUFFER_MB={self.buffer_mb}: must be at least 1")
         if self.uvm_plan is not None:
             from pastaprof.handlers.uvm_plan import load_plan
 
@@ -190,7 +198,7 @@ class CaptureConfig:
             sample=integer("SAMPLE", 1),
             steps=parse_steps(get("STEPS")) if get("STEPS") else None,  # type: ignore[arg-type]
             ranks=parse_rank_list(get("RANKS")) if get("RANKS") else None,  # type: ignore[arg-type]
-            flush_ms=integer("FLUSH_MS", 1000), shapes=boolean("SHAPES"), call_sites=boolean("CALL_SITES"),
+            flush_ms=integer("FLUSH_MS", 1000), buffer_mb=integer("BUFFER_MB", 64), shapes=boolean("SHAPES"), call_sites=boolean("CALL_SITES"),
             uvm=boolean("UVM", False), uvm_plan=get("UVM_PLAN"), process=(get("PROCESS") or "gpu").lower(),
             page_bytes=integer("PAGE", 65536),
             off=tuple(p.strip() for p in (get("OFF") or "").split(",") if p.strip()),
@@ -199,7 +207,8 @@ class CaptureConfig:
     def to_env(self) -> dict[str, str]:
         """The environment that reproduces this config in a child process."""
         env = {"TOOLS": ",".join(self.tools), "RANGES": ",".join(self.ranges), "KERNELS": self.kernels or "",
-               "SAMPLE": str(self.sample), "FLUSH_MS": str(self.flush_ms), "OUT": self.out or "",
+               "SAMPLE": str(self.sample), "FLUSH_MS": str(self.flush_ms),
+               "BUFFER_MB": str(self.buffer_mb), "OUT": self.out or "",
                "SHAPES": "" if self.shapes else "0", "CALL_SITES": "" if self.call_sites else "0",
                "UVM": "1" if self.uvm else "", "UVM_PLAN": self.uvm_plan or "", "PROCESS": self.process,
                "PAGE": str(self.page_bytes), "OFF": ",".join(self.off)}

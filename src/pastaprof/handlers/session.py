@@ -5,22 +5,24 @@ torchrun ranks) runs one Session.  Every ``flush_ms`` a background thread
 drains the handlers, gates what was captured by the control vocabulary
 (ranges, steps, ranks), feeds live tools, and writes the events as Parquet
 *parts* of its own shard (``<kind>/rank-R-pid-P-part-N.parquet``), each written
-to a temporary name and renamed, so a crash loses at most one flush period.
+to a temporary name and renamed, so a crash loses at most what was recorded since
+the last flush, bounded in time and memory (handlers/flushing.py).
 ``pastaprof run`` (or the Python API's ``stop()``) then compacts the parts into
 a regular run directory (store/compact.py).
 
 The profiled program must never be harmed: every failure inside the session
 becomes one warning on stderr and capture stops; signals and exit codes are
-left to the program (a SIGTERM handler is installed only where the program
-had none, and it re-raises the signal after the final flush).
+left to the program (handlers/exits.py: terminating signals the program has
+no handler for flush, then kill as they would have; os._exit and os.exec* flush
+first; the program sees none of it).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
-import signal
 import socket
 import sys
 import threading
@@ -32,19 +34,23 @@ import numpy as np
 import pyarrow as pa
 
 from pastaprof.events.schema import SCHEMA_VERSION, conform, merge
+from pastaprof.handlers import exits
 from pastaprof.handlers.control import CaptureConfig
 from pastaprof.handlers.cupti_activity import CuptiActivityHandler
+from pastaprof.handlers.flushing import FlushScheduler, sort_by_start
 from pastaprof.handlers.imports import after_import
-from pastaprof.handlers.linking import Linking, _np_i64
+from pastaprof.handlers.linking import Linking
 from pastaprof.handlers.messages import notice as _notice
 from pastaprof.handlers.messages import warn as _warn
 from pastaprof.handlers.optional import OptionalHandlers, _consumed_kinds
 from pastaprof.handlers.torch_ops import TorchHandler
 from pastaprof.processor.pipeline import Processor
-from pastaprof.store.parts import system_memory, warm_up, write_part
+from pastaprof.store.parts import system_memory, write_part
 from pastaprof.tools.base import Report, RunInfo, Tool
 
 SHARDS = "shards"
+UNFLUSHED = ("ended without its final flush (SIGKILL, a crash, or os._exit from C): the events it "
+             "recorded after its last flush are not in the run")
 
 
 def current_rank() -> int:
@@ -55,7 +61,7 @@ def current_rank() -> int:
     return 0
 
 
-class Session(OptionalHandlers, Linking):
+class Session(OptionalHandlers, Linking, FlushScheduler):
     """Capture in this process.  Use through ``pastaprof.profile()`` / ``start()``."""
 
     def __init__(self, config: CaptureConfig, tools: list[Tool] | None = None, gpu: bool = True) -> None:
@@ -108,11 +114,8 @@ class Session(OptionalHandlers, Linking):
         self._launches = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # recent (correlation, launch ns)
         self._lock = threading.RLock()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        # Held by the flush thread while it works (warm-up, each flush), and by a fork() of the
-        # program until the fork is done: a child forked mid-import of that thread inherited
-        # the module's import lock held, and hung at its first import of the module.
-        self.fork_guard = threading.Lock()
+        self._init_scheduler()  # the flush threads and the fork guard (handlers/flushing.py)
+        self._meta_name = f"rank-{self.rank}-pid-{self.pid}.json"
         self._stopped = False
         self.reports: list[Report] = []
 
@@ -163,12 +166,32 @@ class Session(OptionalHandlers, Linking):
             if line:
                 _notice(line)
         self._update_gate()
-        self._thread = threading.Thread(target=self._flush_loop, name="pastaprof-flush", daemon=True)
-        self._thread.start()
+        self._after_exec()
+        self.status["exit"] = UNFLUSHED  # until stop() has flushed
+        self._start_threads()
         atexit.register(self.stop)
-        self._install_sigterm()
+        exits.install()
         self._write_meta()
         return self
+
+    def _after_exec(self) -> None:
+        """A session of this pid wrote before (this process image came by exec, or an exec
+        failed): keep its shard, continue its part numbers."""
+        shards = self.out / SHARDS
+        stem = f"rank-{self.rank}-pid-{self.pid}"
+        if not (shards / f"{stem}.json").exists():
+            return
+        n = 1
+        while (shards / f"{stem}-exec-{n}.json").exists():
+            n += 1
+        self._meta_name = f"{stem}-exec-{n}.json"
+        last = -1
+        for d in self.out.iterdir():
+            if d.is_dir() and d.name != SHARDS:
+                for p in d.glob(f"{stem}-part-*.parquet"):
+                    with contextlib.suppress(ValueError):
+                        last = max(last, int(p.stem.rsplit("-", 1)[1]))
+        self._part = last + 1
 
     def _start_torch(self, cupti: CuptiActivityHandler | None) -> None:
         """The PyTorch handler starts when torch is imported (now, or later via an
@@ -202,16 +225,16 @@ class Session(OptionalHandlers, Linking):
         else:
             after_import("torch", begin)
 
-    def stop(self) -> list[Report]:
-        """Final flush; returns live tools' reports.  Safe to call twice."""
+    def stop(self, join_timeout: float = 10.0) -> list[Report]:
+        """Final flush; returns live tools' reports.  Safe to call twice.  ``join_timeout``:
+        how long a flush in progress may delay it (os._exit and exec wait less)."""
         with self._lock:
             if self._stopped:
                 return self.reports
             self._stopped = True
         t0 = time.perf_counter()
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)  # a periodic flush (or the warm-up) in progress ends first
+        self._join_threads(join_timeout)  # a periodic flush (or the warm-up) in progress ends first
         self.stop_join_seconds = time.perf_counter() - t0
         try:
             t1 = time.perf_counter()
@@ -223,6 +246,7 @@ class Session(OptionalHandlers, Linking):
             with system_memory():
                 self.flush(final=True)
             self.final_flush_seconds = time.perf_counter() - t1
+            self.status.pop("exit", None)
             self.reports = self.processor.finish() if self.processor.tools else []
             for h in self.handlers:
                 if getattr(h, "name", "") == "uvm_plan":
@@ -234,40 +258,6 @@ class Session(OptionalHandlers, Linking):
             _warn(f"capture stopped early: {type(e).__name__}: {e}")
         self._write_meta(stop_t0=t0)  # stop_seconds includes this manifest write (all but its last write)
         return self.reports
-
-    def _flush_loop(self) -> None:
-        # The periodic flush yields the CPU to the program: on a busy machine a flush landing
-        # in a CPU-bound region otherwise descheduled torch's OpenMP workers (2-core dev VM:
-        # an MLP training loop took 2-4x as long; docs/benchmarks.md).  Linux niceness is per
-        # thread; raising it is always allowed.
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):
-            pass
-        with self.fork_guard:
-            warm_up()  # Arrow/Parquet first-call costs, here rather than in the final flush
-        while not self._stop.wait(self.config.flush_ms / 1000):
-            try:
-                with self.fork_guard:
-                    self.flush()
-            except Exception as e:
-                _warn(f"capture stopped: {type(e).__name__}: {e}")
-                return
-
-    def _install_sigterm(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return  # the program handles SIGTERM itself; atexit will flush if it exits normally
-
-        def on_term(signum, frame):  # flush, then die of the same signal as without us
-            try:
-                self.stop()
-            finally:
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
-
-        signal.signal(signal.SIGTERM, on_term)
 
     @staticmethod
     def _gpu_present() -> bool:
@@ -402,14 +392,14 @@ class Session(OptionalHandlers, Linking):
                 continue
             t = conform(kind, t.append_column("pid", pa.array(np.full(t.num_rows, self.pid, np.int64)))
                         if "pid" not in t.column_names else t)
-            start = _np_i64(t["start_ns"])
-            if len(start) > 1 and (np.diff(start) < 0).any():
-                t = t.take(pa.array(np.argsort(start, kind="stable")))
+            t = sort_by_start(t)
             self._write_part(kind, t, part)
-            self.events[kind] = self.events.get(kind, 0) + t.num_rows
-            self.processor.submit(kind, t, self.rank)
+            with self._lock:  # flushes may overlap (handlers/flushing.py)
+                self.events[kind] = self.events.get(kind, 0) + t.num_rows
+                self.processor.submit(kind, t, self.rank)
         phases["write_parts"] = time.perf_counter() - t1
-        self.flush_seconds += time.perf_counter() - t0
+        with self._lock:
+            self.flush_seconds += time.perf_counter() - t0
         if final:
             self.final_flush_phases = {k: round(v, 6) for k, v in phases.items()}
         if not final and (tables or self._part % 10 == 1):  # the final one: stop() writes it next
@@ -433,18 +423,24 @@ class Session(OptionalHandlers, Linking):
             native = getattr(h, "native", None)
             if getattr(native, "mem_error", None):
                 self.status["tensors"] = native.mem_error
+        dropped = sum(h["dropped"] for h in handlers.values())
+        if dropped:
+            by = ", ".join(f"{k} {v['dropped']}" for k, v in handlers.items() if v["dropped"])
+            self.status["dropped"] = f"{dropped} events dropped: the capture buffers were full ({by})"
         meta = {
             "schema_version": SCHEMA_VERSION, "rank": self.rank, "pid": self.pid, "host": socket.gethostname(),
             "argv": sys.argv, "started_ns": self.started_ns, "updated_ns": time.time_ns(),
             "status": self.status, "events": self.events, "filtered_out": self.filtered_out,
             "filtered_by_kind": self.filtered_by_kind,
-            "handlers": handlers, "dropped_events": sum(h["dropped"] for h in handlers.values()),
+            "handlers": handlers, "dropped_events": dropped,
             "capture_overhead": {"flush_seconds": round(self.flush_seconds, 6),
                                  "stop_seconds": round(self.stop_seconds, 6),
                                  "stop_handlers_seconds": round(self.stop_handlers_seconds, 6),
                                  "final_flush_seconds": round(self.final_flush_seconds, 6),
                                  "final_flush_phases": self.final_flush_phases,
-                                 "stop_join_seconds": round(self.stop_join_seconds, 6)},
+                                 "stop_join_seconds": round(self.stop_join_seconds, 6),
+                                 "bounds": self.bounds(), "deadline_flushes": self.deadline_flushes,
+                                 "starved_flushes": self.starved_flushes, "max_pending_rows": self.max_pending_rows},
             "config": self.config.to_env(), "steps_seen": self.step, "versions": _versions(),
             "relink_needed": self._relink_needed or not self._stopped, "devices": _devices(),
             "uvm_plan": next((h.summary() for h in self.handlers if getattr(h, "name", "") == "uvm_plan"), None),
@@ -453,8 +449,8 @@ class Session(OptionalHandlers, Linking):
         if stop_t0 is not None:
             self.stop_seconds = time.perf_counter() - stop_t0
             meta["capture_overhead"]["stop_seconds"] = round(self.stop_seconds, 6)
-        path = self.out / SHARDS / f"rank-{self.rank}-pid-{self.pid}.json"
-        tmp = path.with_name("." + path.name + ".tmp")
+        path = self.out / SHARDS / self._meta_name
+        tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")  # flushes may overlap
         try:
             tmp.write_text(json.dumps(meta, default=str))
             os.replace(tmp, path)

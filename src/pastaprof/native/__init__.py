@@ -347,6 +347,7 @@ def _declare_torch(lib: Any) -> None:
     lib.pp_obs_module_cell.restype = c.c_void_p
     lib.pp_obs_dropped.restype = c.c_int64
     lib.pp_obs_take.restype = c.c_int64
+    lib.pp_obs_pending.restype = c.c_int64
     lib.pp_obs_copy_all.argtypes = [c.c_void_p]
     lib.pp_obs_copy_all.restype = None
     lib.pp_obs_release.restype = None

@@ -438,6 +438,12 @@ int32_t* pp_obs_module_cell() { return &t_state.module; }
 
 int64_t pp_obs_dropped() { return g_dropped.load() + g_errors.load(); }
 
+// Rows recorded since the last take: the session's flush deadline thread bounds the buffer by it.
+int64_t pp_obs_pending() {
+  std::lock_guard<SpinLock> g(g_mu);
+  return int64_t(g_ops.size());
+}
+
 // Move the rows recorded so far aside; returns how many.  Then pp_obs_copy_all and
 // pp_obs_release.
 int64_t pp_obs_take() {

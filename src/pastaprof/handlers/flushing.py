@@ -1,0 +1,235 @@
+"""When a session flushes: loss bounded in time and memory, whatever the machine's load.
+
+Two threads.  The flush thread runs at nice 19, so that a periodic flush landing in a
+CPU-bound region does not deschedule the program's OpenMP workers (2-core dev VM: an
+MLP training loop took 2-4x as long at nice 0).  But nice 19 starves on a busy host: a
+hot loop on a loaded 2-core machine wrote its first part after more than 8 s.  So a
+second thread, at the program's priority and asleep but for a look every 50 ms (one
+ctypes call per handler), flushes itself
+
+* when the last flush ended more than ``DEADLINE_PERIODS`` flush periods ago
+  (``deadline_ms``), even while a starved flush of the nice thread is in progress
+  (flushes may overlap: each writes its own part numbers);
+* when more op rows than ``PASTAPROF_BUFFER_MB`` allows (``buffer_rows``) wait in the
+  op observer's buffer: they are written to disk, never dropped.  Past half of it the
+  flush thread is woken early;
+* periodically in its place, for a while, once the flush thread's last flush took far
+  longer in wall time than in CPU time (it was starved).
+
+A process that dies of SIGKILL loses what it recorded after its last flush: at most
+``deadline_ms`` plus one flush's duration, at most ``buffer_rows`` op rows.  The bounds
+are in each process's ``capture_overhead.bounds`` in run.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from pastaprof.handlers.messages import warn as _warn
+from pastaprof.store.parts import warm_up
+
+ROW_BYTES = 128  # an op row in the observer's buffer: 14 columns + ~2 input pointers
+DEADLINE_PERIODS = 2
+_TICK_S = 0.05
+_STARVED_PERIODS = 10  # after a starved flush, the deadline thread flushes for this many periods
+
+
+class ForkGuard:
+    """Flushes hold it shared, a fork of the program alone (``acquire``/``release``, as
+    live.py's fork hooks use it): a child forked mid-flush inherited the flush thread's
+    import lock held, and hung at its first import of that module."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._flushers = 0
+        self._forking = False
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        with self._cond:
+            free = lambda: not self._flushers and not self._forking  # noqa: E731
+            ok = self._cond.wait_for(free, None if timeout < 0 else timeout) if blocking else free()
+            if ok:
+                self._forking = True
+            return ok
+
+    def release(self) -> None:
+        with self._cond:
+            self._forking = False
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._forking)
+            self._flushers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._flushers -= 1
+                self._cond.notify_all()
+
+
+class FlushScheduler:
+    """The flush and deadline threads of a Session (which provides ``flush``, ``config``,
+    ``handlers``, ``_stop``)."""
+
+    config: Any
+    handlers: list[Any]
+    _stop: threading.Event
+
+    def flush(self, final: bool = False) -> None:  # pragma: no cover - the Session's
+        raise NotImplementedError
+
+    def _init_scheduler(self) -> None:
+        self.fork_guard = ForkGuard()
+        self._wake = threading.Event()
+        self._sched = threading.Lock()
+        self._active: dict[int, float] = {}  # thread id -> start of its flush in progress
+        self._last_flush = time.monotonic()  # when the last flush ended
+        self._starved_until = 0.0
+        self.deadline_flushes = 0  # flushes the deadline thread made (the flush thread was late or starved)
+        self.starved_flushes = 0  # flush-thread flushes that took > 3x their CPU time in wall time
+        self.max_pending_rows = 0
+        self._threads: list[threading.Thread] = []
+
+    def _start_threads(self) -> None:
+        for target, name in ((self._flush_loop, "pastaprof-flush"), (self._deadline_loop, "pastaprof-deadline")):
+            th = threading.Thread(target=target, name=name, daemon=True)
+            th.start()
+            self._threads.append(th)
+
+    def _join_threads(self, timeout: float) -> None:
+        self._wake.set()
+        end = time.monotonic() + timeout
+        for th in self._threads:
+            if th is not threading.current_thread():
+                th.join(timeout=max(0.0, end - time.monotonic()))
+
+    def bounds(self) -> dict[str, int]:
+        """What a process's end may lose at most: rows recorded since its last flush."""
+        return {"flush_ms": self.config.flush_ms, "deadline_ms": DEADLINE_PERIODS * self.config.flush_ms,
+                "buffer_bytes": self.config.buffer_mb << 20, "buffer_rows": (self.config.buffer_mb << 20) // ROW_BYTES}
+
+    def _pending_rows(self) -> int:
+        """Op rows waiting in the native observer's buffer (0 where it cannot say)."""
+        n = 0
+        for h in list(self.handlers):
+            pending = getattr(getattr(getattr(h, "native", None), "lib", None), "pp_obs_pending", None)
+            if pending is not None:
+                n += int(pending())
+        return n
+
+    def _timed_flush(self) -> tuple[float, float]:
+        """One flush from this thread; (wall, CPU) seconds it took."""
+        me = threading.get_ident()
+        with self.fork_guard.shared():
+            with self._sched:
+                self._active[me] = time.monotonic()
+            w0, c0 = time.monotonic(), time.thread_time()
+            try:
+                self.flush()
+            finally:
+                with self._sched:
+                    self._active.pop(me, None)
+                    self._last_flush = time.monotonic()
+        return time.monotonic() - w0, time.thread_time() - c0
+
+    def _flush_loop(self) -> None:
+        try:  # Linux niceness is per thread; raising it is always allowed
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
+        with self.fork_guard.shared():
+            warm_up()  # Arrow/Parquet first-call costs, here rather than in the final flush
+        period = self.config.flush_ms / 1000
+        while not self._stop.is_set():
+            self._wake.wait(period)
+            self._wake.clear()
+            if self._stop.is_set() or time.monotonic() < self._starved_until:
+                continue
+            try:
+                wall, cpu = self._timed_flush()
+            except Exception as e:
+                _warn(f"capture stopped: {type(e).__name__}: {e}")
+                self._stop.set()
+                return
+            if wall > 3 * cpu + 0.05:  # descheduled for most of it: let the deadline thread flush a while
+                self.starved_flushes += 1
+                self._starved_until = time.monotonic() + _STARVED_PERIODS * period
+
+    def _deadline_due(self, rows: int) -> bool:
+        b = self.bounds()
+        period = self.config.flush_ms / 1000
+        now = time.monotonic()
+        with self._sched:
+            age = now - self._last_flush
+            oldest = min(self._active.values(), default=None)
+        if rows > b["buffer_rows"] or age > b["deadline_ms"] / 1000:
+            return oldest is None or now - oldest > period  # overlap a flush only if it is stuck
+        if now < self._starved_until:
+            return age > period and oldest is None
+        if rows > b["buffer_rows"] // 2:
+            self._wake.set()
+        return False
+
+    def _deadline_loop(self) -> None:
+        tick = min(_TICK_S, self.config.flush_ms / 4000)
+        while not self._stop.wait(tick):
+            try:
+                rows = self._pending_rows()
+                self.max_pending_rows = max(self.max_pending_rows, rows)
+                if self._deadline_due(rows) and not self._stop.is_set():
+                    self.deadline_flushes += 1
+                    self._timed_flush()
+            except Exception as e:
+                _warn(f"capture stopped: {type(e).__name__}: {e}")
+                self._stop.set()
+                return
+
+
+def sort_by_start(table: Any) -> Any:
+    """``table`` ordered by ``start_ns`` (stable).  Ops are recorded as they end, so a part's
+    rows come nearly but not quite in start order.  Arrow's take of a list column (the ops'
+    ``input_ptrs``) costs ~0.4 us a row, most of a flush (dev VM: 1.0 of 2.2 s for 845,000
+    ops): list columns are gathered here with NumPy instead."""
+    import numpy as np
+    import pyarrow as pa
+
+    from pastaprof.handlers.linking import _np_i64
+
+    start = _np_i64(table["start_ns"])
+    if len(start) < 2 or not (np.diff(start) < 0).any():
+        return table
+    order = np.argsort(start, kind="stable")
+    taken = pa.array(order)
+    cols = []
+    for name in table.column_names:
+        col = table[name]
+        if pa.types.is_list(col.type) and col.null_count == 0:
+            cols.append(_take_list(col.combine_chunks(), order))
+        else:
+            cols.append(col.take(taken))
+    return pa.Table.from_arrays(cols, schema=table.schema)
+
+
+def _take_list(arr: Any, order: Any) -> Any:
+    import numpy as np
+    import pyarrow as pa
+
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    offsets = offsets - offsets[0]
+    lengths = np.diff(offsets)[order]
+    new_offsets = np.zeros(len(order) + 1, np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    total = int(new_offsets[-1])
+    gather = np.repeat(offsets[:-1][order] - new_offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
+    off_type = np.int64 if pa.types.is_large_list(arr.type) else np.int32
+    return pa.ListArray.from_arrays(pa.array(new_offsets.astype(off_type)), values.take(pa.array(gather)),
+                                    type=arr.type)

@@ -1,0 +1,167 @@
+"""``pastaprof run``'s side of the program's life: start it, pass signals on, die as it died.
+
+Why this is not ``subprocess.Popen`` + ``child.wait()`` + Python signal handlers:
+
+* Signals sent to ``pastaprof run`` itself must reach the program (else a SIGHUP,
+  SIGUSR1 or SIGQUIT killed pastaprof and orphaned the program), but a signal the
+  terminal sends to the whole foreground process group (Ctrl-C, Ctrl-\\, a window
+  resize) already reached the program and must not be sent twice.  Only a signal's
+  ``si_code`` tells the two apart: the supervisor blocks every catchable signal and
+  takes them with ``sigtimedwait``, passing on those sent by a process (``kill``,
+  ``si_code <= 0``) and never those the kernel sent to the group (``SI_KERNEL``).
+* The blocked mask must not reach the program: it is spawned with the mask
+  ``pastaprof run`` was started with (``posix_spawnp``'s ``setsigmask``), and with
+  SIGPIPE and SIGXFSZ at their default actions as ``Popen`` leaves them.
+* A program stopped by job control (Ctrl-Z) stops ``pastaprof run`` too when it runs
+  in a terminal's foreground, as the shell expects of a job's processes.
+* A program killed by signal N makes ``pastaprof run`` die of signal N after the run
+  is stored (a shell shows 128+N), without writing a core file of its own (which
+  could replace the program's ``core``); SIGKILL included (the OOM killer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+# Faults are the kernel's verdict on pastaprof's own code, never blocked; SIGKILL/SIGSTOP cannot be.
+_NOT_FORWARDED = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGSEGV, signal.SIGBUS,
+                  signal.SIGFPE, signal.SIGILL, signal.SIGTRAP, signal.SIGSYS}
+FORWARDED = frozenset(s for s in signal.valid_signals() if s not in _NOT_FORWARDED)
+_JOB_STOPS = {signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGSTOP}
+_POLL_S = 0.5  # the child is also reaped by polling: a SIGCHLD lost to a foreign handler cannot hang us
+
+
+class Supervised:
+    """The program as a child process: ``start()``, then ``wait()`` for its exit code
+    (``-N`` for a death by signal N, as ``Popen.returncode``)."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        self.command = command
+        self.env = env
+        self.pid = 0
+        self.max_rss_bytes = 0  # the program's peak resident memory (its largest process), from wait4
+        self.forwarded: dict[str, int] = {}  # signal name -> times passed on
+        self._old_mask: set[int] | None = None
+
+    def start(self) -> None:
+        """Spawn the program with the signal mask we were started with; block ours."""
+        self._old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
+        try:
+            self.pid = os.posix_spawnp(self.command[0], self.command, self.env, setsigmask=self._old_mask,
+                                       setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+        except BaseException:
+            self.restore()
+            raise
+
+    def wait(self) -> int:
+        """Pass signals on until the program ends; its exit code."""
+        waited = FORWARDED | {signal.SIGCHLD}
+        while True:
+            code = self._reap()
+            if code is not None:
+                return code
+            info = signal.sigtimedwait(waited, _POLL_S)
+            if info is None or info.si_signo == signal.SIGCHLD:
+                continue
+            if info.si_code <= 0:  # sent by a process (kill, sigqueue, tgkill): the program did not get it
+                try:
+                    os.kill(self.pid, info.si_signo)
+                    name = signal.Signals(info.si_signo).name if info.si_signo in signal.Signals._value2member_map_ \
+                        else str(info.si_signo)
+                    self.forwarded[name] = self.forwarded.get(name, 0) + 1
+                except ProcessLookupError:
+                    pass
+
+    def _reap(self) -> int | None:
+        try:
+            pid, status, usage = os.wait4(self.pid, os.WNOHANG | os.WUNTRACED)
+        except ChildProcessError:  # reaped by someone else (cannot know how it ended)
+            return 1
+        if pid == 0:
+            return None
+        self.max_rss_bytes = max(self.max_rss_bytes, usage.ru_maxrss * 1024)
+        if os.WIFSTOPPED(status):
+            if os.WSTOPSIG(status) in _JOB_STOPS and _foreground():
+                os.kill(os.getpid(), signal.SIGSTOP)  # the shell waits for every process of the job to stop
+            return None
+        return os.waitstatus_to_exitcode(status)
+
+    def restore(self) -> None:
+        """Discard signals still pending for us (meant for a program that has ended), unblock."""
+        if self._old_mask is None:
+            return
+        pending = signal.sigpending() & FORWARDED
+        while pending and signal.sigtimedwait(pending, 0) is not None:
+            pending = signal.sigpending() & FORWARDED
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._old_mask)
+        self._old_mask = None
+
+
+def _foreground() -> bool:
+    """Whether we run in the foreground process group of a controlling terminal (job control)."""
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            return os.tcgetpgrp(fd) == os.getpgrp()
+    return False
+
+
+def die_like(code: int) -> int:
+    """End this process as the program ended: exit code ``code`` or, for ``-N``, signal N
+    (returns 128+N only if that signal did not end us)."""
+    if code >= 0:
+        return code
+    sig = -code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    if sig not in (signal.SIGKILL, signal.SIGSTOP):
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, signal.SIG_DFL)
+    with contextlib.suppress(ValueError, OSError):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+    os.kill(os.getpid(), sig)
+    return 128 + sig
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def program_notes(run_dir: Any, manifest: dict[str, Any], code: int, child: Supervised | None) -> str:
+    """How the program ended and what that cost the run: into run.json's ``program`` (rewritten
+    in ``run_dir`` before it is published), and the words for the exit line ("" if nothing)."""
+    from pastaprof.store.compact import _dumps
+    from pastaprof.store.writer import MANIFEST
+
+    procs = [p for p in manifest.get("processes") or [] if isinstance(p, dict)]
+    unflushed = [p.get("pid") for p in procs if "exit" in (p.get("status") or {})]
+    bounds = [(p.get("capture_overhead") or {}).get("bounds") or {} for p in procs]
+    lost_ms = max((b.get("deadline_ms", 0) for b in bounds), default=0)
+    program: dict[str, Any] = {"exit_code": code, "signal": _signal_name(-code) if code < 0 else None,
+                               "unflushed_pids": unflushed,
+                               "lost_at_most_ms": lost_ms if unflushed else 0}
+    if child is not None:
+        program["max_rss_bytes"] = child.max_rss_bytes
+        program["signals_forwarded"] = child.forwarded
+    manifest["program"] = program
+    (Path(run_dir) / MANIFEST).write_bytes(_dumps(manifest))
+    notes = []
+    if code < 0:
+        notes.append(f"the program was killed by {program['signal']}")
+    if unflushed:
+        notes.append(f"{len(unflushed)} process{'es' if len(unflushed) > 1 else ''} ended without a final "
+                     f"flush: events of the last {lost_ms} ms or less lost")
+    dropped = int(manifest.get("dropped_events") or 0)
+    if dropped:
+        notes.append(f"{dropped} events dropped")
+    return "".join(f"; {n}" for n in notes)
