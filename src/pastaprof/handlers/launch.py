@@ -3,16 +3,14 @@
 The program is started as a child process with the bootstrap directory first
 on PYTHONPATH (its sitecustomize starts a session in every Python process)
 and the capture settings in PASTAPROF_* variables.  Its stdin/stdout/stderr
-are its own; SIGTERM/SIGHUP sent to pastaprof are passed on; its exit status
-becomes ours (a death by signal is repeated on ourselves).  Settings are
+are its own; signals sent to pastaprof are passed on (handlers/supervise.py); its
+exit status becomes ours (a death by signal is repeated on ourselves).  Settings are
 validated before the program starts: a bad one is exit code 2.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -20,6 +18,7 @@ from pathlib import Path
 
 from pastaprof.errors import UsageError
 from pastaprof.handlers.control import ENV_PREFIX, CaptureConfig
+from pastaprof.handlers.supervise import Supervised, die_like, program_notes
 from pastaprof.report.names import terminal_safe
 from pastaprof.store.outputs import OutputDir
 
@@ -47,31 +46,23 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP), env.get("PYTHONPATH", "")) if p)
 
     t0 = time.perf_counter()
+    child = Supervised(command, env)  # signals for the program are passed on (handlers/supervise.py)
     try:
-        child = subprocess.Popen(command, env=env)
+        child.start()
     except OSError as e:
         claim.discard()
         raise UsageError(f"cannot start {command[0]!r}: {e.strerror}") from None
     # compaction's imports (pyarrow: ~0.1 s) and first calls, while the program runs instead of after it
     warm = threading.Thread(target=_warm_compaction, name="pastaprof-warm-up", daemon=True)
     warm.start()
-    forwarded = {sig: signal.signal(sig, lambda s, f: child.send_signal(s)) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal sends Ctrl-C to the program too
     try:
         code = child.wait()
+        wall = time.perf_counter() - t0
+        warm.join(timeout=5)  # bounded: compaction does the same work itself if the warm-up is stuck
+        _finish(partial, dest, command, code, wall, list(config.tools), claim, child)
     finally:
-        for sig, handler in forwarded.items():
-            signal.signal(sig, handler)
-        signal.signal(signal.SIGINT, old_int)
-    wall = time.perf_counter() - t0
-    warm.join(timeout=5)  # bounded: compaction does the same work itself if the warm-up is stuck
-    _finish(partial, dest, command, code, wall, list(config.tools), claim)
-    if code < 0:  # killed by a signal: die the same way
-        sys.stdout.flush()
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-        return 128 - code
-    return code
+        child.restore()  # signals that came while the run was stored were meant for the ended program
+    return die_like(code)  # a death by signal N is repeated on ourselves (a shell shows 128+N)
 
 
 def _warm_compaction() -> None:
@@ -84,12 +75,13 @@ def _warm_compaction() -> None:
 
 
 def _finish(partial: Path, dest: Path, command: list[str], code: int, wall: float, tools: list[str],
-            claim: OutputDir) -> None:
+            claim: OutputDir, child: Supervised | None = None) -> None:
     from pastaprof.errors import PastaprofError
     from pastaprof.store.compact import compact
 
     try:
         manifest = compact(partial, command=command, exit_code=code, wall_seconds=round(wall, 6))
+        notes = program_notes(partial, manifest, code, child)  # how it ended, what that lost: run.json
         claim.publish()
     except PastaprofError as e:  # the output's own trouble (it appeared meanwhile, disk full): one line
         claim.discard()
@@ -101,7 +93,7 @@ def _finish(partial: Path, dest: Path, command: list[str], code: int, wall: floa
         return
     rows = manifest.get("rows", {})
     summary = ", ".join(f"{n} {k}" for k, n in sorted(rows.items())) or "no events"
-    sys.stderr.write(terminal_safe(f"pastaprof: run stored in {dest} ({summary})") + "\n")
+    sys.stderr.write(terminal_safe(f"pastaprof: run stored in {dest} ({summary}{notes})") + "\n")
     for line in sorted(set(manifest.get("status", {}).values())):
         if line != "ok":
             sys.stderr.write(f"pastaprof: {terminal_safe(str(line))}\n")
