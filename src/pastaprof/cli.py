@@ -221,6 +221,9 @@ def info(path: Path, ranks: str | None) -> None:
             console.print(ms("  versions: " + ", ".join(f"{k}={v}" for k, v in m["versions"].items())))
         if m.get("unknown_categories"):
             console.print(ms(f"  unknown categories (skipped): {m['unknown_categories']}"))
+        notes = m.get("notes") if run.path is not None else None  # a trace's notes went to stderr as it was read
+        for line in notes if isinstance(notes, list) else []:
+            console.print(ms(f"  note: {line}"))
         t = Table("kind", "events", "first", "last", title="events")
         for kind, table in run.iter_tables():
             if table.num_rows:

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.errors import InputError
-from pastaprof.importers.kineto import CATEGORY_KIND, IGNORED_CATEGORIES, import_file
+from pastaprof.importers.kineto import CATEGORY_KIND, IGNORED_CATEGORIES, import_file, unread_note
 from pastaprof.importers.ranks import FileRank, check_overlap, plan_ranks, rank_from_name, rank_in_header, show
 from pastaprof.importers.sniff import Sniff, sniff
 
@@ -85,20 +85,23 @@ def iter_ranks(
     """Yield (rank, raw tables, metadata) per trace file, by rank and, within a rank,
     in time order (several files of one rank: consecutive captures; each is linked
     on its own).  Ranks: see importers/ranks.py.  ``kinds``: import only these
-    (None: all).  ``note``: where note lines go (default: stderr)."""
+    (None: all).  ``note``: where the note lines go (default: stderr), once the
+    last file is read."""
     note = note or _stderr_note
     files, sniffs, skipped = scan(path)
     plan, notes = plan_ranks(files, sniffs)
     if skipped:
         notes.insert(0, _skipped_note(skipped))
-    for line in notes:
-        note(line)
     shared = {"notes": notes, "skipped": skipped}
     earlier: dict[int, list[tuple[int, int, Path]]] = {}
+    yielded = False
     for entry in plan:
         if ranks is not None and entry.rank not in ranks:
             continue
         tables, meta = import_file(entry.path, rank=entry.rank, progress=progress, kinds=kinds)
+        unread = unread_note(meta)  # what the file holds that no tool will see, in one line
+        if unread:
+            note(f"{show(entry.path.name)}: {unread}")
         _check_trailer_rank(entry, meta, len(plan))
         start, end = _time_range(tables)
         check_overlap(entry, start, end, earlier)
@@ -108,7 +111,11 @@ def iter_ranks(
         meta["file"] = entry.path.name
         meta["rank_source"] = entry.describe() | {"start_ns": start, "end_ns": end}
         meta["plan"] = shared
+        yielded = True
         yield entry.rank, tables, meta
+    if yielded:  # said once everything was read: a refusal stays one line
+        for line in notes:
+            note(line)
 
 
 def _check_trailer_rank(entry: FileRank, meta: dict[str, Any], n_files: int) -> None:
