@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 from pastaprof.tools._timeline_math import COMPUTATION, KeyIndex, hta_kernel_class, name_codes, to_np
 from pastaprof.tools.base import Finding, Report, Tool, sql
 from pastaprof.tools.cuda_api import BLOCKING_MEMCPY_RE, SYNC_RE, pattern_mask
-from pastaprof.tools.steps import merged, overlap
+from pastaprof.tools.steps import fmt_ns, merged, overlap
 
 PAGEABLE_MIN_BYTES = 1 << 20     # below this a copy is latency-bound: pinning buys little
 REFERENCE_PINNED_GBPS = 25.0     # stated reference when the trace has no big pinned copy: PCIe 4.0 x16, pinned
@@ -226,10 +226,10 @@ class Copies(Tool):
             out.append(Finding(
                 "warning" if share >= WARN_SHARE else "info",
                 f"{n} pageable {direction} copies ran at {nbytes / d:.1f} GB/s vs {gbps:.1f} GB/s pinned: "
-                f"{impact / 1e6:.1f} ms ({share:.1%} of the span) lost",
+                f"{fmt_ns(impact)} ({share:.1%} of the span) lost",
                 {"impact_ns": impact, "copies": n, "bytes": int(nbytes), "copy_ns": int(d), "gbps": round(nbytes / d, 3),
                  "min_gbps": round(lo or 0, 3), "max_gbps": round(hi or 0, 3), "pinned_gbps": round(gbps, 3),
-                 "pinned_reference": source, "share_of_span": round(share, 4), "ranks": ranks,
+                 "pinned_reference": source, "share_of_span": round(share, 4), "ranks": ranks, "cause": "pageable",
                  "suggestion": "Allocate the host buffer pinned (pin_memory=True / torch.empty(..., pin_memory=True)) "
                                "and copy with non_blocking=True."}, loc))
         return out
@@ -254,8 +254,9 @@ class Copies(Tool):
                    "(e.g. prefetch the next batch during this step's compute).")
             out.append(Finding(
                 "warning" if share >= WARN_SHARE else "info",
-                f"{n} {direction} copies ({memory}) exposed for {exposed / 1e6:.1f} ms ({share:.1%} of the span), "
+                f"{n} {direction} copies ({memory}) exposed for {fmt_ns(exposed)} ({share:.1%} of the span), "
                 f"{where}",
                 {"impact_ns": int(exposed), "copies": n, "copy_ns": int(d), "share_of_span": round(share, 4),
-                 "compute_stream": bool(on_compute), "streams": streams, "ranks": ranks, "suggestion": tip}, loc))
+                 "compute_stream": bool(on_compute), "streams": streams, "ranks": ranks,
+                 "cause": "exposed on compute stream" if on_compute else "exposed", "suggestion": tip}, loc))
         return out

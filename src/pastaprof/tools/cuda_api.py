@@ -35,6 +35,7 @@ from pastaprof.processor.intervals import group_codes, innermost_enclosing
 from pastaprof.processor.link import _is_library
 from pastaprof.tools._timeline_math import KeyIndex, name_codes, to_np
 from pastaprof.tools.base import Finding, Report, Tool, sql
+from pastaprof.tools.steps import fmt_ns
 
 SYNC_RE = re.compile(r"^(cuda|hip)(Stream|Device|Event|Thread|Ctx)Synchronize$|^cu(Stream|Ctx|Event)Synchronize(_v\d+)?$")
 BLOCKING_MEMCPY_RE = re.compile(
@@ -215,7 +216,7 @@ class CudaApi(Tool):
                 continue
             what = {"item": f"{op} (.item())", "copy": f"{op} to the host (.cpu()/.to())"}.get(cause, op or "no op")
             apis = ", ".join(f"{n} x{c}" for n, c in sorted(g["apis"].items(), key=lambda kv: -kv[1]))
-            title = (f"host blocked {g['blocked_ns'] / 1e6:.1f} ms ({share:.1%} of the host span) in {g['calls']} "
+            title = (f"host blocked {fmt_ns(g['blocked_ns'])} ({share:.1%} of the host span) in {g['calls']} "
                      f"synchronizing calls from {what}")
             evidence = {"impact_ns": g["blocked_ns"], "calls": g["calls"], "share_of_span": round(share, 4),
                         "apis": apis, "max_ns": g["max_ns"], "ranks": sorted(g["ranks"]), "cause": cause,

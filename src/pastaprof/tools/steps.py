@@ -27,6 +27,7 @@ Per step (table ``steps``, one row per step and rank; times are host-clock windo
   host had not asked for the work yet), else ``kernel_wait`` if shorter than
   ``consecutive_kernel_delay_ns``, else ``other_idle``.  Idle after the rank's last activity is
   host_wait (nothing was launched).  host_wait + kernel_wait + other_idle == gpu_idle exactly.
+  A rank with no GPU activity at all (a CPU-only profile) has null GPU columns.
 * ``compute_ns``, ``communication_ns``, ``memory_ns``, ``other_gpu_ns``: the timeline tool's
   priority split of the busy time (HTA's kernel classes, compute > communication > memory >
   other); they sum to gpu_busy exactly, so communication and memory are the *exposed* parts.
@@ -79,9 +80,19 @@ SUGGESTIONS = {
     "communication": "Exposed communication grew: check for a straggling rank or larger collectives in these steps.",
     "memory": "Copies or memsets grew: check the data transfers issued in these steps.",
     "other_gpu": "Other GPU work (syncs, unclassified kernels) grew: check these steps' kernels.",
+    "host": "The host took longer (no GPU activity recorded): look at the op with the largest excess.",
 }
 DISPLAY = {"steps": ["rank", "step", "label", "wall_ns", "gpu_busy_ns", "host_wait_ns", "kernel_wait_ns",
                      "other_idle_ns", "compute_ns", "communication_ns", "memory_ns", "kernels", "top_op", "outlier"]}
+
+
+def fmt_ns(ns: float) -> str:
+    """A duration for a finding's title, in the unit that keeps it readable."""
+    ns = float(ns)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if abs(ns) >= scale:
+            return f"{ns / scale:.1f} {unit}"
+    return f"{ns:.0f} ns"
 
 
 def _str_col(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
@@ -170,6 +181,8 @@ class Steps(Tool):
         for kind in ("op", "api", "range"):
             t = self.table(kind)
             t = t.filter(pc.equal(t["rank"], rank))
+            if kind == "range":  # gpu_user ranges are GPU-side projections, not host events
+                t = t.filter(pc.fill_null(pc.equal(_str_col(t["domain"]), "user"), True))
             if t.num_rows:
                 lo.append(pc.min(t["start_ns"]).as_py())
                 hi.append(pc.max(t["end_ns"]).as_py())
@@ -282,7 +295,7 @@ class Steps(Tool):
                 hi = np.maximum(hi, lo)
                 lo = np.maximum(lo, np.r_[np.iinfo(np.int64).min, np.maximum.accumulate(hi)[:-1]])
                 hi = np.maximum(hi, lo)
-            per_rank.append({"rank": r, "rule": rule, "steps": len(lo)})
+            per_rank.append({"rank": r, "rule": rule, "steps": len(lo), "gpu_activities": len(sub["start"])})
             if not len(lo):
                 continue
             w = window_of(sub["launch"], lo, hi)
@@ -295,11 +308,12 @@ class Steps(Tool):
             per_rank[-1]["after_last_step_ns"] = max(0, max(host[1] if host else 0, int(sub["end"].max(initial=0)))
                                                      - int(hi[-1]))
             n = len(lo)
+            no_gpu = np.full(n, not len(sub["start"]))  # no GPU activity at all: GPU columns are null
             tables.append(pa.table({
                 "sid": np.arange(base, base + n), "rank": np.full(n, r, np.int32), "step": np.arange(n),
                 "label": pa.array(labels, pa.string()), "rule": pa.array([rule] * n, pa.string()),
                 "start_ns": lo, "end_ns": hi, "wall_ns": hi - lo,
-                **{f"{c}_ns": split[c] for c in ("gpu_busy", "gpu_idle", *COMPONENTS)},
+                **{f"{c}_ns": pa.array(split[c], pa.int64(), mask=no_gpu) for c in ("gpu_busy", "gpu_idle", *COMPONENTS)},
             }))
             base += n
         if not tables:
@@ -366,6 +380,9 @@ class Steps(Tool):
                 continue
             outlier[slow] = True
             stats[r]["outliers"] = len(slow)
+            if steps["gpu_busy_ns"].null_count and not pc.any(pc.is_valid(steps["gpu_busy_ns"].take(pa.array(m)))).as_py():
+                groups.append((r, "host", slow, med, {}))  # no GPU in this rank: only host time can differ
+                continue
             exc = np.stack([comp[c][slow] - np.median(comp[c][m]) for c in COMPONENTS])
             dom = exc.argmax(axis=0)
             for ci in np.unique(dom).tolist():
@@ -439,10 +456,11 @@ class Steps(Tool):
                 site = sites[0].as_py() if len(sites) else None
                 evidence["top_op_call_site"] = site
                 location = site or name
-        evidence["suggestion"] = SUGGESTIONS[component]
+        evidence["cause"], evidence["suggestion"] = component, SUGGESTIONS[component]
         which = f"step {labels[0]}" if len(labels) == 1 else f"{len(labels)} steps ({', '.join(labels[:5])})"
         title = (f"{which} of rank {r} took {'up to ' if len(labels) > 1 else ''}{ratio:.2f}x the median step "
-                 f"(+{impact / 1e6:.1f} ms), mostly {component.replace('_', ' ')}")
+                 f"(+{fmt_ns(impact)}), mostly {component.replace('_', ' ')}"
+                 + (" time (no GPU activity)" if component == "host" else ""))
         return Finding("warning" if ratio >= 2 else "info", title, evidence, location or f"rank {r}: {labels[0]}")
 
     @staticmethod
