@@ -1,0 +1,437 @@
+"""Reading what pastaprof is given -- run.json, Parquet parts, trace paths -- without trusting it.
+
+Every reader of a run directory or a trace path goes through here, so that one rule holds for
+all of them: a path is first ``stat``-ed (opening a FIFO blocks, opening some devices has side
+effects), must be a regular file, and is then opened by descriptor with ``O_NONBLOCK`` and
+checked again with ``fstat`` (the name may have changed in between).  Nothing is read without a
+bound, no link is followed out of a run directory, and each failure is one ``InputError`` line
+naming the file and the problem.  A pipe the user gave as a trace (``<(zcat t.json.gz)``,
+``/dev/stdin``) is the one non-regular file read: it is copied into a bounded temporary file,
+since the importer seeks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+
+from pastaprof.errors import InputError
+
+MAX_MANIFEST_BYTES = 64 << 20  # a run.json is kilobytes; a 64-rank live run's is well under 1 MB
+MAX_JSON_DEPTH = 64            # pastaprof's manifests nest 5 deep
+PIPE_MAX_BYTES = 64 << 30      # a piped trace is copied to a temporary file up to this size
+PIPE_FREE_MARGIN = 1 << 30     # ... and never closer than this to filling the temporary disk
+_CHUNK = 8 << 20
+_DEV_NULL = (1, 3)             # major, minor of /dev/null
+
+
+def one_line(e: BaseException | str, limit: int = 300) -> str:
+    """An exception's message as one short line (library messages may span lines)."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe_mode(mode: int) -> str:
+    """'a directory', 'a FIFO (named pipe)', ... for a file's ``st_mode``."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _os_problem(e: OSError) -> str:
+    if e.errno == errno.ENOENT:
+        return "no such file"
+    if e.errno == errno.ELOOP:
+        return "a symbolic link loop"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if e.errno == errno.ENXIO:
+        return "cannot be opened (a socket or a device without a driver)"
+    return f"cannot be read ({e.strerror or one_line(e)})"
+
+
+def check_inside(path: Path, root: Path) -> None:
+    """Refuse ``path`` when it resolves (through links) to somewhere outside ``root``."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    if real != top and not real.startswith(top.rstrip(os.sep) + os.sep):
+        try:
+            what = "" if stat.S_ISREG(mode := os.stat(real).st_mode) else f", {describe_mode(mode)}"
+        except OSError:
+            what = ", which does not exist"
+        raise InputError(path, f"is a link out of the run directory (to {real}{what}); not followed")
+
+
+def open_regular(path: Path, root: Path | None = None, what: str = "a regular file") -> tuple[int, os.stat_result]:
+    """A read-only descriptor of ``path`` and its ``fstat``, after checking that it is a regular
+    file (and, with ``root``, that it lies inside ``root``).  The caller closes the descriptor."""
+    if root is not None:
+        check_inside(path, root)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise InputError(path, _os_problem(e)) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(path, f"is {describe_mode(st.st_mode)}, expected {what}")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise InputError(path, _os_problem(e)) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # replaced between the stat and the open
+        os.close(fd)
+        raise InputError(path, f"is {describe_mode(st.st_mode)}, expected {what}")
+    return fd, st
+
+
+def read_bounded(path: Path, limit: int, root: Path | None = None, what: str = "a regular file") -> bytes:
+    """All bytes of a regular file of at most ``limit`` bytes (a file growing while read counts)."""
+    fd, st = open_regular(path, root, what)
+    try:
+        if st.st_size > limit:
+            raise InputError(path, f"too large ({st.st_size:,} bytes; at most {limit:,} expected)")
+        chunks, total = [], 0
+        while True:
+            try:
+                block = os.read(fd, min(_CHUNK, limit + 1 - total))
+            except OSError as e:
+                raise InputError(path, _os_problem(e)) from None
+            if not block:
+                break
+            chunks.append(block)
+            total += len(block)
+            if total > limit:
+                raise InputError(path, f"too large (over {limit:,} bytes)")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _depth(value: Any) -> int:
+    """How deep ``value`` nests (iteratively: a hostile document must not exhaust the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            deepest = max(deepest, d)
+            if d > MAX_JSON_DEPTH:
+                return d
+            stack.extend((x, d + 1) for x in v if isinstance(x, (dict, list)))
+    return deepest
+
+
+def load_json(path: Path, limit: int = MAX_MANIFEST_BYTES, root: Path | None = None) -> Any:
+    """A small JSON document: bounded read, UTF-8, nesting at most ``MAX_JSON_DEPTH`` deep."""
+    data = read_bounded(path, limit, root, "a JSON file")
+    if not data.strip():
+        raise InputError(path, "empty file, expected JSON")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(path, f"not UTF-8 text (byte {e.start})") from None
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise InputError(path, f"JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
+    except ValueError as e:  # JSONDecodeError, and int() of a number of over 4,300 digits
+        raise InputError(path, f"not valid JSON ({one_line(e)})") from None
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise InputError(path, f"JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)")
+    return value
+
+
+# --- trace paths -----------------------------------------------------------------------------
+
+def check_trace_file(path: Path) -> Path:
+    """``path`` if it is a regular file to import; else one line saying what it is.
+    (Pipes are copied to a regular file by :func:`readable_trace` before this is asked.)"""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise InputError(path, _os_problem(e)) from None
+    if stat.S_ISREG(st.st_mode):
+        return path
+    if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == _DEV_NULL:
+        raise InputError(path, "empty file (/dev/null), expected a trace")
+    raise InputError(path, f"is {describe_mode(st.st_mode)}, expected a trace file or a folder of them")
+
+
+def _is_pipe(path: Path) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def readable_trace(path: Path) -> Iterator[Path]:
+    """``path`` itself, or for a pipe (a FIFO, ``<(zcat t.json.gz)``, ``/dev/stdin``) a bounded
+    temporary copy of its bytes.  Errors that name the copy are re-raised naming ``path``."""
+    if not _is_pipe(path):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="pastaprof-pipe-") as tmp:
+        copy = Path(tmp) / "trace"
+        _copy_pipe(path, copy)
+        try:
+            yield copy
+        except InputError as e:
+            if e.path.startswith(tmp) or tmp in e.problem:
+                raise InputError(path, e.problem.replace(str(copy), str(path)).replace(tmp, "")) from None
+            raise
+
+
+def _copy_pipe(path: Path, copy: Path) -> None:
+    """Copy a pipe's bytes into ``copy``; refuse early what cannot be a trace (the first bytes
+    are neither gzip nor JSON: ``<(yes)`` must not fill the disk)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise InputError(path, _os_problem(e)) from None
+    try:
+        os.set_blocking(fd, True)  # a pipe with a writer: wait for its data, as `cat` would
+        room = min(PIPE_MAX_BYTES, shutil.disk_usage(copy.parent).free - PIPE_FREE_MARGIN)
+        with open(copy, "wb") as out:
+            total, checked = 0, False
+            while True:
+                block = os.read(fd, _CHUNK)
+                if not block:
+                    break
+                if not checked and block.strip():
+                    _check_trace_start(path, block)
+                    checked = True
+                total += len(block)
+                if total > room:
+                    raise InputError(path, f"the pipe gave more than {max(room, 0):,} bytes: too large to stage")
+                out.write(block)
+        if total == 0 or not checked:
+            raise InputError(path, "empty file (the pipe gave no data), expected a trace")
+    except OSError as e:
+        raise InputError(path, _os_problem(e)) from None
+    finally:
+        os.close(fd)
+
+
+def _check_trace_start(path: Path, block: bytes) -> None:
+    head = block.lstrip()
+    if head.startswith(b"\xef\xbb\xbf"):
+        head = head[3:].lstrip()
+    if block[:2] != b"\x1f\x8b" and head[:1] not in (b"{", b"["):
+        raise InputError(path, "not JSON: does not start with '{' or '[' (nor is it gzip data)")
+
+
+# --- run.json ---------------------------------------------------------------------------------
+# A field's expected type: "int" (not bool), "count" (int >= 0), "rank" (0 <= int < 2**31), "num",
+# "str", "any"; ("?", t): t or null; ("list", t); ("map", t): an object whose values are t; a dict:
+# an object whose listed keys are of those types (others are free).
+_DEVICE = {"id": "int", "name": ("?", "str"), "numSms": ("?", "num"), "totalGlobalMem": ("?", "num")}
+_PROCESS = {"rank": ("?", "int"), "pid": ("?", "int"), "events": ("?", ("map", ("?", "num"))),
+            "handlers": ("?", ("map", ("?", {"dropped": ("?", "num")}))),
+            "filtered_by_kind": ("?", ("map", ("?", "num"))), "status": ("?", ("map", "any"))}
+MANIFEST_FIELDS: dict[str, Any] = {
+    "format": ("?", "str"), "source": ("?", "str"), "host": ("?", "str"),
+    "command": ("?", ("list", "any")), "exit_code": ("?", "int"),
+    "devices": ("?", ("list", _DEVICE)), "versions": ("?", ("map", "any")),
+    "ranks": ("list", "rank"), "rows": ("map", "count"),
+    "clock": ("?", {"domain": ("?", "str"), "anchors": ("?", ("map", "any"))}),
+    "capture_overhead": ("?", ("map", "any")), "dropped_events": ("?", "num"),
+    "category_counts": ("?", ("map", ("map", "num"))), "unknown_categories": ("?", ("map", "num")),
+    "trace_bytes": ("?", "num"), "processes": ("?", ("list", _PROCESS)), "status": ("?", ("map", "any")),
+    "finished_ns": ("?", "int"),
+}
+_WANT = {"int": "an integer", "count": "a non-negative integer", "rank": "a rank (an integer from 0 to 2^31-1)",
+         "num": "a number", "str": "a string", "list": "a list", "map": "an object"}
+
+
+def _kind_of(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true/false"
+    if isinstance(v, int):
+        return f"the integer {v}" if abs(v) < 10**12 else "an integer"
+    if isinstance(v, float):
+        return f"the number {v!r}"
+    return {str: "a string", list: "a list", dict: "an object"}.get(type(v), type(v).__name__)
+
+
+def _type_error(spec: Any, v: Any) -> str | None:
+    """Why ``v`` is not of ``spec`` at this level (None: it is)."""
+    if isinstance(spec, tuple) and spec[0] == "?":
+        return None if v is None else _type_error(spec[1], v)
+    if isinstance(spec, dict):
+        return None if isinstance(v, dict) else f"is {_kind_of(v)}, expected an object"
+    if isinstance(spec, tuple):
+        want = list if spec[0] == "list" else dict
+        return None if isinstance(v, want) else f"is {_kind_of(v)}, expected {_WANT[spec[0]]}"
+    is_int = isinstance(v, int) and not isinstance(v, bool)
+    ok = {"any": True, "str": isinstance(v, str), "int": is_int, "count": is_int and v >= 0,
+          "rank": is_int and 0 <= v < 2**31,
+          "num": (is_int or isinstance(v, float)) and v == v and abs(v) != float("inf")}[spec]
+    return None if ok else f"is {_kind_of(v)}, expected {_WANT[spec]}"
+
+
+def _key(key: str) -> str:
+    """A JSON key as it may appear in a one-line message."""
+    return key if key.isprintable() and len(key) <= 60 else repr(key[:60])
+
+
+def _check_field(path: Path, name: str, spec: Any, v: Any) -> None:
+    problem = _type_error(spec, v)
+    if problem:
+        raise InputError(path, f"corrupt manifest: field '{name}' {problem}")
+    if isinstance(spec, tuple) and spec[0] == "?":
+        if v is not None:
+            _check_field(path, name, spec[1], v)
+    elif isinstance(spec, dict):
+        for key, sub in spec.items():
+            if key in v:
+                _check_field(path, f"{name}.{key}", sub, v[key])
+    elif isinstance(spec, tuple) and spec[0] == "list":
+        for i, x in enumerate(v):
+            _check_field(path, f"{name}[{i}]", spec[1], x)
+    elif isinstance(spec, tuple) and spec[0] == "map":
+        for key, x in v.items():
+            _check_field(path, f"{name}.{_key(key)}", spec[1], x)
+
+
+def read_manifest(run_dir: Path, manifest_name: str = "run.json") -> dict[str, Any]:
+    """A run directory's manifest, read safely and checked: a JSON object whose
+    ``schema_version`` this pastaprof reads and whose known fields have their types."""
+    from pastaprof.events.schema import SCHEMA_VERSION
+
+    path = run_dir / manifest_name
+    if not os.path.lexists(path):
+        raise InputError(run_dir, f"not a pastaprof run (no {manifest_name})")
+    m = load_json(path, MAX_MANIFEST_BYTES, root=run_dir)
+    if not isinstance(m, dict):
+        raise InputError(path, f"corrupt manifest: {_kind_of(m)}, expected a JSON object")
+    v = m.get("schema_version")
+    if not (isinstance(v, int) and not isinstance(v, bool)):
+        raise InputError(path, f"corrupt manifest: field 'schema_version' is {_kind_of(v)}, expected an integer")
+    if v != SCHEMA_VERSION:
+        raise InputError(path, f"schema version {v} is not supported (this pastaprof reads {SCHEMA_VERSION})")
+    for name, spec in MANIFEST_FIELDS.items():
+        if name in m:
+            _check_field(path, name, spec, m[name])
+    ranks = m.get("ranks")
+    if ranks is not None and len(set(ranks)) != len(ranks):
+        raise InputError(path, "corrupt manifest: field 'ranks' lists a rank twice")
+    return m
+
+
+# --- Parquet parts -----------------------------------------------------------------------------
+
+def _string_like(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _compatible(have: pa.DataType, want: pa.DataType) -> bool:
+    """Whether a stored column of type ``have`` is read as ``want`` (a cast that cannot change
+    what the values mean: text as text, integers as integers, numbers as floats)."""
+    if have == want:
+        return True
+    if _string_like(want):
+        return _string_like(have)
+    if pa.types.is_integer(want):
+        return pa.types.is_integer(have)
+    if pa.types.is_floating(want):
+        return pa.types.is_integer(have) or pa.types.is_floating(have)
+    if (pa.types.is_list(want) or pa.types.is_fixed_size_list(want)) and (
+            pa.types.is_list(have) or pa.types.is_large_list(have) or pa.types.is_fixed_size_list(have)):
+        return _compatible(have.value_type, want.value_type)
+    return False
+
+
+def _check_schema(path: Path, kind: str | None, sch: pa.Schema) -> None:
+    """Refuse a part that is not of ``kind``: another table's part, another event schema
+    version, a column of a type its values cannot be read as, a required column missing."""
+    from pastaprof.events.schema import SCHEMA_VERSION, schema
+
+    meta = sch.metadata or {}
+    stored = meta.get(b"pastaprof.kind")
+    if kind is not None and stored is not None and stored != kind.encode():
+        raise InputError(path, f"holds {_key(stored.decode('utf-8', 'replace'))} events, not {kind}: "
+                               "a part of another table")
+    version = meta.get(b"pastaprof.schema_version")
+    if version is not None and version != str(SCHEMA_VERSION).encode():
+        raise InputError(path, f"written with event schema version {_key(version.decode('utf-8', 'replace'))}, "
+                               f"this pastaprof reads {SCHEMA_VERSION}")
+    if len(set(sch.names)) != len(sch.names):
+        twice = next(n for n in sch.names if sch.names.count(n) > 1)
+        raise InputError(path, f"column '{_key(twice)}' appears twice")
+    if kind is None:
+        return
+    for field in schema(kind):
+        i = sch.get_field_index(field.name)
+        if i < 0:
+            if not field.nullable:
+                raise InputError(path, f"no '{field.name}' column: not a {kind} part")
+            continue
+        have = sch.field(i).type
+        if not _compatible(have, field.type):
+            raise InputError(path, f"column '{field.name}' is {have}, expected {field.type}")
+
+
+@contextlib.contextmanager
+def _parquet(path: Path, root: Path | None) -> Iterator[Any]:
+    """A ``pq.ParquetFile`` over a checked descriptor of ``path``; any failure of the Parquet
+    library inside the block is one InputError naming the part."""
+    import pyarrow.parquet as pq
+
+    fd, st = open_regular(path, root, "a Parquet file")
+    with fileobj(fd) as f:
+        if st.st_size == 0:
+            raise InputError(path, "empty file, expected Parquet")
+        try:
+            with pq.ParquetFile(f) as pf:
+                yield pf
+        except InputError:
+            raise
+        except MemoryError:
+            raise InputError(path, "corrupt Parquet: it asks for more memory than there is") from None
+        except Exception as e:  # noqa: BLE001 -- pyarrow raises many types on corrupt bytes
+            raise InputError(path, f"corrupt or truncated Parquet ({one_line(e, 200)})") from None
+
+
+def part_rows(path: Path, kind: str | None, root: Path | None = None) -> int:
+    """Rows of a part, from its footer, after checking that it is a part of ``kind``."""
+    with _parquet(path, root) as pf:
+        _check_schema(path, kind, pf.schema_arrow)
+        return pf.metadata.num_rows
+
+
+def read_part(path: Path, kind: str | None, root: Path | None = None) -> pa.Table:
+    """A part's events, checked (see ``part_rows``) and, with ``kind``, conformed to its schema."""
+    from pastaprof.events.schema import conform
+
+    with _parquet(path, root) as pf:
+        _check_schema(path, kind, pf.schema_arrow)
+        t = pf.read()
+        if kind is None:
+            return t
+        try:
+            return conform(kind, t)
+        except Exception as e:  # noqa: BLE001 -- a cast that does not fit (an integer out of range)
+            raise InputError(path, f"cannot be read as {kind} events ({one_line(e, 200)})") from None
+
+
+def fileobj(fd: int) -> BinaryIO:
+    """A buffered binary file over ``fd`` (which it then owns)."""
+    return os.fdopen(fd, "rb")
