@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import resource
 import signal
 import stat
@@ -163,12 +164,13 @@ def _json_kernels(doc: dict) -> int:
     return doc["tools"]["kernels"]["summary"]["kernels"]
 
 
-@pytest.mark.parametrize("name", ["-", "/dev/stdout"])
-def test_json_to_standard_output(name, mlp_run):
-    r = cli("analyze", mlp_run, "-t", "kernels", "-q", "--json", name)
+@pytest.mark.parametrize("name", ["-", "/dev/stdout", "/proc/self/fd/1"])
+def test_json_to_standard_output_alone_tables_to_stderr(name, mlp_run, tmp_path):
+    r = cli("analyze", mlp_run, "-t", "kernels", "--json", name, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert _json_kernels(json.loads(r.stdout)) == MLP_KERNELS
-    assert not Path("-").exists()
+    assert _json_kernels(json.loads(r.stdout)) == MLP_KERNELS  # stdout is the JSON and nothing else
+    assert "kernels" in r.stderr.splitlines()[0]  # the tables went to stderr
+    assert os.listdir(tmp_path) == []  # no file named '-'
 
 
 def test_json_to_dev_stdout_redirected_to_a_file_keeps_what_came_before(tmp_path, mlp_run):
@@ -180,9 +182,31 @@ def test_json_to_dev_stdout_redirected_to_a_file_keeps_what_came_before(tmp_path
                            stdout=f, stderr=subprocess.PIPE, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     text = log.read_text()
-    assert text.startswith("before\n") and "kernels" in text.splitlines()[1]  # the table came first
-    doc = json.loads(text[text.index("\n{") + 1:])
-    assert _json_kernels(doc) == MLP_KERNELS
+    assert text.startswith("before\n{")  # appended after what was there, not truncated, not replaced
+    assert _json_kernels(json.loads(text[len("before\n"):])) == MLP_KERNELS
+    assert log.is_file() and not log.is_symlink()
+
+
+def test_export_and_plan_to_standard_output(mlp_run, tmp_path):
+    r = subprocess.run([*PY, "export", str(mlp_run), "-o", "-"], capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout[:1] == b"\x0a" and r.stderr.startswith(b"wrote -")  # a Trace's first packet; the note on stderr
+    size = int(re.search(rb"bytes=(\d+)", r.stderr)[1])
+    assert len(r.stdout) == size
+    r = cli("analyze", mlp_run, "-t", "uvm_advisor", "-q", "--uvm-plan", "-", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["actions"] == [] and os.listdir(tmp_path) == []
+
+
+def test_long_output_names_stay_writable(tmp_path, mlp_run):
+    name = "r" * 250  # legal (255 at most); a hidden sibling of it must be too
+    r = cli("import", MLP, "-o", tmp_path / name)
+    assert r.returncode == 0, r.stderr
+    assert kernels_in(tmp_path / name) == MLP_KERNELS
+    r = cli("analyze", mlp_run, "-t", "kernels", "-q", "--json", tmp_path / (name[:245] + ".json"))
+    assert r.returncode == 0, r.stderr
+    one_error_line(cli("analyze", mlp_run, "-t", "kernels", "-q", "--json", tmp_path / ("j" * 300)), "cannot write")
+    assert leftovers(tmp_path) == []
 
 
 def test_json_into_a_fifo_reaches_its_reader(tmp_path, mlp_run):

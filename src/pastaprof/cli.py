@@ -135,7 +135,7 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
     assert source is not None
     rank_list = _parse_ranks(ranks)
     tool_list = _parse_tools(tools)
-    from pastaprof.store.outputs import check_output_dir, check_output_file
+    from pastaprof.store.outputs import check_output_dir, check_output_file, is_stdout
 
     for target in (json_out, uvm_plan):
         if target is not None:
@@ -157,8 +157,8 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
     def work() -> None:
         with _progress(source, quiet) as progress:
             reports = run_analyze(source, tools=tool_list, ranks=rank_list, progress=progress, out=out)
-        if not quiet:
-            print_reports(reports, max_rows=rows)
+        if not quiet:  # with --json on stdout, stdout carries the JSON alone
+            print_reports(reports, max_rows=rows, stderr=is_stdout(json_out) or is_stdout(uvm_plan))
         if json_out is not None:
             write_json(reports, json_out, source=str(source))
         if uvm_plan is not None:
@@ -246,7 +246,7 @@ def export(path: Path, fmt: str, dest: Path, ranks: str | None) -> None:
     """Export a run or trace: Perfetto trace with kernels per stream, ops per thread,
     op -> kernel flows and a memory counter track.  Open it at ui.perfetto.dev."""
     from pastaprof.api import load
-    from pastaprof.store.outputs import check_output_file
+    from pastaprof.store.outputs import check_output_file, is_stdout
 
     _run_guarded(lambda: check_output_file(dest))  # before loading the input, not after
 
@@ -256,7 +256,7 @@ def export(path: Path, fmt: str, dest: Path, ranks: str | None) -> None:
         with _progress(path, False) as progress:
             run = load(path, ranks=_parse_ranks(ranks), progress=progress)
         counts = write_perfetto(run, dest)
-        _echo(f"wrote {dest} ({', '.join(f'{k}={v}' for k, v in counts.items())})")
+        _echo(f"wrote {dest} ({', '.join(f'{k}={v}' for k, v in counts.items())})", err=is_stdout(dest))
 
     _run_guarded(work)
 

@@ -9,7 +9,9 @@ import sys
 
 def warn(msg: str) -> None:
     try:
-        sys.stderr.write(f"pastaprof: warning: {msg}\n")
+        from pastaprof.report.names import terminal_safe  # names in it cannot control the terminal
+
+        sys.stderr.write(f"pastaprof: warning: {terminal_safe(str(msg))}\n")
         sys.stderr.flush()
     except Exception:
         pass

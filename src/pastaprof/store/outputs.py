@@ -17,7 +17,8 @@ is in place, so a failed publish puts it back.
 Files (:func:`open_output`, :func:`write_output`) go to what the user named:
 
 * ``-``, ``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``, ``/proc/self/fd/N``:
-  written to that open descriptor (what came before on it is kept);
+  written to that open descriptor (what came before on it is kept; the CLI then
+  prints its tables and messages to stderr, so stdout carries only the output);
 * an existing FIFO or character device: opened and written into, never replaced;
 * a symbolic link to a regular file: the file it points at is replaced
   (atomically), the link stays; a dangling link is refused;
@@ -85,6 +86,16 @@ def _std_fd(path: str) -> int | None:
     if m is None or (m["pid"] is not None and int(m["pid"]) != os.getpid()):
         return None
     return int(m["fd"])
+
+
+def is_stdout(path: Path | str | None) -> bool:
+    """Whether writing ``path`` writes standard output (``-``, ``/dev/stdout``, ``/dev/fd/1``...)."""
+    return path is not None and _std_fd(str(path)) == 1
+
+
+def _hidden(name: str, what: str) -> str:
+    """A hidden sibling's name prefix: short enough that a legal target name keeps it legal."""
+    return f".{name[:80]}.{what}"
 
 
 def _ensure_dir(path: Path, output: Path | str) -> None:
@@ -212,7 +223,7 @@ def open_output(path: Path | str) -> Iterator[_Output]:
     except OSError:
         mode = 0o666 & ~_umask()
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dest)}.", suffix=".partial",
+        fd, tmp = tempfile.mkstemp(prefix=_hidden(os.path.basename(dest), ""), suffix=".partial",
                                    dir=os.path.dirname(os.path.abspath(dest)))
     except OSError as e:
         raise OutputError(name, problem(e)) from None
@@ -304,7 +315,7 @@ class OutputDir:
         check_output_dir(self.dest, force)
         _ensure_dir(self.dest.parent, self.dest)
         try:
-            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.dest.name}.partial-", dir=self.dest.parent))
+            self.tmp = Path(tempfile.mkdtemp(prefix=_hidden(self.dest.name, "partial-"), dir=self.dest.parent))
             os.chmod(self.tmp, 0o777 & ~_umask())
         except OSError as e:
             raise OutputError(self.dest, problem(e)) from None
@@ -347,7 +358,7 @@ class OutputDir:
     def _move_aside(self) -> str | None:
         """Rename what is at ``dest`` to a hidden sibling (None: it vanished by itself)."""
         for _ in range(100):
-            aside = str(self.dest.parent / f".{self.dest.name}.replaced-{os.urandom(4).hex()}")
+            aside = str(self.dest.parent / (_hidden(self.dest.name, "replaced-") + os.urandom(4).hex()))
             try:
                 rename_noreplace(str(self.dest), aside)
             except FileExistsError:
