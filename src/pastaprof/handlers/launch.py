@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pastaprof.errors import UsageError
 from pastaprof.handlers.control import ENV_PREFIX, CaptureConfig
+from pastaprof.handlers.python_flags import note_uncaptured
 from pastaprof.handlers.supervise import Supervised, die_like, program_notes
 from pastaprof.report.names import terminal_safe
 from pastaprof.store.outputs import OutputDir
@@ -57,6 +58,7 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
     warm.start()
     try:
         code = child.wait()
+        note_uncaptured(partial, command, child.pid)  # python -E/-I/-S kept the bootstrap out
         wall = time.perf_counter() - t0
         warm.join(timeout=5)  # bounded: compaction does the same work itself if the warm-up is stuck
         _finish(partial, dest, command, code, wall, list(config.tools), claim, child)

@@ -1,22 +1,38 @@
 """Module paths of ops ("Sequential_0/Bottleneck_3/Conv2d_7"), kept per thread around
 every ``nn.Module`` call.
 
-The bookkeeping runs at the start and end of every module call (~200 per ResNet-50
-forward), so its cost is paid in the step.  Global forward hooks (the first design) make
-torch take its slow module-call path (~3.5 us per call on the dev VM even with no-op
-hooks), so ``Module.__call__`` is wrapped instead (``wrap_call``): modules keep torch's
-fast path, and an exception leaves the path stack balanced (a forward hook does not run
-then).  With the native observer each thread's current path is an id in the observer's
-thread state, written through a ctypes cell (a ctypes call and a joined path string per
-call cost ~4 us), and paths are found by (parent path, module) in one dict; the string is
-built once per distinct path.  Dev VM, per module call: global hooks 4.2-4.8 us, the
-wrapper 1.4-1.5 us.  The Python op path (no native observer) keeps a stack of names.
+The bookkeeping runs from PyTorch's own global module hooks
+(``register_module_forward_pre_hook`` / ``register_module_forward_hook(always_call=True)``):
+``nn.Module.__call__`` stays torch's own function, so whatever introspects it (torch.profiler's
+stack tracer, torch.compile, FSDP, ``inspect.signature``, pickling by qualified name, identity
+checks against ``Module._wrapped_call_impl``) sees what it sees without pastaprof.  The price is
+torch's slow module-call path while the hooks are registered (bench/module_hooks.py measures it
+against a bare call).  The hooks stay registered while the session's gate is closed and only
+return: adding and removing global hooks would change what torch.compile guards on and make it
+recompile at every gate change.  ``always_call`` runs the post hook when the forward raises, so
+the stack stays balanced; a post hook pops only the entry its own module pushed, so a gate
+change between a module's pre and post hook cannot unbalance it either.
+
+With the native observer each thread's current path is an id in the observer's thread state,
+written through a ctypes cell; paths are found by (parent path, module) in one dict and the
+string is built once per distinct path.  Without it (the Python op path) the ids are pastaprof's
+own and ``current()`` gives the thread's path string.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 from typing import Any
+
+
+class _Cell:
+    """Stands in for the native observer's ctypes cell on the Python op path."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = -1
 
 
 class ModulePaths:
@@ -27,68 +43,75 @@ class ModulePaths:
         self._class_counts: dict[str, int] = {}
         self._paths: dict[tuple[int, int], int] = {}  # (parent path id, id(module)) -> path id
         self._text: dict[int, str] = {}  # path id -> path
-        # [open]: the session's gate at the source (TorchHandler.set_gate).  A flag the wrapper
-        # reads, not a swap of nn.Module.__call__: assigning a class attribute invalidates
-        # Python's attribute caches of every Module subclass (dev VM: ~0.7 ms more per gated
-        # region of a 75-module conv net, against ~0.1 us per module call for the flag).
+        # [open]: the session's gate at the source (TorchHandler.set_gate), read by the pre hook
         self.gate = [True]
 
-    def wrap_call(self, module_cls: Any, is_compiling: Any) -> Any:
-        """A ``module_cls.__call__`` that keeps the path around the original (returned).
-        Under torch.compile's tracing it is the original alone: the compiled graph keeps no
-        Python bookkeeping of ours.  The native version is written out in one function (each
-        Python call it saves is ~0.1 us per module call)."""
-        import functools
+    def install(self, torch: Any) -> list[Any]:
+        """Register the global forward pre/post hooks; returns handles (``.remove()``) for
+        them and for the quieted compile warning (``_quiet_compile_warning``)."""
+        from torch.nn.modules import module as nn_module
 
-        original = module_cls.__call__
-        if self.native is None:
-            enter, exit_, gate = self._enter, self._exit, self.gate
+        compiler = getattr(torch, "compiler", None)
+        compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
+        pre, post = self.hooks(compiling)
+        post_kw = {}
+        if "always_call" in inspect.signature(nn_module.register_module_forward_hook).parameters:
+            post_kw["always_call"] = True
+        handles = [nn_module.register_module_forward_pre_hook(pre),
+                   nn_module.register_module_forward_hook(post, **post_kw)]
+        return handles + _quiet_compile_warning(nn_module, {h.id for h in handles})
 
-            @functools.wraps(original)
-            def call_python(module: Any, *args: Any, **kwargs: Any) -> Any:
-                if not gate[0] or is_compiling():
-                    return original(module, *args, **kwargs)
-                enter(module, args)
-                try:
-                    return original(module, *args, **kwargs)
-                finally:
-                    exit_(module, args, None)
-
-            return call_python
-
+    def hooks(self, is_compiling: Any) -> tuple[Any, Any]:
+        """The (pre, post) hook pair.  Under torch.compile's tracing both return at once (the
+        check comes first, so tracing reads nothing else of ours and guards on nothing of
+        ours): the compiled graph keeps no Python bookkeeping.  Both return None: the
+        program's arguments and outputs are untouched.  Each thread keeps its path ids and,
+        beside them, the module each entry was pushed for: a post hook pops only its own
+        module's entry."""
         local, paths, new_path, gate = self._local, self._paths, self._new_path, self.gate
 
-        @functools.wraps(original)
-        def call_native(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if not gate[0] or is_compiling():
-                return original(module, *args, **kwargs)
+        def pastaprof_module_enter(module: Any, args: Any) -> None:
+            if is_compiling() or not gate[0]:
+                return None
             try:
-                ids, cell = local.ids, local.cell
+                ids, mods, cell = local.ids, local.mods, local.cell
             except AttributeError:
-                ids, cell = self._thread_state()
+                ids, mods, cell = self._thread_state()
             key = (ids[-1] if ids else -1, id(module))
             path = paths.get(key)
             if path is None:
                 path = new_path(key, module)
             ids.append(path)
+            mods.append(key[1])
             cell.value = path
+            return None
+
+        def pastaprof_module_exit(module: Any, args: Any, output: Any) -> None:
+            if is_compiling():
+                return None
             try:
-                return original(module, *args, **kwargs)
-            finally:
+                mods = local.mods
+            except AttributeError:
+                return None
+            if mods and mods[-1] == id(module):
+                mods.pop()
+                ids = local.ids
                 ids.pop()
-                cell.value = ids[-1] if ids else -1
+                local.cell.value = ids[-1] if ids else -1
+            return None
 
-        return call_native
+        return pastaprof_module_enter, pastaprof_module_exit
 
-    def _thread_state(self) -> tuple[list[int], Any]:
+    def _thread_state(self) -> tuple[list[int], list[int], Any]:
         local = self._local
-        local.ids, local.cell = [], self.native.module_cell()
-        return local.ids, local.cell
+        local.ids, local.mods = [], []
+        local.cell = self.native.module_cell() if self.native is not None else _Cell()
+        return local.ids, local.mods, local.cell
 
     def current(self) -> str | None:
         """The calling thread's path (Python op path)."""
-        stack = getattr(self._local, "stack", None)
-        return "/".join(stack) if stack else None
+        ids = getattr(self._local, "ids", None)
+        return self._text.get(ids[-1]) if ids else None
 
     def name_of(self, module: Any) -> str:
         key = id(module)
@@ -100,23 +123,41 @@ class ModulePaths:
             name = self._names[key] = f"{cls}_{n}"
         return name
 
-    # -- native observer: path ids -------------------------------------------------
     def _new_path(self, key: tuple[int, int], module: Any) -> int:
+        if type(module).__name__ == "OptimizedModule":  # torch.compile(module)'s wrapper: not in
+            path = self._paths[key] = key[0]  # the paths (its module is, right under it)
+            return path
         parent = self._text.get(key[0])
         text = f"{parent}/{self.name_of(module)}" if parent else self.name_of(module)
-        path = self.native.intern(text)
+        path = self.native.intern(text) if self.native is not None else len(self._text)
         self._paths[key] = path
         self._text[path] = text
         return path
 
-    # -- Python op path: names -------------------------------------------------------
-    def _enter(self, module: Any, args: Any) -> None:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        stack.append(self.name_of(module))
 
-    def _exit(self, module: Any, args: Any, output: Any) -> None:
-        stack = getattr(self._local, "stack", None)
-        if stack:
-            stack.pop()
+class _Restore:
+    def __init__(self, owner: Any, attr: str, old: Any) -> None:
+        self.owner, self.attr, self.old = owner, attr, old
+
+    def remove(self) -> None:
+        setattr(self.owner, self.attr, self.old)
+
+
+def _quiet_compile_warning(nn_module: Any, ours: set[int]) -> list[Any]:
+    """``torch.compile(module)`` warns on every call while any global module hook exists
+    (``torch.nn.modules.module._has_any_global_hook``, read by the compiled module's
+    ``__call__`` and nothing else): the program would see a warning it does not get bare.  The
+    check is made to disregard pastaprof's own two hooks; the program's hooks still warn."""
+    old = getattr(nn_module, "_has_any_global_hook", None)
+    if old is None:
+        return []
+    import functools
+
+    @functools.wraps(old)
+    def _has_any_global_hook() -> bool:
+        return bool(nn_module._global_backward_pre_hooks or nn_module._global_backward_hooks
+                    or any(k not in ours for k in nn_module._global_forward_pre_hooks)
+                    or any(k not in ours for k in nn_module._global_forward_hooks))
+
+    nn_module._has_any_global_hook = _has_any_global_hook
+    return [_Restore(nn_module, "_has_any_global_hook", old)]

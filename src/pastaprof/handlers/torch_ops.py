@@ -175,10 +175,7 @@ class TorchHandler:
             self._install_dispatch_mode()
         if self.modules:
             self._modules = ModulePaths(self.native)
-            module_cls = torch.nn.Module
-            compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
-            self._restore.append((module_cls, "__call__", module_cls.__call__))
-            module_cls.__call__ = self._modules.wrap_call(module_cls, compiling)
+            self._hooks.extend(self._modules.install(torch))  # torch's global module hooks
         if self._on_step is not None:  # steps for PASTAPROF_STEPS: optimizer.step() calls
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -305,8 +302,8 @@ class TorchHandler:
 
     def set_gate(self, open_: bool) -> None:
         """Capture gated at the source: outside the selected steps and ranges (the session's
-        gate) the op observer's callback leaves RecordFunction and the module-call wrapper
-        only calls through, so those steps cost (nearly) what they cost without pastaprof, not
+        gate) the op observer's callback leaves RecordFunction and the module hooks
+        only return, so those steps cost (nearly) what they cost without pastaprof, not
         just unrecorded.  The allocator tracker stays on: tensors allocated outside a window and
         freed inside it are still understood.  Only the native observer is gated; the Python
         dispatch mode (the fallback) records throughout and the flush gates its ops.  A module
