@@ -86,8 +86,9 @@ def user_frames_around(frame: pa.Table, rank: np.ndarray, pid: np.ndarray, tid: 
     n = len(t)
     if frame.num_rows == 0 or n == 0:
         return pa.nulls(n, pa.string())
-    usr = np.flatnonzero(~_is_library(frame["file"]) & ~pc.fill_null(frame["is_module"], False).to_numpy(
-        zero_copy_only=False))
+    codes, files = name_codes(frame["file"])
+    library = _is_library(pa.chunked_array([pa.array(files, pa.string())]))[codes]  # per distinct file
+    usr = np.flatnonzero(~library & ~pc.fill_null(frame["is_module"], False).to_numpy(zero_copy_only=False))
     f = frame.take(pa.array(usr))
     g = group_codes(np.r_[to_np(f["rank"]), rank], np.r_[to_np(f["pid"]), pid], np.r_[to_np(f["tid"]), tid])
     hit = innermost_enclosing(g[:len(usr)], to_np(f["start_ns"]), to_np(f["end_ns"]), g[len(usr):], t)
@@ -164,22 +165,26 @@ class CudaApi(Tool):
         op = self.table("op")
         row = KeyIndex(to_np(op["rank"], dtype=np.int32), to_np(op["id"])).find(
             to_np(calls["rank"], dtype=np.int32), to_np(calls["op_id"]))
-        has = pa.array(row >= 0)
-        take = pa.array(np.clip(row, 0, None)) if op.num_rows else None
-        if take is not None and len(row):
-            root = root_ops(op)
-            op_name = pc.if_else(has, op["name"].cast(pa.string()).take(pa.array(root[np.clip(row, 0, None)])),
-                                 pa.scalar(None, pa.string()))
-            inner = pc.if_else(has, op["name"].cast(pa.string()).take(take), pa.scalar(None, pa.string()))
-            site_inner = op["call_site"].cast(pa.string()).take(take)
-            site_root = op["call_site"].cast(pa.string()).take(pa.array(root[np.clip(row, 0, None)]))
-            site = pc.if_else(has, pc.coalesce(site_inner, site_root), pa.scalar(None, pa.string()))
-        else:
-            op_name = inner = site = pa.nulls(calls.num_rows, pa.string())
-        around = user_frames_around(self.table("frame"), to_np(calls["rank"]), to_np(calls["pid"]),
-                                    to_np(calls["tid"]), to_np(calls["start_ns"]))
+        n = calls.num_rows
+        has = row >= 0
+        op_name, inner, site = (pa.nulls(n, pa.string()) for _ in range(3))
+        if has.any():
+            root = root_ops(op)[np.clip(row, 0, None)]
+
+            def pick(col: str, rows: np.ndarray) -> pa.Array:  # take first, cast the few taken values
+                return op[col].take(pa.array(rows, mask=~has)).cast(pa.string())
+
+            op_name, inner = pick("name", root), pick("name", np.clip(row, 0, None))
+            site = pc.coalesce(pick("call_site", np.clip(row, 0, None)), pick("call_site", root))
+        missing = np.flatnonzero(~pc.is_valid(site).to_numpy(zero_copy_only=False))
+        if len(missing):  # no op, or an op without a call site: the Python frame around the call itself
+            around = user_frames_around(self.table("frame"), *(to_np(calls[c]).take(missing) for c in
+                                                                ("rank", "pid", "tid", "start_ns")))
+            filled = np.array(site.to_pylist(), dtype=object)  # one value per synchronizing call
+            filled[missing] = around.to_pylist()
+            site = pa.array(filled, pa.string())
         t = pa.table({"kind": pa.array(kind, pa.string()), "api": calls["name"].cast(pa.string()),
-                      "op": op_name, "inner_op": inner, "call_site": pc.coalesce(site, around),
+                      "op": op_name, "inner_op": inner, "call_site": site,
                       "rank": calls["rank"], "d": pc.subtract(calls["end_ns"], calls["start_ns"])})
         return sql(t=t).sql("""
             SELECT kind, api, op, call_site, count(*) AS calls, sum(d)::BIGINT AS blocked_ns,

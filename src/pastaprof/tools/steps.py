@@ -45,6 +45,7 @@ Options: ``consecutive_kernel_delay_ns`` (30_000), ``outlier_excess`` (0.25).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -197,15 +198,18 @@ class Steps(Tool):
         rng = rng.filter(pc.equal(rng["rank"], rank))
         rng = rng.filter(pc.fill_null(pc.equal(_str_col(rng["domain"]), "user"), True))
         ops = ops.filter(pc.equal(ops["rank"], rank))
-        named = pa.table({
-            "name": pa.concat_arrays([_str_col(x["name"]).combine_chunks() for x in (rng, ops)]),
-            "start_ns": pa.concat_arrays([x["start_ns"].combine_chunks() for x in (rng, ops)]),
-            "end_ns": pa.concat_arrays([x["end_ns"].combine_chunks() for x in (rng, ops)]),
-        })
+        coded = [(x, *name_codes(x["name"])) for x in (rng, ops)]
         for pattern, rule in ((PROFILER_STEP_RE, "ProfilerStep"), (USER_STEP_RE, "step ranges")):
-            hit = named.filter(pc.match_substring_regex(named["name"], pattern, ignore_case=True))
-            if hit.num_rows:
-                g = hit.group_by("name").aggregate([("start_ns", "min"), ("end_ns", "max")]).sort_by("start_ns_min")
+            regex = re.compile(pattern, re.IGNORECASE)
+            hits = []
+            for t, codes, names in coded:  # the regex runs once per distinct name, never per event
+                keep = np.array([bool(regex.match(n)) for n in names], bool)[codes] if names else np.zeros(0, bool)
+                if keep.any():
+                    hits.append(pa.table({"name": pa.array(np.array(names, dtype=object)[codes[keep]], pa.string()),
+                                          "start_ns": to_np(t["start_ns"])[keep], "end_ns": to_np(t["end_ns"])[keep]}))
+            if hits:
+                g = pa.concat_tables(hits).group_by("name").aggregate([("start_ns", "min"), ("end_ns", "max")])
+                g = g.sort_by("start_ns_min")
                 return to_np(g["start_ns_min"]), to_np(g["end_ns_max"]), g["name"].to_pylist(), rule
         opt = rng.filter(pc.starts_with(_str_col(rng["name"]), OPTIMIZER_STEP))
         bounds = self._host_bounds(rank)
@@ -407,9 +411,10 @@ class Steps(Tool):
             m, on = np.flatnonzero(s_rank == r), np.flatnonzero(a_rank == r)
             w = window_of(a_start[on], lo[m], hi[m])
             api_sid[on[w >= 0]] = sid[m][w[w >= 0]]
-        top = pc.fill_null(pc.equal(op["depth"], 0), True)
-        x_op = pa.table({"sid": op_sid, "name": _str_col(op["name"]), "site": op["call_site"].cast(pa.string()),
-                         "ns": pc.subtract(op["end_ns"], op["start_ns"])}).filter(top)
+        top = pc.fill_null(pc.equal(op["depth"], 0), True).to_numpy(zero_copy_only=False) & (op_sid >= 0)
+        op = op.filter(pa.array(top))
+        x_op = pa.table({"sid": op_sid[top], "name": _str_col(op["name"]), "site": op["call_site"].cast(pa.string()),
+                         "ns": pc.subtract(op["end_ns"], op["start_ns"])})
         x_api = pa.table({"sid": api_sid, "name": _str_col(api["name"]), "site": pa.nulls(api.num_rows, pa.string()),
                           "ns": pc.subtract(api["end_ns"], api["start_ns"])})
         con = sql(steps=steps.select(["sid", "rank"]), x_op=x_op, x_api=x_api,

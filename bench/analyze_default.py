@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""What the steps, cuda_api and copies tools add to ``pastaprof analyze``: time and peak memory.
+
+On one big Kineto trace (bench/make_big_trace.py: the bundled example replicated ``--copies``
+times, 57 by default: ~4.0 M events, 1.27 GB), each command is a child process measured from
+the outside with import_bench.measure (wall, peak RSS from wait4 and a sampled process tree,
+CPU seconds):
+
+  default   pastaprof analyze BIG -q --json OUT                       (kernels, ops, timeline, memory)
+  extended  pastaprof analyze BIG -t kernels,ops,timeline,memory,steps,cuda_api,copies -q --json OUT
+  new only  pastaprof analyze BIG -t steps,cuda_api,copies -q --json OUT
+
+With --repeat N the commands are interleaved (default, extended, new, default, ...) so drift of
+the machine hits each alike; the table reports the median per command, and the extended run's
+steps count (3 per copy) as a check that the tools saw the whole trace.
+
+Usage:
+    .venv/bin/python bench/analyze_default.py                    # 57 copies, builds the trace if missing
+    .venv/bin/python bench/analyze_default.py --copies 8 --repeat 3
+Results: a table on stdout, everything as JSON in --results (default /tmp/pastaprof-bench/analyze_default.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from import_bench import _git_state, machine_info, measure  # noqa: E402
+
+REPO = HERE.parent
+WORK = Path("/tmp/pastaprof-bench")
+DEFAULT = "kernels,ops,timeline,memory"
+NEW = "steps,cuda_api,copies"
+VARIANTS = {"default": None, "extended": f"{DEFAULT},{NEW}", "new only": NEW}
+
+
+def build(copies: int) -> Path:
+    out = WORK / f"gpt2_x{copies}.pt.trace.json"
+    if not out.exists():
+        WORK.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, str(HERE / "make_big_trace.py"), "--copies", str(copies), "-o", str(out)],
+                       check=True)
+    return out
+
+
+def run_once(pastaprof: str, trace: Path, tools: str | None) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        js = Path(tmp) / "out.json"
+        cmd = [pastaprof, "analyze", str(trace), "-q", "--json", str(js)] + (["-t", tools] if tools else [])
+        m = measure(cmd)
+        m.pop("stdout", None)
+        if m["rc"] == 0 and js.exists():
+            steps = json.loads(js.read_text()).get("tools", {}).get("steps")
+            if steps:
+                m["steps"] = steps.get("summary", {}).get("steps")
+    return m
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--copies", type=int, default=57, help="copies of the example in the trace (default 57)")
+    ap.add_argument("--repeat", type=int, default=1, help="interleaved repetitions of every command")
+    ap.add_argument("--results", type=Path, default=WORK / "analyze_default.json")
+    args = ap.parse_args(argv)
+    trace = build(args.copies)
+    pastaprof = str(Path(sys.executable).with_name("pastaprof"))
+    subprocess.run(["cat", str(trace)], stdout=subprocess.DEVNULL, check=True)  # into the page cache
+    runs: dict[str, list[dict]] = {k: [] for k in VARIANTS}
+    for _ in range(args.repeat):
+        for name, tools in VARIANTS.items():
+            m = run_once(pastaprof, trace, tools)
+            runs[name].append(m)
+            print(f"{name:9s} rc={m['rc']} wall={m['wall_s']:.2f}s peak_rss={m['peak_rss_bytes'] / 2**20:.0f} MiB "
+                  f"tree={m['peak_tree_rss_sampled_bytes'] / 2**20:.0f} MiB steps={m.get('steps')}", flush=True)
+    summary = {name: {"wall_s": statistics.median(m["wall_s"] for m in ms),
+                      "peak_rss_bytes": statistics.median(m["peak_rss_bytes"] for m in ms),
+                      "rc": sorted({m["rc"] for m in ms}), "steps": ms[-1].get("steps")}
+               for name, ms in runs.items()}
+    base = summary["default"]
+    print(f"\ntrace: {trace} ({trace.stat().st_size / 1e9:.2f} GB, {args.copies} copies), median of {args.repeat}")
+    print(f"{'command':10s} {'wall s':>8s} {'vs default':>10s} {'peak RSS MiB':>13s} {'vs default':>10s}")
+    for name, s in summary.items():
+        print(f"{name:10s} {s['wall_s']:8.2f} {s['wall_s'] / base['wall_s']:9.2f}x {s['peak_rss_bytes'] / 2**20:13.0f} "
+              f"{s['peak_rss_bytes'] / base['peak_rss_bytes']:9.2f}x")
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps({"trace": str(trace), "copies": args.copies, "machine": machine_info(),
+                                        "git": _git_state(), "summary": summary, "runs": runs}, indent=1, default=str))
+    return 0 if all(s["rc"] == [0] for s in summary.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
