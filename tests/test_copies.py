@@ -174,3 +174,17 @@ def test_built_run_blocking_unnamed_and_stated_reference():
 def test_no_copies_is_a_note():
     rep = report(Path(pastaprof.__file__).parent / "data" / "example_gpt2_train_3steps.pt.trace.json.gz")
     assert rep.summary == {"note": "no GPU copies in this run"} and not rep.tables
+
+
+def test_zero_duration_and_huge_copies_do_not_break_the_tool():
+    """Sanitizer runs record copies as instants (end == start); a pageable instant must not be
+    divided by, and an exposure of nothing is 0."""
+    tool = Copies()
+    tool.on_batch("memcpy", _batch(
+        "memcpy", start_ns=[5, 100], end_ns=[5, 50], stream=[7, 7], correlation=[1, 2], bytes=[64 << 20, 1 << 40],
+        direction=["DtoH", "HtoD"], name=["Memcpy DtoH (Device -> Pageable)", "Memcpy HtoD (Pinned -> Device)"]))
+    rep = tool.report()
+    kinds = {(r["direction"], r["memory"]): r for r in rep.tables["kinds"].to_pylist()}
+    assert kinds[("DtoH", "pageable")]["gbps"] is None and kinds[("DtoH", "pageable")]["total_ns"] == 0
+    assert kinds[("HtoD", "pinned")]["total_ns"] == 0  # end before start occupies nothing
+    assert rep.summary["exposed_ns"] == 0 and rep.findings == []

@@ -186,3 +186,16 @@ def test_item_and_blocking_memcpy_rules_on_a_built_run():
 def test_no_api_calls_is_a_note():
     rep = CudaApi().report()
     assert not rep.tables and "no CUDA/HIP API calls" in rep.summary["note"]
+
+
+def test_negative_durations_and_unnamed_calls():
+    """A broken trace's call that ends before it starts blocks nothing; a call without a name
+    is kept under '<unknown>' rather than dropped or crashing the name rules."""
+    tool = CudaApi()
+    tool.on_batch("api", _table("api", start_ns=[100, 200, 300], end_ns=[50, 260, 400], correlation=[1, 2, 3],
+                                name=pa.array(["cudaDeviceSynchronize", None, "cudaDeviceSynchronize"], pa.string())))
+    rep = tool.report()
+    apis = {r["name"]: r for r in rep.tables["apis"].to_pylist()}
+    assert apis["cudaDeviceSynchronize"]["total_ns"] == 100 and apis["cudaDeviceSynchronize"]["calls"] == 2
+    assert apis[None]["calls"] == 1 and apis[None]["total_ns"] == 60
+    assert rep.summary["sync_blocked_ns"] == 100 and rep.summary["api_ns"] == 160

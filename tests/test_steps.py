@@ -333,3 +333,34 @@ def test_same_findings_for_one_and_many_copies_of_a_program(tmp_path):
     (f1,), (f3,) = steps1.findings, steps3.findings
     assert f1.evidence["steps"] == ["iteration 0"]
     assert f3.evidence["steps"] == ["iteration 0", "iteration 4", "iteration 8"]
+
+
+def _batch(kind: str, **cols) -> pa.RecordBatch:
+    from pastaprof.events.schema import conform
+
+    n = len(cols["start_ns"])
+    cols.setdefault("rank", pa.array([0] * n, pa.int32()))
+    cols.setdefault("pid", [1] * n)
+    cols.setdefault("tid", [1] * n)
+    return conform(kind, pa.table(cols)).to_batches()[0]
+
+
+def test_overlapping_step_ranges_ranks_without_steps_and_gpu_only_ranks():
+    """Step ranges that overlap are clipped into disjoint windows (no time counted twice); a rank
+    with ops that do not repeat, and a rank with GPU work but no host events, have no steps and
+    are named in the summary."""
+    tool = Steps()
+    tool.on_batch("range", _batch("range", start_ns=[0, 80, 200], end_ns=[100, 150, 260],
+                                  name=["step0", "step1", "step2"], domain=["user", "user", None]))
+    tool.on_batch("op", _batch("op", start_ns=[0, 10, 30], end_ns=[5, 20, 40], id=[0, 1, 2], name=["a", "b", "c"],
+                               depth=pa.array([0, 0, 0], pa.int32()), rank=pa.array([1, 1, 1], pa.int32())))
+    tool.on_batch("kernel", _batch("kernel", start_ns=[90, 500], end_ns=[120, 600], device=pa.array([0, 0], pa.int32()),
+                                   stream=[7, 7], correlation=[1, 2], name=["k", "k"],
+                                   rank=pa.array([0, 2], pa.int32())))
+    rep = tool.report()
+    rows = rep.tables["steps"].to_pylist()
+    assert [(r["rank"], r["start_ns"], r["end_ns"]) for r in rows] == [(0, 0, 100), (0, 100, 150), (0, 200, 260)]
+    assert [r["gpu_busy_ns"] for r in rows] == [10, 20, 0]  # the kernel [90, 120) split at the boundary
+    assert [r["kernels"] for r in rows] == [1, 0, 0]  # counted once, where it started (no launch call known)
+    assert rep.summary["ranks_without_steps"] == [1, 2]
+    assert {p["rank"]: p["rule"] for p in rep.summary["per_rank"]} == {0: "step ranges", 1: "none", 2: "none"}

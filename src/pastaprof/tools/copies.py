@@ -213,7 +213,8 @@ class Copies(Tool):
         rows = con.execute(f"""
             SELECT direction, coalesce(call_site, op, 'stream ' || any_value(stream)) AS loc, count(*), sum(bytes),
                    sum(d), list(DISTINCT rank ORDER BY rank), min(bytes / NULLIF(d, 0)), max(bytes / NULLIF(d, 0))
-            FROM c WHERE memory = 'pageable' AND bytes >= {PAGEABLE_MIN_BYTES} GROUP BY direction, call_site, op
+            FROM c WHERE memory = 'pageable' AND bytes >= {PAGEABLE_MIN_BYTES} AND d > 0
+            GROUP BY direction, call_site, op
             ORDER BY sum(d) DESC""").fetchall()
         out = []
         for direction, loc, n, nbytes, d, ranks, lo, hi in rows:

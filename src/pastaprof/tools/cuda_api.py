@@ -122,7 +122,8 @@ class CudaApi(Tool):
         pageable = self._pageable_calls(api)
         kind = np.where(sync, "sync", np.where(blocking, "blocking memcpy",
                                                np.where(pageable, "pageable memcpy", "")))
-        calls = pa.table({"name": api["name"].cast(pa.string()), "d": pc.subtract(api["end_ns"], api["start_ns"]),
+        d = np.maximum(to_np(api["end_ns"]) - to_np(api["start_ns"]), 0)  # a negative duration blocks nothing
+        calls = pa.table({"name": api["name"].cast(pa.string()), "d": d,
                           "kind": pa.array(kind)})
         con = sql(calls=calls)
         apis = con.sql("""
@@ -138,7 +139,7 @@ class CudaApi(Tool):
         span = host_span_ns([api, self.table("op")])
         totals = con.execute("SELECT count(*), coalesce(sum(d), 0)::BIGINT FROM calls WHERE kind <> ''").fetchall()[0]
         summary: dict[str, Any] = {
-            "api_calls": api.num_rows, "api_ns": int(pc.sum(calls["d"]).as_py() or 0), "distinct_apis": apis.num_rows,
+            "api_calls": api.num_rows, "api_ns": int(d.sum()), "distinct_apis": apis.num_rows,
             "sync_calls": int(totals[0]), "sync_blocked_ns": int(totals[1]), "host_span_ns": span,
             "sync_share_of_span": round(totals[1] / span, 4) if span else None,
         }
@@ -185,7 +186,7 @@ class CudaApi(Tool):
             site = pa.array(filled, pa.string())
         t = pa.table({"kind": pa.array(kind, pa.string()), "api": calls["name"].cast(pa.string()),
                       "op": op_name, "inner_op": inner, "call_site": site,
-                      "rank": calls["rank"], "d": pc.subtract(calls["end_ns"], calls["start_ns"])})
+                      "rank": calls["rank"], "d": np.maximum(to_np(calls["end_ns"]) - to_np(calls["start_ns"]), 0)})
         return sql(t=t).sql("""
             SELECT kind, api, op, call_site, count(*) AS calls, sum(d)::BIGINT AS blocked_ns,
                    quantile_disc(d, 0.99) AS p99_ns, max(d) AS max_ns,
