@@ -55,15 +55,32 @@ def _stop_current(join_timeout: float = 10.0) -> None:
             s.stop(join_timeout=join_timeout)
 
 
+_pending: list[int] = []  # signals that came while this thread was in the final flush
+
+
 def _on_signal(signum: int, frame: Any) -> None:
     """Flush, then die of the same signal as without us."""
+    s = _session()
+    if s is not None and s.stopping_here():  # the final flush is below us (an exit, a finalizer)
+        _pending.append(signum)  # it dies of this signal when that flush is done
+        return
     try:
         _stop_current()
     finally:
-        _real_signal(signum, signal.SIG_DFL)
-        with contextlib.suppress(OSError, ValueError):
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
-        os.kill(os.getpid(), signum)
+        _die(signum)
+
+
+def _die(signum: int) -> None:
+    _real_signal(signum, signal.SIG_DFL)
+    with contextlib.suppress(OSError, ValueError):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+    os.kill(os.getpid(), signum)
+
+
+def die_if_pending() -> None:
+    """After a final flush: end the process by the signal that interrupted it, if one did."""
+    if _pending:
+        _die(_pending.pop(0))
 
 
 def _is_default(handler: Any) -> bool:

@@ -117,6 +117,8 @@ class Session(OptionalHandlers, Linking, FlushScheduler):
         self._init_scheduler()  # the flush threads and the fork guard (handlers/flushing.py)
         self._meta_name = f"rank-{self.rank}-pid-{self.pid}.json"
         self._stopped = False
+        self._stopping: int | None = None  # the thread in stop()
+        self._stop_done = threading.Event()
         self.reports: list[Report] = []
 
     # -- lifecycle -----------------------------------------------------------
@@ -230,8 +232,28 @@ class Session(OptionalHandlers, Linking, FlushScheduler):
         how long a flush in progress may delay it (os._exit and exec wait less)."""
         with self._lock:
             if self._stopped:
-                return self.reports
-            self._stopped = True
+                other = self._stopping not in (None, threading.get_ident())
+                if not other:  # done, or re-entered from a signal handler on the stopping thread
+                    return self.reports
+            else:
+                other = False
+                self._stopped = True
+                self._stopping = threading.get_ident()
+        if other:  # another thread is stopping: its final flush ends first
+            self._stop_done.wait(join_timeout)
+            return self.reports
+        try:
+            return self._final_stop(join_timeout)
+        finally:
+            self._stopping = None
+            self._stop_done.set()
+            exits.die_if_pending()  # a signal that came during the final flush ends the process now
+
+    def stopping_here(self) -> bool:
+        """Whether this thread is inside stop() (a signal handler interrupted the final flush)."""
+        return self._stopping == threading.get_ident()
+
+    def _final_stop(self, join_timeout: float) -> list[Report]:
         t0 = time.perf_counter()
         self._stop.set()
         self._join_threads(join_timeout)  # a periodic flush (or the warm-up) in progress ends first
@@ -417,7 +439,8 @@ class Session(OptionalHandlers, Linking, FlushScheduler):
                              "mechanism": getattr(h, "mechanism", "python"), "buffers": getattr(h, "buffers", None),
                              # capture gated at the source: switches, and seconds spent switching
                              "gate_changes": getattr(h, "gate_changes", None),
-                             "gate_seconds": round(getattr(h, "gate_seconds", 0.0), 6)}
+                             "gate_seconds": round(getattr(h, "gate_seconds", 0.0), 6),
+                             **({"shapes": h.shapes_summary} if hasattr(h, "shapes_summary") else {})}
                     for h in list(self.handlers)}
         for h in list(self.handlers):  # found after start (e.g. at CUDA's lazy init)
             native = getattr(h, "native", None)

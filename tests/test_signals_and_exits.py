@@ -1,0 +1,255 @@
+"""A captured program is never harmed, and its events survive how it ends: real torch CPU
+programs under the real ``pastaprof run`` subprocess, killed, signalled, exec'd, forked,
+ended with os._exit; op counts asserted against what the program itself says it did."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pastaprof  # noqa: E402
+
+PP = [sys.executable, "-m", "pastaprof.cli", "run"]
+FLUSH_MS = 200
+
+# A loop of tiny ops (one aten::add each) that says how many it has done, and when.
+LOOP = textwrap.dedent("""
+    import os, signal, sys, time
+    import torch
+    mode, seconds = sys.argv[1], float(sys.argv[2])
+    print("pid", os.getpid(), flush=True)
+    x = torch.ones(4)
+    n, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        for _ in range(200):
+            x = x + 1
+        n += 200
+        print("n", n, round(time.monotonic() - t0, 3), flush=True)
+        time.sleep(0.002)
+    if mode != "wait":
+        os.kill(os.getpid(), getattr(signal, mode))
+    time.sleep(30)
+""")
+
+
+def _no_core() -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PASTAPROF_FLUSH_MS": str(FLUSH_MS), **extra}
+
+
+def _start(tmp_path: Path, script: Path, *args: str, bare: bool = False) -> subprocess.Popen:
+    cmd = [sys.executable, str(script), *args]
+    if not bare:
+        cmd = [*PP, "-o", str(tmp_path / "run"), "--", *cmd]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            preexec_fn=_no_core)
+
+
+def _adds(run: Path) -> Counter:
+    """aten::add rows per pid."""
+    t = pastaprof.load(run).table("op")
+    return Counter(p for p, name in zip(t["pid"].to_pylist(), t["name"].to_pylist()) if name == "aten::add")
+
+
+def _progress(lines: list[str]) -> list[tuple[int, float]]:
+    return [(int(ln.split()[1]), float(ln.split()[2])) for ln in lines if ln.startswith("n ")]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _wait_progress(proc: subprocess.Popen, upto_s: float) -> tuple[int, list[str]]:
+    """The program's pid; its lines until its loop has run ``upto_s`` seconds."""
+    lines = []
+    pid = int(proc.stdout.readline().split()[1])
+    while True:
+        ln = proc.stdout.readline()
+        lines.append(ln)
+        if not ln or (ln.startswith("n ") and float(ln.split()[2]) >= upto_s):
+            return pid, lines
+
+
+@pytest.fixture()
+def loop(tmp_path) -> Path:
+    p = tmp_path / "loop.py"
+    p.write_text(LOOP)
+    return p
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGHUP", "SIGQUIT", "SIGTERM", "SIGINT", "SIGUSR1"])
+@pytest.mark.parametrize("to", ["program", "pastaprof"])
+def test_a_signal_ends_the_run_as_it_ends_the_bare_program_and_keeps_its_events(tmp_path, loop, sig, to):
+    """Sent to the program or to ``pastaprof run``: same exit status as bare, the program is
+    not orphaned, and no op is lost (the program had no handler: pastaprof's flushed)."""
+    mode = sig if to == "program" else "wait"
+    bare = _start(tmp_path, loop, mode, "0.3", bare=True)
+    if to == "pastaprof":
+        _wait_progress(bare, 0.2)
+        bare.send_signal(getattr(signal, sig))
+    bare.wait(timeout=30)
+    proc = _start(tmp_path, loop, mode, "1.0")
+    pid, lines = _wait_progress(proc, 0.8 if to == "pastaprof" else 99)
+    if to == "pastaprof":
+        proc.send_signal(getattr(signal, sig))
+    out, err = proc.communicate(timeout=30)
+    lines += out.splitlines()
+    assert bare.returncode == -getattr(signal, sig)
+    assert proc.returncode == bare.returncode, err
+    assert _gone(pid)
+    assert sig == "SIGINT" or "Traceback" not in err
+    done = _progress(lines)[-1][0]
+    adds = _adds(tmp_path / "run")
+    assert adds[pid] >= done  # every op it finished before the signal (at most 200 more: the next batch)
+    m = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert m["program"]["signal"] == sig and m["program"]["unflushed_pids"] == []
+    assert f"killed by {sig}" in err
+    if to == "pastaprof":
+        assert m["program"]["signals_forwarded"] == {sig: 1}
+
+
+@pytest.mark.slow
+def test_sigkill_exits_137_and_keeps_the_events_up_to_the_last_flush(tmp_path, loop):
+    proc = _start(tmp_path, loop, "wait", "10")
+    pid, lines = _wait_progress(proc, 2.5)
+    os.kill(pid, signal.SIGKILL)  # the OOM killer
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == -9, err  # a shell shows 137
+    assert "Traceback" not in err
+    assert _gone(pid)
+    m = json.loads((tmp_path / "run" / "run.json").read_text())
+    bounds = m["processes"][0]["capture_overhead"]["bounds"]
+    assert bounds["deadline_ms"] == 2 * FLUSH_MS
+    assert m["program"] == {**m["program"], "signal": "SIGKILL", "unflushed_pids": [pid],
+                            "lost_at_most_ms": bounds["deadline_ms"]}
+    assert "killed by SIGKILL" in err and "ended without a final flush" in err
+    # Lost: what came after the last flush, at most the deadline plus one flush's run (1 s
+    # allowed for it on a loaded 2-core machine).  Kept: every op done before that.
+    progress = _progress(lines)
+    killed_at = progress[-1][1]
+    kept_by = max(0.0, killed_at - bounds["deadline_ms"] / 1000 - 1.0)
+    lower = max(n for n, t in progress if t <= kept_by) if kept_by > progress[0][1] else 0
+    adds = _adds(tmp_path / "run")[pid]
+    assert lower > 0
+    assert lower <= adds <= progress[-1][0] + 200
+
+
+def test_getsignal_and_a_programs_own_handler_are_as_bare(tmp_path):
+    p = tmp_path / "handlers.py"
+    p.write_text(textwrap.dedent("""
+        import os, signal, sys, time, torch
+        print([signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGINT)])
+        x = torch.ones(3)
+        for _ in range(500):
+            x = x + 1
+        def mine(signum, frame):
+            print("mine", signum, flush=True)
+            sys.exit(7)
+        print(signal.signal(signal.SIGTERM, mine))           # the previous one: SIG_DFL
+        print(signal.getsignal(signal.SIGTERM) is mine)
+        print(signal.signal(signal.SIGHUP, signal.SIG_IGN), signal.getsignal(signal.SIGHUP))
+        print(signal.signal(signal.SIGHUP, signal.SIG_DFL), signal.getsignal(signal.SIGHUP))
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+    """))
+    bare = subprocess.run([sys.executable, str(p)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*PP, "-o", str(tmp_path / "run"), "--", sys.executable, str(p)], capture_output=True,
+                       text=True, env=_env(), timeout=60)
+    assert bare.returncode == 7 and "mine 15" in bare.stdout
+    assert (r.returncode, r.stdout) == (bare.returncode, bare.stdout), r.stderr
+    assert sum(_adds(tmp_path / "run").values()) == 500  # the program's handler exited: atexit flushed
+
+
+def test_pool_context_manager_workers_keep_their_ops(tmp_path):
+    """``with Pool()`` ends its workers with SIGTERM (Pool.terminate); forked workers inherit
+    the parent's handler, which must flush the worker's own session."""
+    p = tmp_path / "pool.py"
+    p.write_text(textwrap.dedent("""
+        import multiprocessing as mp, os, torch
+        def work(n):
+            x = torch.ones(4)
+            for _ in range(n):
+                x = x + 1
+            return os.getpid(), n
+        if __name__ == "__main__":
+            with mp.get_context("fork").Pool(2) as pool:
+                done = pool.map(work, [300, 500, 700, 900], chunksize=1)
+            per = {}
+            for pid, n in done:
+                per[pid] = per.get(pid, 0) + n
+            print(sorted(per.items()))
+    """))
+    r = subprocess.run([*PP, "-o", str(tmp_path / "run"), "--", sys.executable, str(p)], capture_output=True,
+                       text=True, env=_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    expected = dict(eval(r.stdout.strip()))  # noqa: S307 -- the test's own program's output
+    assert sum(expected.values()) == 2400
+    assert dict(_adds(tmp_path / "run")) == expected
+
+
+def test_execv_keeps_both_images_events(tmp_path):
+    p = tmp_path / "execs.py"
+    p.write_text(textwrap.dedent("""
+        import os, sys, torch
+        x = torch.ones(2)
+        n = 300 if len(sys.argv) == 1 else 450
+        for _ in range(n):
+            x = x + 1
+        print(os.getpid(), n, flush=True)
+        if len(sys.argv) == 1:
+            os.execv(sys.executable, [sys.executable, __file__, "again"])
+    """))
+    r = subprocess.run([*PP, "-o", str(tmp_path / "run"), "--", sys.executable, str(p)], capture_output=True,
+                       text=True, env=_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    (pid1, n1), (pid2, n2) = [tuple(map(int, ln.split())) for ln in r.stdout.splitlines()]
+    assert pid1 == pid2 and (n1, n2) == (300, 450)
+    assert dict(_adds(tmp_path / "run")) == {pid1: 750}
+    m = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert [p["pid"] for p in m["processes"]] == [pid1, pid1]  # one shard per image, neither overwritten
+
+
+def test_os_exit_in_the_first_second_and_a_bare_fork_child(tmp_path):
+    p = tmp_path / "exits.py"
+    p.write_text(textwrap.dedent("""
+        import os, torch
+        x = torch.ones(2)
+        child = os.fork()
+        if child == 0:
+            for _ in range(250):
+                x = x + 1
+            os._exit(0)
+        _, status = os.waitpid(child, 0)
+        for _ in range(120):
+            x = x + 1
+        print(child, os.getpid(), os.waitstatus_to_exitcode(status), flush=True)
+        os._exit(3)
+    """))
+    t0 = time.monotonic()
+    r = subprocess.run([*PP, "-o", str(tmp_path / "run"), "--", sys.executable, str(p)], capture_output=True,
+                       text=True, env=_env(PASTAPROF_FLUSH_MS="5000"), timeout=60)  # no periodic flush helps
+    assert r.returncode == 3, r.stderr
+    child, parent, child_code = map(int, r.stdout.split())
+    assert child_code == 0
+    assert dict(_adds(tmp_path / "run")) == {child: 250, parent: 120}
+    assert time.monotonic() - t0 < 30
