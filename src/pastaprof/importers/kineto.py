@@ -10,6 +10,7 @@ traces (same categories, HIP API names).
 
 from __future__ import annotations
 
+import math
 import re
 import tempfile
 from collections.abc import Callable
@@ -77,6 +78,44 @@ _DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2
 
 _MAPPED_SQL = ", ".join(f"'{c}'" for c in CATEGORY_KIND)
 _DEVICE_TYPE_WHENS = " ".join(f"WHEN {code} THEN '{name}'" for code, name in DEVICE_TYPES.items())
+
+
+def clean_devices(value: Any) -> list[dict[str, Any]]:
+    """``deviceProperties`` as tools and the run store may trust it: dict entries with an
+    integer ``id`` (an integral number or digit string is converted; entries without one
+    are dropped), a string ``name``, finite non-negative numbers, other scalar fields."""
+    out = []
+    for d in value if isinstance(value, list) else []:
+        if not isinstance(d, dict):
+            continue
+        dev_id = _as_int(d.get("id"))
+        if dev_id is None or not 0 <= dev_id < 2**31:
+            continue
+        clean: dict[str, Any] = {"id": dev_id}
+        for k, v in d.items():
+            if k == "id" or not isinstance(k, str):
+                continue
+            if k == "name":
+                if isinstance(v, str):
+                    clean[k] = v
+            elif isinstance(v, bool) or v is None or isinstance(v, str):
+                clean[k] = v
+            elif isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v < 2**63:
+                clean[k] = v
+        out.append(clean)
+    return out
+
+
+def _as_int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str) and v.strip().isdigit() and len(v) < 19:
+        return int(v)
+    return None
 
 
 def unmapped_categories(counts: dict[str, int]) -> dict[str, int]:
@@ -271,6 +310,8 @@ def import_file(
     with tempfile.TemporaryDirectory(prefix="pastaprof-import-", dir=tmpdir) as tmp:
         staged = Path(tmp) / "events.json"
         meta = stage_events(path, staged, progress)
+        if "deviceProperties" in meta:
+            meta["deviceProperties"] = clean_devices(meta["deviceProperties"])
         files = split_staged(staged, THREADS)
         dist = meta.get("distributedInfo") or {}
         if rank is None:
