@@ -462,7 +462,7 @@ class Steps(Tool):
                 evidence["top_op_call_site"] = site
                 location = site or name
         evidence["cause"], evidence["suggestion"] = component, SUGGESTIONS[component]
-        which = f"step {labels[0]}" if len(labels) == 1 else f"{len(labels)} steps ({', '.join(labels[:5])})"
+        which = labels[0] if len(labels) == 1 else f"{len(labels)} steps ({', '.join(labels[:5])})"
         title = (f"{which} of rank {r} took {'up to ' if len(labels) > 1 else ''}{ratio:.2f}x the median step "
                  f"(+{fmt_ns(impact)}), mostly {component.replace('_', ' ')}"
                  + (" time (no GPU activity)" if component == "host" else ""))
