@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -12,6 +13,7 @@ from pastaprof.importers import iter_ranks, manifest_for
 from pastaprof.processor.link import link_rank
 from pastaprof.processor.pipeline import Processor
 from pastaprof.store.run import Run, open_run_dir
+from pastaprof.store.safe_read import readable_trace
 from pastaprof.store.writer import MANIFEST, RunWriter
 from pastaprof.tools.base import Report, RunInfo, Tool
 from pastaprof.tools.registry import resolve
@@ -25,7 +27,8 @@ def example_path() -> Path:
 
 
 def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and (path / MANIFEST).exists()
+    """A directory with an entry named run.json (of whatever type: opening it says what is wrong)."""
+    return path.is_dir() and os.path.lexists(path / MANIFEST)
 
 
 def load(path: str | Path, ranks: Sequence[int] | None = None, progress: Progress | None = None) -> Run:
@@ -37,12 +40,13 @@ def load(path: str | Path, ranks: Sequence[int] | None = None, progress: Progres
         return open_run_dir(path, rank_list)
     per_kind: dict[str, list] = {k: [] for k in KINDS}
     metas = []
-    for _rank, tables, meta in iter_ranks(path, rank_list, progress):
-        linked = link_rank(tables)
-        for kind in KINDS:
-            if kind in linked:
-                per_kind[kind].append(conform(kind, linked[kind]))
-        metas.append(meta)
+    with readable_trace(path) as src:
+        for _rank, tables, meta in iter_ranks(src, rank_list, progress):
+            linked = link_rank(tables)
+            for kind in KINDS:
+                if kind in linked:
+                    per_kind[kind].append(conform(kind, linked[kind]))
+            metas.append(meta)
     import pyarrow as pa
 
     tables = {k: pa.concat_tables(v) for k, v in per_kind.items() if v}
@@ -53,10 +57,13 @@ def import_trace(path: str | Path, out: str | Path, ranks: Sequence[int] | None 
                  force: bool = False, progress: Progress | None = None) -> Path:
     """Import a foreign trace into a run directory at ``out`` (written atomically)."""
     path = Path(path)
-    with RunWriter(out, overwrite=force) as writer:
+    if is_run_dir(path):
+        open_run_dir(path)  # a damaged one: say what is wrong with it
+        raise InputError(path, "is a pastaprof run directory already (analyze, info and export read it as it is)")
+    with readable_trace(path) as src, RunWriter(out, overwrite=force) as writer:
         proc = Processor(sink=writer)
         metas = []
-        for rank, tables, meta in iter_ranks(path, list(ranks) if ranks is not None else None, progress):
+        for rank, tables, meta in iter_ranks(src, list(ranks) if ranks is not None else None, progress):
             proc.ingest_rank(rank, tables)
             metas.append(meta)
         if not metas:
@@ -89,24 +96,31 @@ def analyze(source: str | Path | Run, tools: Sequence[str | Tool] | None = None,
     # Import only what the tools consume (everything when storing the run).
     kinds = None if writer is not None else {k for t in instances for k in t.consumes}
     try:
-        metas = []
-        proc = Processor(instances, sink=writer)
-        for rank, tables, meta in iter_ranks(path, rank_list, progress, kinds):
-            if not metas:
-                proc.info = RunInfo(manifest_for(path, [meta]))
-            proc.ingest_rank(rank, tables)
-            metas.append(meta)
-        if not metas:
-            raise InputError(path, "no trace matches the selected ranks")
-        proc.info.manifest.update(manifest_for(path, metas))
-        reports = proc.finish()
-        if writer is not None:
-            writer.commit(manifest_for(path, metas))
-        return reports
+        with readable_trace(path) as src:
+            return _analyze_trace(path, src, instances, writer, rank_list, progress, kinds)
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
+
+
+def _analyze_trace(path: Path, src: Path, instances: list[Tool], writer: RunWriter | None,
+                   rank_list: list[int] | None, progress: Progress | None, kinds: set[str] | None) -> list[Report]:
+    """analyze() of a foreign trace: ``src`` is read, ``path`` is what the manifest names."""
+    metas: list[dict] = []
+    proc = Processor(instances, sink=writer)
+    for rank, tables, meta in iter_ranks(src, rank_list, progress, kinds):
+        if not metas:
+            proc.info = RunInfo(manifest_for(path, [meta]))
+        proc.ingest_rank(rank, tables)
+        metas.append(meta)
+    if not metas:
+        raise InputError(path, "no trace matches the selected ranks")
+    proc.info.manifest.update(manifest_for(path, metas))
+    reports = proc.finish()
+    if writer is not None:
+        writer.commit(manifest_for(path, metas))
+    return reports
 
 
 def _instances(tools: Sequence[str | Tool] | None) -> list[Tool]:

@@ -26,9 +26,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pastaprof.events.schema import KINDS, SCHEMA_VERSION, conform
+from pastaprof.errors import InputError
+from pastaprof.events.schema import KINDS, SCHEMA_VERSION
+from pastaprof.store.safe_read import load_json, part_rows, read_part
 from pastaprof.store.writer import MANIFEST, dictionary_columns
-from pastaprof.store.writer import read_parquet as _read
 
 _PART_RE = re.compile(r"^rank-(\d+)-pid-(\d+)-part-(\d+)\.parquet$")
 
@@ -69,8 +70,8 @@ def _external(run_dir: Path) -> dict[int, pa.Table]:
             m = _PART_RE.match(p.name)
             if m:
                 try:
-                    out.setdefault(int(m.group(1)), []).append(_read(p))
-                except (OSError, pa.ArrowInvalid):
+                    out.setdefault(int(m.group(1)), []).append(read_part(p, None, run_dir))
+                except InputError:
                     continue
     return {r: pa.concat_tables(ts) for r, ts in out.items()}
 
@@ -127,9 +128,11 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
     metas = []
     for p in sorted((run_dir / "shards").glob("rank-*-pid-*.json")):
         try:
-            metas.append(json.loads(p.read_text()))
-        except (OSError, json.JSONDecodeError):
+            meta = load_json(p, root=run_dir)
+        except InputError:
             continue  # a process killed while rewriting its JSON: its parts still count
+        if isinstance(meta, dict):
+            metas.append(meta)
     ranks: set[int] = {m["rank"] for m in metas if isinstance(m.get("rank"), int)}
     rows: dict[str, int] = {}
     # Re-linking reads every GPU-activity part again; it is needed only where a process saw a
@@ -156,9 +159,9 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
                 kept = []
                 for p in parts:
                     try:
-                        rows[kind] = rows.get(kind, 0) + pq.read_metadata(p).num_rows
+                        rows[kind] = rows.get(kind, 0) + part_rows(p, kind, run_dir)
                         kept.append(p)
-                    except (OSError, pa.ArrowInvalid):
+                    except InputError:
                         p.unlink(missing_ok=True)
                 if len(kept) == 1:  # already the final file
                     os.replace(kept[0], d / f"rank-{rank}.parquet")
@@ -166,8 +169,8 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
             tables = []
             for p in sorted(parts):
                 try:
-                    tables.append(conform(kind, _read(p)))
-                except (OSError, pa.ArrowInvalid):
+                    tables.append(read_part(p, kind, run_dir))
+                except InputError:
                     continue
             if tables:
                 t = pa.concat_tables(tables).sort_by([("start_ns", "ascending")])

@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-import json
+import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,9 +15,9 @@ import duckdb
 import pyarrow as pa
 
 from pastaprof.errors import InputError
-from pastaprof.events.schema import KINDS, SCHEMA_VERSION, conform, schema
+from pastaprof.events.schema import KINDS, schema
+from pastaprof.store.safe_read import check_inside, part_rows, read_manifest, read_part
 from pastaprof.store.writer import MANIFEST
-from pastaprof.store.writer import read_parquet as _read
 
 if TYPE_CHECKING:
     import pandas
@@ -32,6 +33,7 @@ class Run:
         self._tables: dict[str, pa.Table] = dict(tables or {})
         self._ranks = ranks
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._checked: dict[str, list[Path]] = {}
 
     def __repr__(self) -> str:
         where = str(self.path) if self.path else self.manifest.get("source", "memory")
@@ -43,9 +45,13 @@ class Run:
         return [r for r in ranks if self._ranks is None or r in self._ranks]
 
     def _files(self, kind: str) -> list[Path]:
+        """The selected ranks' parts of ``kind``, checked once per kind: each a regular Parquet
+        file of that kind inside the run directory, together holding the rows run.json counts."""
         if self.path is None:
             return []
-        files = sorted((self.path / kind).glob("rank-*.parquet"))
+        if kind not in self._checked:
+            self._checked[kind] = _check_parts(self.path, kind, self.manifest)
+        files = self._checked[kind]
         if self._ranks is not None:
             files = [f for f in files if _rank_of(f) in self._ranks]
         return files
@@ -56,11 +62,9 @@ class Run:
         if kind not in self._tables:
             files = self._files(kind)
             if files:
-                try:
-                    t = pa.concat_tables([_read(f) for f in files])
-                except (OSError, pa.ArrowInvalid) as e:
-                    raise InputError(files[0].parent, f"unreadable Parquet ({e})") from None
-                self._tables[kind] = conform(kind, t)
+                assert self.path is not None
+                t = pa.concat_tables([read_part(f, kind, self.path) for f in files])
+                self._tables[kind] = t
             else:
                 self._tables[kind] = schema(kind).empty_table()
         t = self._tables[kind]
@@ -101,22 +105,51 @@ class Run:
             yield kind, self.table(kind)
 
 
+_PART_NAME = re.compile(r"^rank-(\d{1,9})(?:-pid-\d+-part-\d+)?\.parquet$")
+
+
 def _rank_of(path: Path) -> int:
     """rank-3.parquet (and live parts rank-3-pid-..) -> 3."""
-    return int(path.stem.split("-")[1])
+    m = _PART_NAME.match(path.name)
+    assert m is not None  # _check_parts admits only such names
+    return int(m.group(1))
+
+
+def _check_parts(run_dir: Path, kind: str, manifest: dict[str, Any]) -> list[Path]:
+    """The parts of ``kind`` in ``run_dir``, each checked by its footer (safe_read.part_rows),
+    and their row total checked against the manifest's count: a part that went missing, or
+    one that is not this table's, is one error rather than a silently smaller run."""
+    d = run_dir / kind
+    files: list[Path] = []
+    if os.path.lexists(d):
+        check_inside(d, run_dir)
+        if not d.is_dir():
+            raise InputError(d, "is not a directory of Parquet parts")
+        files = sorted(d.glob("rank-*.parquet"))
+    ranks = manifest.get("ranks")
+    for f in files:
+        m = _PART_NAME.match(f.name)
+        if not m:
+            raise InputError(f, "is not a part name pastaprof writes (rank-<N>.parquet)")
+        if ranks is not None and int(m.group(1)) not in ranks:
+            raise InputError(f, f"a part of rank {int(m.group(1))}, but run.json lists ranks {_short(ranks)}")
+    rows = sum(part_rows(f, kind, run_dir) for f in files)
+    counted = (manifest.get("rows") or {}).get(kind)
+    if counted is not None and counted != rows:
+        held = f"its parts hold {rows:,}" if files else f"{d.name}/ has no parts"
+        raise InputError(d, f"run.json counts {counted:,} {kind} rows but {held}: a part is missing or damaged")
+    return files
+
+
+def _short(ranks: list[int]) -> str:
+    return str(ranks) if len(ranks) <= 8 else f"[{', '.join(map(str, ranks[:8]))}, ...]"
 
 
 def open_run_dir(path: Path, ranks: list[int] | None = None) -> Run:
-    mpath = path / MANIFEST
-    try:
-        manifest = json.loads(mpath.read_text())
-    except FileNotFoundError:
-        raise InputError(path, f"not a pastaprof run (no {MANIFEST})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(mpath, f"corrupt manifest ({e})") from None
-    if not isinstance(manifest, dict):
-        raise InputError(mpath, "corrupt manifest (not a JSON object)")
-    v = manifest.get("schema_version")
-    if v != SCHEMA_VERSION:
-        raise InputError(mpath, f"schema version {v!r} is not supported (this pastaprof reads {SCHEMA_VERSION})")
-    return Run(manifest, path=path, ranks=ranks)
+    """A run directory as a Run, after checking its manifest and its parts (safe_read)."""
+    if not path.is_dir():
+        raise InputError(path, "not a directory")
+    run = Run(read_manifest(path, MANIFEST), path=path, ranks=ranks)
+    for kind in KINDS:  # every part's footer now (~0.2 ms each): a damaged store fails every command alike
+        run._files(kind)
+    return run

@@ -134,23 +134,25 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def load_json(path: Path, limit: int = MAX_MANIFEST_BYTES, root: Path | None = None) -> Any:
-    """A small JSON document: bounded read, UTF-8, nesting at most ``MAX_JSON_DEPTH`` deep."""
+def load_json(path: Path, limit: int = MAX_MANIFEST_BYTES, root: Path | None = None, label: str = "") -> Any:
+    """A small JSON document: bounded read, UTF-8, nesting at most ``MAX_JSON_DEPTH`` deep.
+    ``label`` prefixes what is wrong with the content (e.g. "corrupt manifest: ")."""
     data = read_bounded(path, limit, root, "a JSON file")
     if not data.strip():
-        raise InputError(path, "empty file, expected JSON")
+        raise InputError(path, f"{label}empty file, expected JSON")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise InputError(path, f"not UTF-8 text (byte {e.start})") from None
+        raise InputError(path, f"{label}not UTF-8 text (byte {e.start})") from None
+    deep = f"{label}JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)"
     try:
         value = json.loads(text)
     except RecursionError:
-        raise InputError(path, f"JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
+        raise InputError(path, deep) from None
     except ValueError as e:  # JSONDecodeError, and int() of a number of over 4,300 digits
-        raise InputError(path, f"not valid JSON ({one_line(e)})") from None
+        raise InputError(path, f"{label}not valid JSON ({one_line(e)})") from None
     if _depth(value) > MAX_JSON_DEPTH:
-        raise InputError(path, f"JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)")
+        raise InputError(path, deep)
     return value
 
 
@@ -317,7 +319,7 @@ def read_manifest(run_dir: Path, manifest_name: str = "run.json") -> dict[str, A
     path = run_dir / manifest_name
     if not os.path.lexists(path):
         raise InputError(run_dir, f"not a pastaprof run (no {manifest_name})")
-    m = load_json(path, MAX_MANIFEST_BYTES, root=run_dir)
+    m = load_json(path, MAX_MANIFEST_BYTES, root=run_dir, label="corrupt manifest: ")
     if not isinstance(m, dict):
         raise InputError(path, f"corrupt manifest: {_kind_of(m)}, expected a JSON object")
     v = m.get("schema_version")
