@@ -126,7 +126,7 @@ def unmapped_categories(counts: dict[str, int]) -> dict[str, int]:
 def unread_note(meta: dict[str, Any]) -> str | None:
     """One line on the events of an imported trace that pastaprof did not read (None: all
     were read): categories it does not map (e.g. a backend's own), and events of mapped
-    categories with a phase other than complete ('X')."""
+    categories with a phase other than complete ('X') or without a timestamp."""
     parts = []
     unknown = unmapped_categories(meta.get("category_counts") or {})
     if unknown:
@@ -137,8 +137,8 @@ def unread_note(meta: dict[str, Any]) -> str | None:
     if phases:
         top = list(phases.items())
         shown = ", ".join(f"{_short(c, 60)} {n:,}" for c, n in top[:4]) + (" ..." if len(top) > 4 else "")
-        parts.append(f"{sum(phases.values()):,} events skipped for their phase (only complete 'X' events are "
-                     f"read): {shown}")
+        parts.append(f"{sum(phases.values()):,} events skipped for their phase or a missing timestamp (only "
+                     f"complete 'X' events with a ts are read): {shown}")
     return "; ".join(parts) or None
 
 
@@ -347,7 +347,9 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
                                                            maximum_object_size={MAX_EVENT_BYTES})),
             k AS (SELECT *, {kind} AS kind FROM src)
             SELECT lcat, kind, ph IS NOT NULL AS has_ph,
-                   CASE WHEN lcat IN ({_MAPPED_SQL}) AND ph IS DISTINCT FROM 'X' THEN coalesce(ph, '') END AS odd_ph,
+                   CASE WHEN lcat IS NULL OR lcat NOT IN ({_MAPPED_SQL}) THEN NULL
+                        WHEN ph IS DISTINCT FROM 'X' THEN 'ph=' || coalesce(to_json(ph)::VARCHAR, 'none')
+                        WHEN ts IS NULL THEN 'no ts' END AS odd_ph,
                    CASE WHEN {when} THEN ph END AS ph, CASE WHEN {when} THEN name END AS name,
                    CASE WHEN {when} THEN pid END AS pid, CASE WHEN {when} THEN tid END AS tid,
                    CASE WHEN {when} THEN CAST(ts * 1000 AS BIGINT) + {base} END AS start_ns,
@@ -359,7 +361,7 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
             FROM k
         """, [[str(f) for f in files]])
         counts = dict(con.execute("SELECT coalesce(lcat, ''), count(*) FROM ev GROUP BY 1").fetchall())
-        phases = {f"{c} (ph={p!r})": n for c, p, n in con.execute(
+        phases = {f"{c} ({why})": n for c, why, n in con.execute(
             "SELECT lcat, odd_ph, count(*) FROM ev WHERE odd_ph IS NOT NULL GROUP BY 1, 2 ORDER BY 3 DESC").fetchall()}
         total, with_ph = con.execute("SELECT count(*), count(*) FILTER (has_ph) FROM ev").fetchall()[0]
         if total and not with_ph:
