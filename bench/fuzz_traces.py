@@ -434,7 +434,7 @@ class Pool:
 
 
 def fuzz(cases: int, seed: int, workers: int = 1, timeout: float = 60.0, keep: Path | None = None,
-         start: int = 0, report_every: int = 0) -> dict[str, Any]:
+         start: int = 0, report_every: int = 0, log: Path | None = None) -> dict[str, Any]:
     """Run cases ``start .. start+cases-1`` of ``seed``; counts and the failing cases."""
     bases = make_bases()
     counts = {"ok": 0, "clean": 0, "traceback": 0, "hang": 0}
@@ -462,10 +462,17 @@ def fuzz(cases: int, seed: int, workers: int = 1, timeout: float = 60.0, keep: P
                 p.with_suffix(".out.json").unlink(missing_ok=True)
             if status in ("traceback", "hang"):
                 failures.append({"case": f"{seed}:{i}", "status": status, "what": descr.get(i, ""), "detail": detail})
+                if log is not None:
+                    with open(log, "a") as f:
+                        f.write(json.dumps(failures[-1]) + "\n")
             done = sum(counts.values())
             if report_every and done % report_every == 0:
                 rate = done / max(time.monotonic() - t0, 1e-9)
                 print(f"  {done:>6} cases  {counts}  {rate:.1f}/s", file=sys.stderr, flush=True)
+                if log is not None:
+                    with open(log, "a") as f:
+                        f.write(json.dumps({"done": done, "counts": counts, "seconds": round(time.monotonic() - t0)})
+                                + "\n")
 
         pool = Pool(workers, timeout)
         try:
@@ -485,6 +492,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case before it counts as a hang")
     ap.add_argument("--keep", type=Path, help="keep the files of failing cases here")
     ap.add_argument("--results", type=Path, help="write counts and failures as JSON here")
+    ap.add_argument("--log", type=Path, help="append each failure and the running counts here (JSON lines)")
     ap.add_argument("--replay", metavar="SEED:INDEX", help="run one case in this process, with its traceback")
     args = ap.parse_args()
     if args.replay:
@@ -496,7 +504,8 @@ def main() -> None:
             print(what, len(data), "bytes")
             print(run_one(str(p), index % 3 == 0))
         return
-    res = fuzz(args.cases, args.seed, args.workers, args.timeout, args.keep, args.start, report_every=250)
+    res = fuzz(args.cases, args.seed, args.workers, args.timeout, args.keep, args.start, report_every=250,
+               log=args.log)
     print(json.dumps({k: v for k, v in res.items() if k != "failures"}))
     for f in res["failures"][:50]:
         print(f"{f['status']:<9} {f['case']:<10} {f['what'][:90]}\n          {f['detail'][:300]}")
