@@ -153,6 +153,9 @@ def test_force_replaces_a_run_and_a_file_but_not_a_foreign_directory(tmp_path, m
 def test_import_and_analyze_create_parents_and_blame_unwritable_outputs(tmp_path):
     deep = tmp_path / "a" / "b" / "run"
     assert cli("import", MLP, "-o", deep).returncode == 0 and kernels_in(deep) == MLP_KERNELS
+    empty = tmp_path / "empty"
+    empty.mkdir()  # an empty directory is taken without --force: nothing in it to lose
+    assert cli("import", MLP, "-o", empty).returncode == 0 and kernels_in(empty) == MLP_KERNELS
     one_error_line(cli("import", MLP, "-o", "/etc/passwd/run"), "cannot write /etc/passwd/run", "not a directory")
     one_error_line(cli("import", MLP, "-o", "/proc/pastaprof-run"), "cannot write /proc/pastaprof-run")
     one_error_line(cli("analyze", MLP, "-q", "-o", "/proc/self/pastaprof"), "cannot write /proc/self/pastaprof")

@@ -266,12 +266,14 @@ _renameat2 = _libc_renameat2() if sys.platform.startswith("linux") else None
 
 
 def rename_noreplace(src: str, dst: str) -> None:
-    """Rename directory ``src`` to ``dst``; FileExistsError when anything is at ``dst``."""
+    """Rename directory ``src`` to ``dst``; FileExistsError when anything but an empty
+    directory is at ``dst`` (an empty one is replaced: nothing is lost)."""
     if _renameat2 is not None:
         if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
             return
         err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):  # EINVAL/ENOSYS: not supported here
+        # EINVAL/ENOSYS: not supported on this file system; EEXIST on an empty directory: rename below
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EPERM) and not (err == errno.EEXIST and _is_empty_dir(dst)):
             raise OSError(err, os.strerror(err), dst)
     if os.path.lexists(dst) and not _is_empty_dir(dst):
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
