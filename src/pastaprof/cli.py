@@ -278,7 +278,9 @@ def build_native() -> None:
 @click.option("--sample", metavar="N", help="Record every Nth kernel launch (PASTAPROF_SAMPLE).")
 @click.option("--steps", metavar="A:B", help="Record only steps A..B-1 (PASTAPROF_STEPS).")
 @click.option("--ranks", "ranks_", metavar="LIST", help="Record only these ranks (PASTAPROF_RANKS).")
-@click.option("--shapes/--no-shapes", default=None, help="Record ops' input shapes and dtypes (PASTAPROF_SHAPES, default on).")
+@click.option("--shapes", metavar="sample|all", help="Ops' input shapes, dtypes and pointers: of sampled calls (default) "
+              "or of every op (PASTAPROF_SHAPES).")
+@click.option("--no-shapes", is_flag=True, default=False, help="Ops without input shapes (PASTAPROF_SHAPES=none).")
 @click.option("--call-sites/--no-call-sites", default=None,
               help="Record ops' Python call sites (PASTAPROF_CALL_SITES, default on).")
 @click.option("--uvm", is_flag=True, default=None, help="Record unified-memory counters (PASTAPROF_UVM).")
@@ -291,7 +293,7 @@ def build_native() -> None:
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | None, sample: str | None,
-        steps: str | None, ranks_: str | None, shapes: bool | None, call_sites: bool | None, uvm: bool | None,
+        steps: str | None, ranks_: str | None, shapes: str | None, no_shapes: bool, call_sites: bool | None, uvm: bool | None,
         uvm_plan: str | None, process: str | None, page_bytes: str | None, force: bool,
         command: tuple[str, ...]) -> None:
     """Profile a program without changing it:  pastaprof run [OPTIONS] -- python train.py ARGS
@@ -306,7 +308,7 @@ def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | 
         return None if v is None else str(int(v))
 
     flags = {"TOOLS": tools, "RANGES": ranges, "KERNELS": kernels, "SAMPLE": sample, "STEPS": steps,
-             "RANKS": ranks_, "SHAPES": onoff(shapes), "CALL_SITES": onoff(call_sites), "UVM": onoff(uvm),
+             "RANKS": ranks_, "SHAPES": "none" if no_shapes else shapes, "CALL_SITES": onoff(call_sites), "UVM": onoff(uvm),
              "UVM_PLAN": str(Path(uvm_plan).resolve()) if uvm_plan else None, "PROCESS": process,
              "PAGE": page_bytes}
     code = _run_guarded(lambda: launch(list(command), out, flags, force))

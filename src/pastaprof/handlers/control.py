@@ -13,7 +13,9 @@ PASTAPROF_SAMPLE    --sample N               record every Nth kernel launch
 PASTAPROF_STEPS     --steps 10:20            record only steps 10..19 (``pastaprof.step()``
                                              or optimizer steps); ``5`` = step 5 only
 PASTAPROF_RANKS     --ranks 0,2-3            record only these ranks
-PASTAPROF_SHAPES    --no-shapes              ops without input shapes/dtypes (default 1)
+PASTAPROF_SHAPES    --shapes sample|all      ops' input shapes/dtypes/pointers: of sampled calls
+                    --no-shapes              (default ``sample``; ``all``: every op's, also the
+                                             default when the memory tool is chosen; ``none``)
 PASTAPROF_CALL_SITES --no-call-sites         ops without Python call sites (default 1)
 PASTAPROF_UVM       --uvm                    unified-memory counters (faults, migrations); also
                                              on when a chosen tool consumes them (uvm_advisor)
@@ -108,6 +110,26 @@ def parse_steps(value: str, what: str = "PASTAPROF_STEPS") -> tuple[int, int | N
     return start, end
 
 
+SHAPES_MODES = ("sample", "all", "none")
+
+
+def shapes_mode(value: bool | str, tools: tuple[str, ...] = ()) -> str:
+    """PASTAPROF_SHAPES / ``shapes=`` as one of SHAPES_MODES.  True (the default) samples, except
+    when the memory tool is chosen: its uses and patterns need every op's input pointers."""
+    if value is True:
+        return "all" if "memory" in tools else "sample"
+    if value is False:
+        return "none"
+    v = str(value).strip().lower()
+    if v in SHAPES_MODES:
+        return v
+    if v in ("1", "true", "yes", "on"):
+        return shapes_mode(True, tools)
+    if v in ("0", "false", "no", "off"):
+        return "none"
+    raise UsageError(f"PASTAPROF_SHAPES={value!r}: expected sample, all or none")
+
+
 @dataclass(frozen=True)
 class CaptureConfig:
     """What to record.  Empty/None fields mean "everything"."""
@@ -121,7 +143,7 @@ class CaptureConfig:
     ranks: tuple[int, ...] | None = None
     flush_ms: int = 1000
     buffer_mb: int = 64
-    shapes: bool = True
+    shapes: bool | str = True  # normalized to SHAPES_MODES: True -> sample (all with the memory tool)
     call_sites: bool = True
     uvm: bool = False
     uvm_plan: str | None = None
@@ -131,6 +153,7 @@ class CaptureConfig:
     _kernel_re: re.Pattern | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "shapes", shapes_mode(self.shapes, self.tools))
         if self.sample < 1:
             raise UsageError(f"PASTAPROF_SAMPLE={self.sample}: must be a positive integer")
         if self.process not in ("gpu", "cpu"):
@@ -198,7 +221,7 @@ class CaptureConfig:
             sample=integer("SAMPLE", 1),
             steps=parse_steps(get("STEPS")) if get("STEPS") else None,  # type: ignore[arg-type]
             ranks=parse_rank_list(get("RANKS")) if get("RANKS") else None,  # type: ignore[arg-type]
-            flush_ms=integer("FLUSH_MS", 1000), buffer_mb=integer("BUFFER_MB", 64), shapes=boolean("SHAPES"), call_sites=boolean("CALL_SITES"),
+            flush_ms=integer("FLUSH_MS", 1000), buffer_mb=integer("BUFFER_MB", 64), shapes=get("SHAPES") or True, call_sites=boolean("CALL_SITES"),
             uvm=boolean("UVM", False), uvm_plan=get("UVM_PLAN"), process=(get("PROCESS") or "gpu").lower(),
             page_bytes=integer("PAGE", 65536),
             off=tuple(p.strip() for p in (get("OFF") or "").split(",") if p.strip()),
@@ -209,7 +232,7 @@ class CaptureConfig:
         env = {"TOOLS": ",".join(self.tools), "RANGES": ",".join(self.ranges), "KERNELS": self.kernels or "",
                "SAMPLE": str(self.sample), "FLUSH_MS": str(self.flush_ms),
                "BUFFER_MB": str(self.buffer_mb), "OUT": self.out or "",
-               "SHAPES": "" if self.shapes else "0", "CALL_SITES": "" if self.call_sites else "0",
+               "SHAPES": str(self.shapes), "CALL_SITES": "" if self.call_sites else "0",
                "UVM": "1" if self.uvm else "", "UVM_PLAN": self.uvm_plan or "", "PROCESS": self.process,
                "PAGE": str(self.page_bytes), "OFF": ",".join(self.off)}
         if self.steps is not None:

@@ -22,6 +22,14 @@ OP_COLS = ("start_ns", "end_ns", "tid", "id", "parent_id", "depth", "sequence_id
            "input_shapes", "input_dtypes", "module", "call_site", "n_ptrs")
 MEM_COLS = ("start_ns", "device", "stream", "address", "bytes", "action")
 
+# --shapes sample (native/torch_sampling.cpp): every op's inputs for the first FIRST ops, then
+# windows of WINDOW consecutive ops about every PERIOD ops, and CHASE ops when an op and call site
+# without sampled shapes appears (at most one such window per 8 x CHASE ops).
+SHAPES_MODES = {"none": 0, "all": 1, "sample": 2}
+SAMPLE_FIRST, SAMPLE_PERIOD, SAMPLE_WINDOW, SAMPLE_CHASE = 20_000, 2_048, 32, 2_048
+SAMPLE_RULE = (f"every op's inputs for the first {SAMPLE_FIRST:,} ops, then {SAMPLE_WINDOW} consecutive ops "
+               f"about every {SAMPLE_PERIOD:,}, and {SAMPLE_CHASE:,} ops after an op and call site without shapes")
+
 
 class NativeOps:
     """Drains the observer's columns into ``op`` (and ``tensor``) tables."""
@@ -35,13 +43,17 @@ class NativeOps:
         self.mem_error: str | None = None
         self.observing = False
 
-    def start(self, push: int | None, pop: int | None, ext_kind: int, memory: bool, shapes: bool = True,
+    def start(self, push: int | None, pop: int | None, ext_kind: int, memory: bool, shapes: str = "all",
               call_sites: bool = True, observe: bool = True) -> str | None:
-        """Start observing (ops unless not `observe`, allocator events if `memory`);
-        returns a status line for what could not start, else None."""
+        """Start observing (ops unless not `observe`, allocator events if `memory`); `shapes`:
+        of which ops inputs are boxed and read (SHAPES_MODES).  Returns a status line for what
+        could not start, else None."""
         self.observing = observe
         if observe:
-            self.lib.pp_obs_start(push, pop, ext_kind, 3 if shapes else 0, int(call_sites))  # shapes, pointers
+            mode = SHAPES_MODES[shapes]
+            if mode:
+                self.lib.pp_obs_sampling(mode, SAMPLE_FIRST, SAMPLE_PERIOD, SAMPLE_WINDOW, SAMPLE_CHASE)
+            self.lib.pp_obs_start(push, pop, ext_kind, 3 if mode else 0, int(call_sites))  # shapes, pointers
         if memory:
             if not getattr(self.lib, "has_cuda", False):
                 return "native allocator tracker unavailable (CUDA headers not found at build)"
@@ -52,6 +64,12 @@ class NativeOps:
             self.mem = True
             torch.cuda._lazy_call(self._attach_allocator)
         return None
+
+    def sampling(self) -> dict[str, int]:
+        """Ops the observer entered, how many with their inputs, and the sampler's windows."""
+        v = (ctypes.c_int64 * 5)()
+        self.lib.pp_obs_sampling_stats(v)
+        return {"ops": v[0], "ops_with_shapes": v[1], "windows": v[2], "chase_windows": v[3], "toggles": v[4]}
 
     def _attach_allocator(self) -> None:
         """At torch's lazy CUDA init.  A program that swapped in its own allocator (a

@@ -119,10 +119,12 @@ class TorchHandler:
 
     def __init__(self, rank: int = 0, push_external: Any = None, pop_external: Any = None,
                  on_optimizer_step: Any = None, on_range: Any = None, on_foreign_profiler: Any = None,
-                 native_external: tuple[int, int, int] | None = None, shapes: bool = True,
+                 native_external: tuple[int, int, int] | None = None, shapes: bool | str = True,
                  call_sites: bool = True, ops: bool = True, modules: bool = True, tensors: bool = True) -> None:
         self.rank = rank
-        self.shapes, self.call_sites = shapes, call_sites
+        # "sample" | "all" | "none" (handlers/control.py); the Python fallback records every op's
+        self.shapes_mode = shapes if isinstance(shapes, str) else ("all" if shapes else "none")
+        self.shapes, self.call_sites = self.shapes_mode != "none", call_sites
         self.ops, self.modules, self.tensors = ops, modules, tensors  # PASTAPROF_OFF switches
         self._native_ext = native_external  # (push fn pointer, pop fn pointer, kind) for the C++ observer
         self.native: Any = None  # NativeOps when the C++ observer runs
@@ -205,7 +207,7 @@ class TorchHandler:
             return False
         ops = NativeOps(lib, self.rank)
         push, pop, kind = self._native_ext or (None, None, 0)
-        problem = ops.start(push, pop, kind, memory, self.shapes, self.call_sites, observe=self.ops)
+        problem = ops.start(push, pop, kind, memory, self.shapes_mode, self.call_sites, observe=self.ops)
         if problem:
             self.native_status = problem
         self.native = ops
@@ -299,6 +301,20 @@ class TorchHandler:
         for attr, new in (("_prepare_trace", prepare_trace), ("__exit__", exit_trace)):
             self._restore.append((prof, attr, getattr(prof, attr)))
             setattr(prof, attr, new)
+
+    @property
+    def shapes_summary(self) -> dict[str, Any]:
+        """For run.json (handlers.torch.shapes): which ops' input shapes were recorded."""
+        from pastaprof.handlers.torch_native import SAMPLE_RULE
+
+        native = self.native is not None and self.native.observing
+        mode = self.shapes_mode if native or self.shapes_mode == "none" else "all"  # the fallback: all
+        info: dict[str, Any] = {"mode": mode}
+        if mode == "sample":
+            info["rule"] = SAMPLE_RULE
+        if native and mode != "none":
+            info.update(self.native.sampling())
+        return info
 
     def set_gate(self, open_: bool) -> None:
         """Capture gated at the source: outside the selected steps and ranges (the session's

@@ -7,7 +7,8 @@ pybind11 and a short build):
   instead of cupti-python building a Python object per record (capture.md section 1:
   ~1-2 us per record on a thread that competes for the GIL).  Needs only the
   CUPTI headers; it calls the libcupti already in the process (never a second one).
-* ``torch_observer.cpp`` (op rows), ``torch_inputs.cpp`` (shapes, dtypes, input pointers,
+* ``torch_observer.cpp`` (op rows), ``torch_sampling.cpp`` (which ops' inputs are boxed),
+  ``torch_inputs.cpp`` (shapes, dtypes, input pointers,
   call sites) and ``torch_memory.cpp`` (with CUDA, a caching-allocator trace tracker): one
   library, a global RecordFunction observer for PyTorch ops.  Built against the installed torch.
 
@@ -162,7 +163,8 @@ def _torch_args() -> tuple[list[str], bool]:
 
 def build_torch() -> tuple[Path, bool]:
     args, cuda = _torch_args()
-    sources = [HERE / "torch_observer.cpp", HERE / "torch_inputs.cpp", HERE / "torch_memory.cpp"]
+    sources = [HERE / "torch_observer.cpp", HERE / "torch_inputs.cpp", HERE / "torch_memory.cpp",
+               HERE / "torch_sampling.cpp"]
     # the shared header's hash in the flags: the build cache is keyed by sources and flags
     args = [*args, f"-DPP_OBS_HASH={_hash(HERE / 'torch_observer.h')}"]
     return _build("pastaprof_torch", sources, args, cpp=True), cuda
@@ -359,6 +361,10 @@ def _declare_torch(lib: Any) -> None:
     lib.pp_obs_string.restype = c.c_char_p
     lib.pp_obs_intern.argtypes = [c.c_char_p]
     lib.pp_obs_intern.restype = c.c_int32
+    lib.pp_obs_sampling.argtypes = [c.c_int, c.c_int64, c.c_int64, c.c_int64, c.c_int64]
+    lib.pp_obs_sampling.restype = c.c_int
+    lib.pp_obs_sampling_stats.argtypes = [c.c_void_p]
+    lib.pp_obs_sampling_stats.restype = None
     lib.pp_obs_floor_start.argtypes = [c.c_int]
     lib.pp_obs_floor_start.restype = c.c_uint64
     lib.pp_obs_floor_stop.argtypes = [c.c_uint64]

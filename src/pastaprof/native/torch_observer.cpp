@@ -7,7 +7,8 @@
 //   * appends one row to column buffers: start/end ns (CLOCK_REALTIME, the clock of
 //     time.time_ns() and CUPTI), thread, id, parent id and depth (per-thread stack),
 //     autograd sequence number, backward flag, interned name / input shapes / input
-//     dtypes / module path / call site.
+//     dtypes / module path / call site.  Shapes, dtypes and input pointers exist for the ops
+//     whose inputs RecordFunction boxed: every op's, or a sample (torch_sampling.cpp).
 // Module paths come from Python (handlers/module_paths.py, through pp_obs_module_cell); backward
 // ops take the module and call site of the forward op with the same sequence number.
 // The call site is the innermost Python frame outside torch and pastaprof, read only
@@ -241,6 +242,8 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
 }
 
 std::unique_ptr<at::ObserverContext> on_enter_impl(const at::RecordFunction& fn) {
+  const bool function = fn.scope() == at::RecordScope::FUNCTION;
+  const bool boxed = function && sampler_enter(fn);  // first: it clears the sampler's mark
   if (!g_on.load(std::memory_order_relaxed) || fn.isAsync()) return nullptr;
   ThreadState& ts = t_state;
   if (ts.tid == 0) ts.tid = int64_t(syscall(SYS_gettid));
@@ -252,7 +255,7 @@ std::unique_ptr<at::ObserverContext> on_enter_impl(const at::RecordFunction& fn)
   fr.name = name_of(fn, name);
   fr.shapes = fr.dtypes = -1;
   fr.ptr_start = uint32_t(ts.ptrs.size());
-  if (g_inputs && fn.scope() == at::RecordScope::FUNCTION) {
+  if (g_inputs && boxed) {
     if (g_inputs & 1) inputs_of(fn, &fr.shapes, &fr.dtypes);
     if (g_inputs & 2) pointers_of(fn, ts.ptrs);
   }
@@ -276,6 +279,7 @@ std::unique_ptr<at::ObserverContext> on_enter_impl(const at::RecordFunction& fn)
     fr.module = ts.module;
     fr.site = g_sites ? call_site() : -1;
   }
+  if (g_inputs && function) sampler_signature(fr.name, fr.site, boxed);
   if (!fr.bwd && fr.seq >= 0) {
     std::lock_guard<SpinLock> g(g_seq_mu);
     SeqSlot& s = g_seq[size_t(fr.seq) % SEQ_SLOTS];
@@ -345,6 +349,7 @@ void on_exit_impl(const at::RecordFunction& fn) {
 // fork so the child never inherits one mid-update.
 void fork_prepare() {
   g_handle_mu.lock();
+  sampler_lock();
   g_str_mu.lock();
   g_mu.lock();
   g_seq_mu.lock();
@@ -354,6 +359,7 @@ void fork_parent() {
   g_seq_mu.unlock();
   g_mu.unlock();
   g_str_mu.unlock();
+  sampler_unlock();
   g_handle_mu.unlock();
 }
 
@@ -384,7 +390,8 @@ static uint64_t add_op_callback(at::RecordFunctionCallback::StartCallback enter,
 void add_callback() {
   std::lock_guard<std::mutex> g(g_handle_mu);
   if (g_handle == 0) {
-    g_handle = add_op_callback(&on_enter, &on_exit, g_inputs != 0);
+    sampler_add();  // first: its callback must run before the observer's (torch_sampling.cpp)
+    g_handle = add_op_callback(&on_enter, &on_exit, false);
   }
   g_on.store(true);
 }
@@ -395,6 +402,7 @@ void remove_callback() {
   if (g_handle != 0) {
     at::removeCallback(g_handle);
     g_handle = 0;
+    sampler_remove();
   }
 }
 
@@ -404,13 +412,15 @@ extern "C" {
 
 // Start observing.  push/pop: cuptiActivityPush/PopExternalCorrelationId (or null).
 // inputs: what of each op's inputs to read, bits: 1 shapes and dtypes, 2 data pointers
-// (0: RecordFunction does not box the op's arguments at all).
+// (0: RecordFunction does not box the op's arguments at all); of which ops, pp_obs_sampling
+// (torch_sampling.cpp) says, called before (default: every op's).
 int pp_obs_start(void* push, void* pop, int ext_kind, int inputs, int sites) {
   g_push = reinterpret_cast<push_fn_t>(push);
   g_pop = reinterpret_cast<pop_fn_t>(pop);
   g_ext_kind = ext_kind;
   g_inputs = inputs & 3;
   g_sites = sites != 0;
+  if (g_inputs == 0) pp_obs_sampling(kShapesNone, 0, 0, 0, 0);  // nothing boxed at all
   add_callback();
   return 0;
 }

@@ -195,13 +195,16 @@ def _kernel_uses(acc: pa.Table, kernels: pa.Table):
 
 
 def _incomplete_ranks(manifest: dict) -> set[int]:
-    """Ranks whose op capture dropped or filtered ops (their absence of uses proves nothing)."""
+    """Ranks whose op capture dropped, filtered or sampled ops (their absence of uses proves
+    nothing): `--shapes sample` keeps the input pointers of some ops only."""
     out = set()
     for p in manifest.get("processes", []) or []:
         if not isinstance(p, dict):
             continue
         torch_h = (p.get("handlers") or {}).get("torch") or {}
-        if (torch_h.get("dropped") or 0) > 0 or ((p.get("filtered_by_kind") or {}).get("op") or 0) > 0:
+        shapes = torch_h.get("shapes") if isinstance(torch_h.get("shapes"), dict) else {}
+        sampled = shapes.get("mode") == "sample" and (shapes.get("ops_with_shapes") or 0) < (shapes.get("ops") or 0)
+        if (torch_h.get("dropped") or 0) > 0 or ((p.get("filtered_by_kind") or {}).get("op") or 0) > 0 or sampled:
             out.add(int(p.get("rank", 0)))
     return out
 
@@ -283,7 +286,8 @@ def block_uses(blocks: pa.Table, op_idx: np.ndarray, pid: np.ndarray, ops: pa.Ta
     sources = [s for s, m in (("ops", by_ops.any()), ("kernels", by_kernels.any())) if m]
     info = {"use_data": "+".join(sources) or "none"}
     if not sources and (len(op_ranks) or k_u is not None):
-        info["use_data_note"] = ("op input pointers present but ops were dropped or filtered on ranks "
+        info["use_data_note"] = ("op input pointers present but ops were dropped, filtered or sampled "
+                                 "(pastaprof run --shapes all keeps every op's) on ranks "
                                  f"{sorted(incomplete)}" if len(op_ranks) else
                                  "access_summary does not cover every recorded kernel launch")
     return blocks, complete & known, info

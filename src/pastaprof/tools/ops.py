@@ -89,7 +89,8 @@ class Ops(Tool):
                      FROM dom GROUP BY 1)"""
         by_name = con.sql(f"""
             WITH {dominant.strip()},
-            shape_counts AS (SELECT name, input_shapes, count(*) AS c FROM ops GROUP BY ALL),
+            shape_counts AS (SELECT name, input_shapes, count(*) AS c FROM ops
+                             WHERE input_shapes IS NOT NULL GROUP BY ALL),
             shapes AS (SELECT name, first(input_shapes ORDER BY c DESC, input_shapes) AS shapes
                        FROM shape_counts GROUP BY 1)
             SELECT o.name, count(*) AS calls, sum(cpu_ns)::BIGINT AS cpu_ns,
@@ -122,16 +123,25 @@ class Ops(Tool):
         totals = con.execute("""
             SELECT (SELECT coalesce(sum(d), 0) FROM gpu)::BIGINT,
                    (SELECT coalesce(sum(d), 0) FROM gpu WHERE op_id IS NOT NULL)::BIGINT,
-                   (SELECT count(*) FROM ops)
+                   (SELECT count(*) FROM ops),
+                   (SELECT count(input_shapes) FROM ops WHERE NOT is_backward),
+                   (SELECT count(*) FROM ops WHERE NOT is_backward)
         """).fetchall()[0]
         summary = {"ops": int(totals[2]), "gpu_ns": int(totals[0]), "attributed_gpu_ns": int(totals[1]),
                    "attributed_share": round(totals[1] / totals[0], 4) if totals[0] else None,
-                   "distinct_ops": by_name.num_rows}
+                   "distinct_ops": by_name.num_rows,
+                   # shapes of some forward ops only: `pastaprof run --shapes sample` (the default)
+                   "forward_ops_with_shapes": int(totals[3]),
+                   "shapes": "none" if not totals[3] else "sampled" if totals[3] < totals[4] else "all"}
         findings = []
         if totals[0] and 1 - totals[1] / totals[0] > UNATTRIBUTED_WARN_SHARE:
             findings.append(Finding("warning", "GPU time not attributed to any framework op",
                                     {"unattributed_ns": int(totals[0] - totals[1]),
                                      "share": round(1 - totals[1] / totals[0], 4)}))
+        if summary["shapes"] == "sampled":
+            findings.append(Finding("info", "input shapes are from a sample of the calls",
+                                    {"forward_ops_with_shapes": int(totals[3]), "forward_ops": int(totals[4]),
+                                     "hint": "pastaprof run --shapes all records every op's"}))
         if by_name.num_rows:
             top = by_name.slice(0, 1).to_pylist()[0]
             if totals[0] and top["self_gpu_ns"]:
