@@ -190,7 +190,8 @@ class Copies(Tool):
         parts = [self.table(k).select(["rank", "start_ns", "end_ns"]) for k in self.consumes if self.table(k).num_rows]
         con = sql(h=pa.concat_tables(parts))
         spans = dict(con.execute("SELECT rank, max(end_ns) - min(start_ns) FROM h GROUP BY rank").fetchall())
-        return np.array([spans.get(int(r), 0) for r in np.unique(rank)], np.int64)[np.unique(rank, return_inverse=True)[1]]
+        ranks, inverse = np.unique(rank, return_inverse=True)
+        return np.array([spans.get(int(r), 0) for r in ranks], np.int64)[inverse.reshape(-1)]
 
     # ------------------------------------------------------------------ findings
 
