@@ -321,3 +321,33 @@ def test_file_names_with_control_characters_stay_one_line(tmp_path):
     shutil.copy(LEAK, tmp_path / "c.pt.trace.json.gz")
     r = cli("analyze", str(tmp_path), "-t", "kernels", "-q")
     assert r.returncode == 0 and len(notes(r.stderr)) == 1 and "'a\\nb.pt.trace.json.gz'" in r.stderr
+
+
+def write_with_tail(src: Path, dest: Path, head: dict, tail: dict) -> Path:
+    """A copy of ``src`` whose metadata is split: ``head`` before traceEvents, ``tail`` after."""
+    doc = json.loads(gzip.open(src).read())
+    events = doc.pop("traceEvents")
+    body = json.dumps(head)[:-1] + (", " if head else "") + '"traceEvents": ' + json.dumps(events)
+    body += (", " + json.dumps(tail)[1:] if tail else "}")
+    dest.write_bytes(gzip.compress(body.encode()))
+    return dest
+
+
+def test_distributed_info_past_the_first_bytes_is_the_rank(tmp_path):
+    """distributedInfo after the events, or behind a header larger than the sniffed bytes:
+    the rank found on import wins over the guess, with a note, and --ranks still selects it."""
+    shutil.copy(DDP / "rank-0.pt.trace.json.gz", tmp_path / "rank-0.pt.trace.json.gz")
+    src = DDP / "rank-1.pt.trace.json.gz"
+    write_with_tail(src, tmp_path / "late.pt.trace.json.gz", {"schemaVersion": 1},
+                    {"distributedInfo": {"rank": 5, "world_size": 8}})
+    write_with_tail(src, tmp_path / "wide.pt.trace.json.gz",
+                    {"distributedInfo": {"rank": 3, "world_size": 8}, "padding": "x" * (2 << 20)}, {})
+    run, said, _ = load_quiet(tmp_path)
+    assert run.ranks == [0, 3, 5]
+    assert kernels_per_rank(run) == {0: count(DDP / "rank-0.pt.trace.json.gz", "kernel"),
+                                     3: count(src, "kernel"), 5: count(src, "kernel")}
+    assert sum("found past the first bytes, says rank 5" in n for n in said) == 1
+    assert sum("found past the first bytes, says rank 3" in n for n in said) == 1
+    assert run.manifest["rank_source"]["late.pt.trace.json.gz"]["from"] == "distributedInfo"
+    only = pastaprof.load(tmp_path, ranks=[3])
+    assert only.ranks == [3] and kernels_per_rank(only) == {3: count(src, "kernel")}

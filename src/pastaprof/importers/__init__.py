@@ -89,20 +89,23 @@ def iter_ranks(
     last file is read."""
     note = note or _stderr_note
     files, sniffs, skipped = scan(path)
-    plan, notes = plan_ranks(files, sniffs)
+    entries, notes = plan_ranks(files, sniffs)
+    decided = {f: s.decided for f, s in zip(files, sniffs)}
     if skipped:
         notes.insert(0, _skipped_note(skipped))
     shared = {"notes": notes, "skipped": skipped}
     earlier: dict[int, list[tuple[int, int, Path]]] = {}
     yielded = False
-    for entry in plan:
-        if ranks is not None and entry.rank not in ranks:
+    for entry in entries:
+        if ranks is not None and entry.rank not in ranks and decided[entry.path]:
             continue
         tables, meta = import_file(entry.path, rank=entry.rank, progress=progress, kinds=kinds)
+        _late_rank(entry, meta, notes)
+        if ranks is not None and entry.rank not in ranks:
+            continue
         unread = unread_note(meta)  # what the file holds that no tool will see, in one line
         if unread:
-            note(f"{show(entry.path.name)}: {unread}")
-        _check_trailer_rank(entry, meta, len(plan))
+            notes.append(f"{show(entry.path.name)}: {unread}")
         start, end = _time_range(tables)
         check_overlap(entry, start, end, earlier)
         if entry.rank != meta["rank"]:
@@ -118,19 +121,17 @@ def iter_ranks(
             note(line)
 
 
-def _check_trailer_rank(entry: FileRank, meta: dict[str, Any], n_files: int) -> None:
-    """A ``distributedInfo`` found only after the events (the first bytes did not
-    hold it) must agree with the rank the plan gave the file."""
+def _late_rank(entry: FileRank, meta: dict[str, Any], notes: list[str]) -> None:
+    """A ``distributedInfo`` the first bytes did not show (after the events, or
+    behind a header too large to sniff) is the file's rank all the same."""
     if entry.source == "distributedInfo":
         return
     rank = rank_in_header(meta, entry.path)
     if rank is None or rank == entry.rank:
         return
-    if n_files == 1:
-        entry.rank, entry.source, entry.guess = rank, "distributedInfo", False
-        return
-    raise InputError(entry.path, f"distributedInfo after the events says rank {rank}, but the folder was read "
-                                 f"with it as rank {entry.rank}: name the file rank-{rank}")
+    notes.append(f"{show(entry.path.name)}: distributedInfo, found past the first bytes, says rank {rank}: "
+                 f"read as rank {rank}, not {entry.rank}")
+    entry.rank, entry.source, entry.guess = rank, "distributedInfo", False
 
 
 def _time_range(tables: dict[str, pa.Table]) -> tuple[int | None, int | None]:

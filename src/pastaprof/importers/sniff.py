@@ -10,19 +10,18 @@ needs -- without staging the whole file.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
 SNIFF_BYTES = 1 << 20   # decompressed bytes read from the start of a file
-EVENTS_SEEN = 200       # first events parsed for the process id and start time
+EVENTS_SEEN = 64        # first events parsed for the process id and start time
 
 # Event categories recorded on the host process (their pid is the process's pid).
 HOST_CATEGORIES = {"cpu_op", "operator", "user_annotation", "python_function", "cuda_runtime", "runtime",
@@ -31,119 +30,176 @@ HOST_CATEGORIES = {"cpu_op", "operator", "user_annotation", "python_function", "
 ET_KEYS = {b"schema", b"start_ts", b"finish_ts"}
 ET_WHY = "a PyTorch execution trace (Chakra ET; no importer for it yet)"
 
+STEPS = 50_000           # strings, keys and brackets looked at, at most: a hostile head stays cheap
+
 _JSON_ATOM = re.compile(rb"true|false|null|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
-_TOKEN = re.compile(rb'\s*(?:("(?:[^"\\]|\\.)*")|([{}\[\]:,])|([^\s{}\[\]:,"]+))', re.S)
+# No regex walks a string: on a hostile head (an unterminated string full of escaped
+# quotes) one would be quadratic.  Strings end where _string_end says (bytes.find).
+_STRUCT = re.compile(rb'["{}\[\]]')           # where a string or a bracket starts
+_SPACE = re.compile(rb"\s*")
+_ATOM = re.compile(rb'[^\s{}\[\]:,"]+')
+
+
+class _Cut(Exception):
+    """The head ends (or the step budget does) before the answer: undecided."""
 
 
 @dataclass
 class Sniff:
     """What the first bytes of a file say.  ``kind``: ``trace`` (a Kineto/Chrome
     trace, or undecided: the importer then judges), ``et`` (an execution trace) or
-    ``json`` (JSON that is no trace); ``why``: for ``et``/``json``, in words."""
+    ``json`` (JSON that is no trace); ``why``: for ``et``/``json``, in words;
+    ``decided``: False when the bytes ran out first (then ``header`` is unknown)."""
 
     kind: str
     why: str = ""
     header: dict[str, Any] = field(default_factory=dict)
     pid: int | None = None
     first_ts: float | None = None
+    decided: bool = True
 
 
 def sniff(path: Path) -> Sniff:
     """Classify ``path`` from at most ``SNIFF_BYTES`` of its (decompressed) start."""
     try:
         with open(path, "rb") as raw:
-            if raw.read(2) == b"\x1f\x8b":
-                raw.seek(0)
-                with gzip.GzipFile(fileobj=raw, mode="rb") as gz:
-                    head = _read_upto(gz, SNIFF_BYTES)
-            else:
-                raw.seek(0)
-                head = raw.read(SNIFF_BYTES)
-    except (OSError, EOFError, zlib.error):
-        return Sniff("trace")  # unreadable: the importer says why, in one line
+            head = raw.read(SNIFF_BYTES)
+            if head[:2] == b"\x1f\x8b":
+                head = _gunzip_head(raw, head)
+    except OSError:
+        return Sniff("trace", decided=False)  # unreadable: the importer says why, in one line
     return classify(head)
 
 
-def _read_upto(f: Any, n: int) -> bytes:
-    parts, got = [], 0
+def _gunzip_head(raw: BinaryIO, first: bytes) -> bytes:
+    """The first ``SNIFF_BYTES`` of a gzip stream; of a corrupt or truncated one,
+    what decompresses before the damage."""
+    d = zlib.decompressobj(31)
+    out: list[bytes] = []
+    got, block = 0, first
     try:
-        while got < n:
-            block = f.read(n - got)
-            if not block:
-                break
-            parts.append(block)
-            got += len(block)
-    except (OSError, EOFError, zlib.error):
-        pass  # a corrupt or truncated gzip stream: judge the bytes that did come
-    return b"".join(parts)
+        while got < SNIFF_BYTES and block and not d.eof:
+            part = d.decompress(block, SNIFF_BYTES - got)
+            out.append(part)
+            got += len(part)
+            block = d.unconsumed_tail or raw.read(1 << 16)
+    except zlib.error:
+        pass
+    return b"".join(out)
 
 
 def classify(head: bytes) -> Sniff:
     """Classify the first bytes of a JSON document (see :func:`sniff`)."""
     text = head[3:] if head.startswith(b"\xef\xbb\xbf") else head
-    tokens = _tokens(text, 0)
-    first = next(tokens, None)
-    if first is None:
-        return Sniff("trace")  # empty or not JSON: the importer names the problem
-    pos, string, punct, _atom = first
-    if punct == b"[":
-        nxt = next(tokens, None)
-        if nxt is not None and nxt[2] not in (b"{", b"]"):
-            return Sniff("json", "a JSON array that holds no trace events")
-        return _with_events(Sniff("trace"), text, pos)
-    if punct != b"{":
-        if string is not None or (_atom is not None and _JSON_ATOM.fullmatch(_atom)):
-            return Sniff("json", "JSON that is not an object with traceEvents")
-        return Sniff("trace")  # not JSON: the importer names the problem
-    return _object(text, tokens)
+    pos = _SPACE.match(text, 0).end()
+    c = text[pos:pos + 1]
+    try:
+        if c == b"[":
+            nxt = _SPACE.match(text, pos + 1).end()
+            if nxt < len(text) and text[nxt:nxt + 1] not in (b"{", b"]"):
+                return Sniff("json", "a JSON array that holds no trace events")
+            return _with_events(Sniff("trace"), text, pos)
+        if c == b"{":
+            return _object(text, pos)
+    except _Cut:
+        return Sniff("trace", decided=False)
+    atom = _ATOM.match(text, pos)
+    if c == b'"' or (atom is not None and _JSON_ATOM.fullmatch(atom.group())):
+        return Sniff("json", "JSON that is not an object with traceEvents")
+    return Sniff("trace", decided=bool(c))  # not JSON (or empty): the importer names the problem
 
 
-def _tokens(text: bytes, pos: int):
-    """(start, string, punctuation, atom) per JSON token from ``pos``; stops at the
-    first byte that starts no token (an unterminated string at the cut)."""
-    n = len(text)
-    while pos < n:
-        m = _TOKEN.match(text, pos)
-        if m is None or m.end() == pos:
-            return
-        string, punct, atom = m.group(1), m.group(2), m.group(3)
-        if string is None and punct is None and atom is None:
-            return  # only whitespace left
-        start = m.start(1) if string is not None else m.start(2) if punct is not None else m.start(3)
-        yield start, string, punct, atom
-        pos = m.end()
+class _Walker:
+    """Skips JSON values in ``text`` on a budget of strings and brackets (numbers,
+    commas and spaces between them are skipped by ``re.search``, in C)."""
 
+    def __init__(self, text: bytes) -> None:
+        self.text, self.steps = text, STEPS
 
-def _object(text: bytes, tokens) -> Sniff:
-    """A top-level object: its depth-1 keys decide (traceEvents: a trace; the
-    execution trace's keys with ``nodes``: an ET; closed without either: other JSON)."""
-    depth, keys = 1, set()
-    last_string: tuple[int, bytes] | None = None
-    pending: tuple[int, bytes] | None = None  # a depth-1 key whose value comes next
-    for pos, string, punct, _atom in tokens:
-        if pending is not None:
-            key_start, key = pending
-            pending = None
-            if key == b"traceEvents" and punct == b"[":
-                return _with_events(Sniff("trace", header=_header(text, key_start)), text, pos)
-            if key == b"nodes" and keys & ET_KEYS:
-                return Sniff("et", ET_WHY)
-        if punct in (b"{", b"["):
-            depth += 1
-        elif punct in (b"}", b"]"):
-            depth -= 1
+    def _step(self) -> None:
+        self.steps -= 1
+        if self.steps < 0:
+            raise _Cut
+
+    def string_end(self, quote: int) -> int:
+        """Index of the quote that closes the string opening at ``quote``.  Linear:
+        each quote is looked at once (one step), each backslash run once."""
+        text, j = self.text, quote
+        while True:
+            self._step()
+            j = text.find(b'"', j + 1)
+            if j < 0:
+                raise _Cut
+            k = j
+            while text[k - 1] == 0x5C:
+                k -= 1
+            if (j - k) % 2 == 0:
+                return j
+
+    def skip_value(self, pos: int) -> int:
+        """The position after the value starting at ``pos``."""
+        text = self.text
+        c = text[pos:pos + 1]
+        if c == b'"':
+            return self.string_end(pos) + 1
+        if c not in (b"{", b"["):
+            m = _ATOM.match(text, pos)
+            if m is None or m.end() >= len(text):
+                raise _Cut
+            return m.end()
+        depth = 0
+        while (m := _STRUCT.search(text, pos)) is not None:
+            self._step()
+            at, ch = m.start(), m.group()
+            if ch == b'"':
+                pos = self.string_end(at) + 1
+                continue
+            depth += 1 if ch in (b"{", b"[") else -1
+            pos = at + 1
             if depth == 0:
-                return Sniff("et", ET_WHY) if b"nodes" in keys and keys & ET_KEYS else \
-                    Sniff("json", "JSON without a traceEvents array")
-        elif punct == b":" and depth == 1 and last_string is not None:
-            keys.add(last_string[1])
-            pending = last_string
-        last_string = (pos, string[1:-1]) if string is not None and depth == 1 else None
-    return Sniff("trace")  # undecided within the bound: the importer judges
+                return pos
+        raise _Cut
+
+    def skip_space(self, pos: int) -> int:
+        pos = _SPACE.match(self.text, pos).end()
+        if pos >= len(self.text):
+            raise _Cut
+        return pos
+
+
+def _object(text: bytes, pos: int) -> Sniff:
+    """A top-level object: its keys decide (traceEvents: a trace; the execution
+    trace's keys with ``nodes``: an ET; closed without either: other JSON)."""
+    w, keys = _Walker(text), set()
+    pos = w.skip_space(pos + 1)
+    while text[pos:pos + 1] != b"}":
+        if text[pos:pos + 1] != b'"':
+            return Sniff("trace")  # not JSON: the importer names the problem
+        end = w.string_end(pos)
+        key, key_start = text[pos + 1:end], pos
+        pos = w.skip_space(end + 1)
+        if text[pos:pos + 1] != b":":
+            return Sniff("trace")
+        pos = w.skip_space(pos + 1)
+        keys.add(key)
+        w._step()
+        if key == b"traceEvents" and text[pos:pos + 1] == b"[":
+            return _with_events(Sniff("trace", header=_header(text, key_start)), text, pos)
+        if key == b"nodes" and keys & ET_KEYS:
+            return Sniff("et", ET_WHY)
+        pos = w.skip_space(w.skip_value(pos))
+        if text[pos:pos + 1] == b",":
+            pos = w.skip_space(pos + 1)
+        elif text[pos:pos + 1] != b"}":
+            return Sniff("trace")
+    if b"nodes" in keys and keys & ET_KEYS:
+        return Sniff("et", ET_WHY)
+    return Sniff("json", "JSON without a traceEvents array")
 
 
 def _header(text: bytes, key_start: int) -> dict[str, Any]:
     """The metadata before ``"traceEvents"`` as a dict.
+
     Parsed by the standard library: orjson turns integers beyond 64 bits into
     floats, and a hostile rank of 2**70 must be reported as what it is.  The header
     is a few kilobytes."""
@@ -160,27 +216,27 @@ def _with_events(s: Sniff, text: bytes, array_start: int) -> Sniff:
     label) and ``first_ts`` from the first events after the array's '['."""
     pids: Counter[int] = Counter()
     first_ts = None
-    depth, start, seen = 0, -1, 0
-    for pos, _string, punct, _atom in _tokens(text, array_start + 1):
-        if punct in (b"{", b"["):
-            if depth == 0:
-                start = pos
-            depth += 1
-        elif punct in (b"}", b"]"):
-            depth -= 1
-            if depth < 0:
-                break  # the array closed
-            if depth == 0 and start >= 0:
-                ev = _load(text[start:pos + 1])
-                if isinstance(ev, dict):
-                    pid, ts = _host_pid(ev), ev.get("ts")
-                    if pid is not None:
-                        pids[pid] += 1
-                    if isinstance(ts, (int, float)) and not isinstance(ts, bool) and ev.get("ph") == "X":
-                        first_ts = ts if first_ts is None else min(first_ts, ts)
-                seen += 1
-                if seen >= EVENTS_SEEN:
-                    break
+    w = _Walker(text)
+    pos = array_start + 1
+    try:
+        for _ in range(EVENTS_SEEN):
+            pos = w.skip_space(pos)
+            if text[pos:pos + 1] in (b"]", b""):
+                break
+            end = w.skip_value(pos)
+            ev = _load(text[pos:end])
+            if isinstance(ev, dict):
+                pid, ts = _host_pid(ev), ev.get("ts")
+                if pid is not None:
+                    pids[pid] += 1
+                if isinstance(ts, (int, float)) and not isinstance(ts, bool) and ev.get("ph") == "X":
+                    first_ts = ts if first_ts is None else min(first_ts, ts)
+            pos = w.skip_space(end)
+            if text[pos:pos + 1] != b",":
+                break
+            pos += 1
+    except _Cut:
+        pass  # what the head holds is enough
     s.pid = pids.most_common(1)[0][0] if pids else None
     s.first_ts = first_ts
     return s
