@@ -152,6 +152,9 @@ def test_sigkill_exits_137_and_keeps_the_events_up_to_the_last_flush(tmp_path, l
     adds = _adds(tmp_path / "run")[pid]
     assert lower > 0
     assert lower <= adds <= progress[-1][0] + 200
+    reports = pastaprof.analyze(tmp_path / "run", tools=["ops"])  # the reports say what was lost too
+    lost = [f for r in reports for f in r.findings if "without a final flush" in f.title]
+    assert [f.evidence["unflushed_pids"] for f in lost] == [[pid]]
 
 
 def test_getsignal_and_a_programs_own_handler_are_as_bare(tmp_path):

@@ -15,7 +15,7 @@ from pastaprof.processor.pipeline import Processor
 from pastaprof.store.run import Run, open_run_dir
 from pastaprof.store.safe_read import readable_trace
 from pastaprof.store.writer import MANIFEST, RunWriter
-from pastaprof.tools.base import Report, RunInfo, Tool
+from pastaprof.tools.base import Finding, Report, RunInfo, Tool
 from pastaprof.tools.registry import resolve
 
 Progress = Callable[[int], None]
@@ -90,7 +90,13 @@ def analyze(source: str | Path | Run, tools: Sequence[str | Tool] | None = None,
         for kind in KINDS:
             if proc.wants(kind):
                 proc.submit(kind, run.table(kind))
-        return proc.finish()
+        reports = proc.finish()
+        from pastaprof.handlers.supervise import capture_losses
+
+        lost = capture_losses(run.manifest)  # dropped / unflushed events: every report says so
+        for r in reports if lost else []:
+            r.findings.append(Finding(**lost, tool=r.tool))
+        return reports
     path = Path(source)
     writer = RunWriter(out) if out is not None else None
     # Import only what the tools consume (everything when storing the run).

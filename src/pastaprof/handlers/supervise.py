@@ -165,3 +165,20 @@ def program_notes(run_dir: Any, manifest: dict[str, Any], code: int, child: Supe
     if dropped:
         notes.append(f"{dropped} events dropped")
     return "".join(f"; {n}" for n in notes)
+
+
+def capture_losses(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """What the capture of a stored run lost (events dropped, processes that ended without a
+    final flush), as a finding's fields for every report of the run; None if nothing."""
+    dropped = int(manifest.get("dropped_events") or 0) if isinstance(manifest, dict) else 0
+    program = manifest.get("program") if isinstance(manifest, dict) else None
+    unflushed = list((program or {}).get("unflushed_pids") or []) if isinstance(program, dict) else []
+    if not dropped and not unflushed:
+        return None
+    parts = []
+    if dropped:
+        parts.append(f"{dropped} events were dropped during capture")
+    if unflushed:
+        parts.append(f"{len(unflushed)} process(es) ended without a final flush (events after the last flush lost)")
+    return {"severity": "warning", "title": "; ".join(parts) + ": counts and totals are low",
+            "evidence": {"dropped_events": dropped, "unflushed_pids": unflushed}}

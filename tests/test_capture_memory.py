@@ -1,0 +1,81 @@
+"""Capture memory is bounded: past PASTAPROF_BUFFER_MB of op rows, a flush writes them to disk
+(never drops them), whatever the flush period; drops, where a buffer still overflows, are
+said in the exit line and in run.json.  Real torch CPU programs under ``pastaprof run``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+import pastaprof  # noqa: E402
+from pastaprof.handlers.flushing import ROW_BYTES  # noqa: E402
+from pastaprof.handlers.supervise import program_notes  # noqa: E402
+
+PP = [sys.executable, "-m", "pastaprof.cli", "run"]
+TINY_OPS = textwrap.dedent("""
+    import sys, torch
+    x = torch.ones(4)
+    for _ in range(int(sys.argv[1])):
+        x = x + 1
+    print("done", flush=True)
+""")
+
+
+def _run(tmp_path: Path, name: str, iterations: int, buffer_mb: int) -> dict:
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY_OPS)
+    env = dict(os.environ, PASTAPROF_BUFFER_MB=str(buffer_mb), PASTAPROF_FLUSH_MS="600000")  # no periodic flush
+    r = subprocess.run([*PP, "-o", str(tmp_path / name), "--", sys.executable, str(script), str(iterations)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr
+    m = json.loads((tmp_path / name / "run.json").read_text())
+    m["_stderr"] = r.stderr
+    return m
+
+
+def _adds(run: Path) -> int:
+    t = pastaprof.load(run).table("op")
+    return sum(1 for name in t["name"].to_pylist() if name == "aten::add")
+
+
+def test_past_the_buffer_budget_rows_go_to_disk_not_dropped(tmp_path):
+    m = _run(tmp_path, "run", 16_000, buffer_mb=1)
+    over = m["processes"][0]["capture_overhead"]
+    rows = (1 << 20) // ROW_BYTES
+    assert over["bounds"]["buffer_rows"] == rows == 8192
+    assert _adds(tmp_path / "run") == 16_000  # every op, none dropped
+    assert m["dropped_events"] == 0 and "dropped" not in m["_stderr"]
+    total = m["rows"]["op"]
+    assert over["deadline_flushes"] >= total // (8 * rows)  # spilled as it ran (the period is 10 minutes)
+    assert over["max_pending_rows"] < total / 3  # never the whole run in memory
+
+
+@pytest.mark.slow
+def test_peak_memory_follows_the_budget_not_the_run_length(tmp_path):
+    """1.2 M op rows (~150 MB in the observer's buffer): a 2 MB budget keeps the program's
+    peak RSS well below a budget that never spills."""
+    small = _run(tmp_path, "small", 240_000, buffer_mb=2)
+    large = _run(tmp_path, "large", 240_000, buffer_mb=4096)
+    assert small["rows"]["op"] == large["rows"]["op"] >= 240_000
+    assert small["dropped_events"] == large["dropped_events"] == 0
+    assert large["processes"][0]["capture_overhead"]["deadline_flushes"] == 0
+    saved = large["program"]["max_rss_bytes"] - small["program"]["max_rss_bytes"]
+    assert saved > 80 << 20, (small["program"], large["program"])
+
+
+def test_drops_are_said_in_the_exit_line_and_run_json(tmp_path):
+    manifest = {"processes": [{"pid": 7, "status": {"dropped": "12 events dropped: ..."},
+                               "capture_overhead": {"bounds": {"deadline_ms": 2000}}}], "dropped_events": 12}
+    notes = program_notes(tmp_path, manifest, -9, None)
+    assert notes == "; the program was killed by SIGKILL; 12 events dropped"
+    written = json.loads((tmp_path / "run.json").read_text())
+    assert written["program"] == {"exit_code": -9, "signal": "SIGKILL", "unflushed_pids": [], "lost_at_most_ms": 0}
+    assert written["dropped_events"] == 12
