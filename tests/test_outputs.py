@@ -347,6 +347,38 @@ def test_read_only_directory(tmp_path, mlp_run):
             d.chmod(0o755)
 
 
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB file system: a real ENOSPC (as root a tmpfs mount; else skipped)."""
+    d = tmp_path / "full"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"no tmpfs mount allowed here for a small file system: {r.stderr!r}")
+    yield d
+    subprocess.run(["umount", str(d)], check=False)
+
+
+def test_full_disk_is_one_line_blaming_the_output(full_disk, tmp_path):
+    big = tmp_path / "gpt2"
+    assert cli("import", GPT2, "-o", big).returncode == 0
+    for args, out in ((["import", GPT2, "-o"], "run"), (["analyze", big, "-q", "--json"], "f.json"),
+                      (["export", big, "-o"], "t.pftrace")):
+        one_error_line(cli(*args, full_disk / out), f"cannot write {full_disk / out}", "no space left on device")
+        assert os.listdir(full_disk) == []
+    filler = full_disk / "filler"
+    with open(filler, "wb") as f:  # leave no room for a run's manifest
+        try:
+            f.write(b"x" * (64 << 10))
+        except OSError:
+            pass
+    program = "import sys; sys.stdout.write('ran'); raise SystemExit(5)"
+    r = cli("run", "-o", full_disk / "r", "--", sys.executable, "-c", program)
+    assert r.returncode == 5 and r.stdout == "ran", r.stderr  # the program's own
+    assert "run stored in" not in r.stderr and "the run was not stored" in r.stderr, r.stderr
+    assert os.listdir(full_disk) == ["filler"]
+
+
 # --- pastaprof run -o ---------------------------------------------------------------------
 
 PROGRAM = [sys.executable, "-c", "print('program output')"]

@@ -21,7 +21,7 @@ from pastaprof.handlers.control import ENV_PREFIX, CaptureConfig
 from pastaprof.handlers.python_flags import note_uncaptured
 from pastaprof.handlers.supervise import Supervised, die_like, program_notes
 from pastaprof.report.names import terminal_safe
-from pastaprof.store.outputs import OutputDir
+from pastaprof.store.outputs import OutputDir, problem
 
 BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
 
@@ -88,6 +88,10 @@ def _finish(partial: Path, dest: Path, command: list[str], code: int, wall: floa
     except PastaprofError as e:  # the output's own trouble (it appeared meanwhile, disk full): one line
         claim.discard()
         sys.stderr.write(f"pastaprof: warning: the run was not stored: {terminal_safe(str(e))}\n")
+        return
+    except OSError as e:  # compaction could not write the run (disk full, ulimit -f): the output's fault
+        claim.discard()
+        sys.stderr.write(terminal_safe(f"pastaprof: warning: the run was not stored in {dest}: {problem(e)}") + "\n")
         return
     except Exception as e:
         claim.discard()
