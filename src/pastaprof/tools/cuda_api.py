@@ -110,6 +110,7 @@ class CudaApi(Tool):
     description = ("CUDA/HIP API calls: count, total and p99 time per API; synchronizing calls "
                    "(syncs, blocking and pageable copies, .item()/.cpu()) with their op and call site")
     consumes = ("api", "op", "frame", "memcpy")
+    optional = ("frame",)  # call sites of calls outside any op, where frames were recorded (imports)
 
     def report(self) -> Report:
         api = self.table("api")
