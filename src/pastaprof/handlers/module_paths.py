@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import weakref
 from typing import Any
 
 
@@ -43,6 +44,9 @@ class ModulePaths:
         self._class_counts: dict[str, int] = {}
         self._paths: dict[tuple[int, int], int] = {}  # (parent path id, id(module)) -> path id
         self._text: dict[int, str] = {}  # path id -> path
+        # id(module) -> (weakref to it, its keys in _paths): a dead module's id can be reused by
+        # a new module, which must not inherit its name and paths
+        self._seen: dict[int, tuple[Any, list[tuple[int, int]]]] = {}
         # [open]: the session's gate at the source (TorchHandler.set_gate), read by the pre hook
         self.gate = [True]
 
@@ -124,6 +128,8 @@ class ModulePaths:
         return name
 
     def _new_path(self, key: tuple[int, int], module: Any) -> int:
+        """Once per (parent path, module): the path's id (its text built once)."""
+        self._track(key, module)
         if type(module).__name__ == "OptimizedModule":  # torch.compile(module)'s wrapper: not in
             path = self._paths[key] = key[0]  # the paths (its module is, right under it)
             return path
@@ -133,6 +139,24 @@ class ModulePaths:
         self._paths[key] = path
         self._text[path] = text
         return path
+
+    def _track(self, key: tuple[int, int], module: Any) -> None:
+        seen = self._seen.get(key[1])
+        if seen is None:
+            mid = key[1]
+            try:
+                ref = weakref.ref(module, lambda _r: self._forget(mid))
+            except TypeError:  # a module class without weak references: keep it as it was
+                ref = None
+            seen = self._seen[mid] = (ref, [])
+        seen[1].append(key)
+
+    def _forget(self, mid: int) -> None:
+        """A module died: its id may name another module from now on."""
+        _ref, keys = self._seen.pop(mid, (None, ()))
+        for key in keys:
+            self._paths.pop(key, None)
+        self._names.pop(mid, None)
 
 
 class _Restore:
