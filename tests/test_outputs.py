@@ -315,6 +315,13 @@ def test_unwritable_json_targets(tmp_path, mlp_run):
     one_error_line(cli(*base, "/proc/version"), "cannot write /proc/version")
     one_error_line(cli(*base, tmp_path), "is a directory")
     one_error_line(cli(*base, tmp_path / "no" / "f.json"), "does not exist")
+    import socket
+
+    sock_path = tmp_path / "sock"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(sock_path))
+        one_error_line(cli(*base, sock_path), "not a regular file, FIFO or character device")
+    sock_path.unlink()
     one_error_line(cli("export", mlp_run, "-o", "/proc/self/x.pftrace"), "cannot write /proc/self/x.pftrace")
     assert Path("/proc/version").read_text().startswith("Linux")
     assert os.listdir(tmp_path) == []
@@ -339,6 +346,10 @@ def test_read_only_directory(tmp_path, mlp_run):
                        f"cannot write {d / 'f.json'}")
         one_error_line(cli("import", MLP, "-o", d / "run"), f"cannot write {d / 'run'}")
         one_error_line(cli("export", mlp_run, "-o", d / "t.pftrace"), f"cannot write {d / 't.pftrace'}")
+        marker = tmp_path / "program-ran"
+        r = cli("run", "-o", d / "run", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')")
+        one_error_line(r, f"cannot write {d / 'run'}")
+        assert not marker.exists()  # refused before the program started
         assert os.listdir(d) == []
     finally:
         if os.geteuid() == 0:
