@@ -256,3 +256,63 @@ def test_os_exit_in_the_first_second_and_a_bare_fork_child(tmp_path):
     assert child_code == 0
     assert dict(_adds(tmp_path / "run")) == {child: 250, parent: 120}
     assert time.monotonic() - t0 < 30
+
+
+COUNTER = textwrap.dedent("""
+    import signal, sys, time
+    sig = getattr(signal, sys.argv[1])
+    got = []
+    signal.signal(sig, lambda s, f: got.append(s))
+    print("ready", flush=True)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 20 and not got:
+        time.sleep(0.01)
+    time.sleep(1.0)  # a second copy of the signal would come now
+    print("got", len(got), flush=True)
+""")
+
+
+@pytest.mark.parametrize("sig", ["SIGUSR1", "SIGUSR2", "SIGWINCH", "SIGALRM"])
+def test_a_signal_sent_to_pastaprof_reaches_the_programs_handler_once(tmp_path, sig):
+    p = tmp_path / "counter.py"
+    p.write_text(COUNTER)
+    proc = subprocess.Popen([*PP, "-o", str(tmp_path / "run"), "--", sys.executable, str(p), sig],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(getattr(signal, sig))
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (0, "got 1\n"), err
+
+
+def test_ctrl_c_from_the_terminal_reaches_the_program_once(tmp_path):
+    """The terminal sends SIGINT to the whole foreground group (pastaprof and the program):
+    pastaprof must not send it a second time."""
+    import pty
+
+    p = tmp_path / "counter.py"
+    p.write_text(COUNTER)
+    pid, fd = pty.fork()
+    if pid == 0:  # a session leader with the pty as its terminal, like a shell's job
+        try:
+            os.execve(sys.executable, [*PP, "-o", str(tmp_path / "run"), "--", sys.executable, str(p), "SIGINT"],
+                      _env())
+        finally:
+            os._exit(127)
+    out = b""
+    try:
+        while b"ready" not in out:
+            out += os.read(fd, 1024)
+        os.write(fd, b"\x03")  # Ctrl-C
+        while True:
+            try:
+                chunk = os.read(fd, 1024)
+            except OSError:  # EIO: the terminal's last process closed it
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0, out
+    assert b"got 1" in out, out

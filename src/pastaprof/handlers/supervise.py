@@ -72,8 +72,7 @@ class Supervised:
             if info.si_code <= 0:  # sent by a process (kill, sigqueue, tgkill): the program did not get it
                 try:
                     os.kill(self.pid, info.si_signo)
-                    name = signal.Signals(info.si_signo).name if info.si_signo in signal.Signals._value2member_map_ \
-                        else str(info.si_signo)
+                    name = _signal_name(info.si_signo)
                     self.forwarded[name] = self.forwarded.get(name, 0) + 1
                 except ProcessLookupError:
                     pass
