@@ -17,6 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import DATA
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 PY = [sys.executable, "-m", "pastaprof.cli"]
 EVIL = "\x1b]0;pwned\x07\x1b[2Jevil[red]x[/red]\x9b31m\u202e"
@@ -142,3 +144,32 @@ def test_reports_on_a_real_terminal_carry_no_escape_from_names():
     assert_clean(rest.encode())
     assert "\\x1b]0;pwned\\x07" in rest and "[bold]b[/bold]" in rest and "[red]x[/red]" in rest
     assert rest.count("\\x1b[2J") >= 6  # tool, summary key and value, table title, row, finding
+
+
+_TEXT = st.text(alphabet=st.one_of(st.characters(max_codepoint=0xa0), st.sampled_from("[]\\/=#:\u2028\u202e\u2066é中")),
+                max_size=40)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(_TEXT)
+def test_markup_safe_renders_as_the_escaped_name_exactly(s):
+    """Any name, through rich, prints as terminal_safe(name): no control character, nothing of it read
+    as markup (brackets, backslashes before brackets), and nothing lost (the escapes decode back)."""
+    from rich.console import Console
+
+    from pastaprof.report.names import terminal_safe
+    from pastaprof.report.terminal import markup_safe
+
+    buf = io.StringIO()
+    Console(file=buf, width=10_000, color_system=None, emoji=False, highlight=False).print(markup_safe(s), end="")
+    shown = terminal_safe(s)
+    shown = shown[:-1] + "\\x5c" if shown.endswith("\\") else shown
+    assert buf.getvalue() == shown
+    framed = io.StringIO()  # between markup of pastaprof's own, as print_reports writes it
+    Console(file=framed, width=10_000, color_system=None, emoji=False, highlight=False).print(
+        f"[bold]{markup_safe(s)}[/]={markup_safe(s)} [dim]{markup_safe(s)}[/]", end="")
+    assert framed.getvalue() == f"{shown}={shown} {shown}"
+    assert_clean(buf.getvalue().encode())
+    if "\\" not in s:
+        back = re.sub(r"\\x([0-9a-f]{2})|\\u([0-9a-f]{4})", lambda m: chr(int(m[1] or m[2], 16)), buf.getvalue())
+        assert back == s

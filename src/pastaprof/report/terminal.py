@@ -28,8 +28,13 @@ SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def markup_safe(text: object) -> str:
-    """``text`` as rich markup that prints it literally: control characters escaped, brackets too."""
-    return escape(terminal_safe(str(text)))
+    """``text`` as rich markup that prints it literally: control characters escaped, brackets too.
+    A trailing backslash is written ``\\x5c``: rich would read it as escaping the markup that
+    follows, and doubles it where nothing follows."""
+    safe = terminal_safe(str(text))
+    if safe.endswith("\\"):
+        safe = safe[:-1] + "\\x5c"
+    return escape(safe)
 
 
 def _fmt_ns(v: int | float) -> str:
