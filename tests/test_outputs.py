@@ -106,6 +106,19 @@ def test_a_directory_that_appears_during_an_import_survives(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_during_an_import_leaves_nothing_half_written(tmp_path, sig):
+    out = tmp_path / "out"
+    p = _start_import(out)
+    deadline = time.monotonic() + 60
+    while not any(n.startswith(".out.partial") for n in os.listdir(tmp_path)):
+        assert time.monotonic() < deadline and p.poll() is None, "the import never started writing"
+        time.sleep(0.005)
+    p.send_signal(sig)
+    assert p.wait(timeout=120) == -sig  # died of the signal, as the sender expects
+    assert os.listdir(tmp_path) == []  # no hidden partial run, no run
+
+
 def test_force_on_a_symlink_replaces_the_link_never_its_target(tmp_path):
     target = tmp_path / "target"
     target.mkdir()

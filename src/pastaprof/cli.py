@@ -84,7 +84,25 @@ def _progress(path: Path, quiet: bool) -> Iterator[Callable[[int], None] | None]
         yield lambda n: bar.advance(task, n)
 
 
-def _run_guarded(fn: Callable[[], Any]) -> Any:
+class _Terminated(BaseException):
+    """SIGTERM/SIGHUP while pastaprof writes: unwinds like Ctrl-C, so that every writer removes
+    its temp file or hidden run directory before pastaprof dies of the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise _Terminated(signum)
+
+
+def _run_guarded(fn: Callable[[], Any], signals: bool = True) -> Any:
+    """``fn`` with pastaprof's errors as one line and exit 2; with ``signals``, a SIGTERM or SIGHUP
+    cleans up first (``pastaprof run`` passes those to its program instead)."""
+    import signal
+
+    old = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)} if signals else {}
     try:
         return fn()
     except PastaprofError as e:
@@ -92,8 +110,16 @@ def _run_guarded(fn: Callable[[], Any]) -> Any:
     except KeyboardInterrupt:
         click.echo("pastaprof: interrupted", err=True)
         sys.exit(130)
+    except _Terminated as e:
+        sys.stdout.flush()
+        signal.signal(e.signum, signal.SIG_DFL)  # die of it, as the sender expects
+        signal.raise_signal(e.signum)
+        sys.exit(128 + e.signum)
     except MemoryError:
         _fail("out of memory")
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -311,7 +337,7 @@ def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | 
              "RANKS": ranks_, "SHAPES": "none" if no_shapes else shapes, "CALL_SITES": onoff(call_sites), "UVM": onoff(uvm),
              "UVM_PLAN": str(Path(uvm_plan).resolve()) if uvm_plan else None, "PROCESS": process,
              "PAGE": page_bytes}
-    code = _run_guarded(lambda: launch(list(command), out, flags, force))
+    code = _run_guarded(lambda: launch(list(command), out, flags, force), signals=False)
     sys.exit(code)
 
 
