@@ -26,6 +26,10 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         callback = self.callback
 
         def exec_module(module: ModuleType) -> None:
+            try:  # the loader's own method again: nothing of ours is left on the module's loader
+                del spec.loader.exec_module
+            except AttributeError:
+                pass
             real_exec(module)
             try:
                 callback(module)

@@ -1,6 +1,7 @@
 import copy
 import inspect
 import pickle
+import sys
 import warnings
 
 import torch
@@ -39,6 +40,7 @@ def show(*a):
 
 
 net, x = Net(), torch.randn(3, 4)
+show("import system", [type(f).__name__ for f in sys.meta_path], "exec_module" in vars(torch.__spec__.loader))
 call = nn.Module.__call__
 show("identity", call is nn.Module._wrapped_call_impl, net.__call__.__func__ is call, net.__call__.__self__ is net)
 show("names", call.__qualname__, call.__module__, call.__code__.co_name, call.__code__.co_varnames[:1],
