@@ -161,38 +161,36 @@ def _copy_array(src: BinaryIO, out: BinaryIO, head: bytes, start: int, bare: boo
     total = len(head)
     if progress:
         progress(total)
-    buf = bytearray(CHUNK)
     while block:
         pos = end.feed(block)
         if pos >= 0:
             cut = pos - done + 1
             out.write(block[:cut])
-            return _read_trailer(src, block[cut:], total, buf, progress)
+            return _read_trailer(src, block[cut:], total, progress)
         out.write(block)
         done += len(block)
-        n = src.readinto(buf)
-        block = bytes(memoryview(buf)[:n])
-        total += n
-        if progress and n:
-            progress(n)
+        block = src.read(CHUNK)
+        total += len(block)
+        if progress and block:
+            progress(len(block))
     raise InputError(path, "truncated: the traceEvents array is never closed")
 
 
-def _read_trailer(src: BinaryIO, first: bytes, total: int, buf: bytearray,
+def _read_trailer(src: BinaryIO, first: bytes, total: int,
                   progress: Callable[[int], None] | None) -> tuple[bytes | None, int]:
     """The rest of the stream after the array (None: more than ``TRAILER_LIMIT``
     bytes, which are only counted)."""
     parts, kept = [first], len(first)
     while True:
-        n = src.readinto(buf)
-        if not n:
+        block = src.read(CHUNK)
+        if not block:
             break
-        total += n
+        total += len(block)
         if progress:
-            progress(n)
+            progress(len(block))
         if kept < TRAILER_LIMIT:
-            parts.append(bytes(memoryview(buf)[:n]))
-            kept += n
+            parts.append(block)
+            kept += len(block)
     return (b"".join(parts) if kept <= TRAILER_LIMIT else None), total
 
 
