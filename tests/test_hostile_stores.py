@@ -464,3 +464,31 @@ def test_every_imported_run_reads_back(tmp_path, source):
     assert {k: v for k, v in read.items() if k in counted} == counted
     assert sum(counted.values()) > 0
     assert run.sql("select count(*) from kernel").fetchall() == [(counted.get("kernel", 0),)]
+
+
+def test_named_fifo_whose_writer_comes_late(tmp_path):
+    """`pastaprof import p & gzip -dc t.json.gz > p`: the writer may open the FIFO after pastaprof
+    did; what it then writes is read (an anonymous pipe at EOF, by contrast, is empty at once)."""
+    from pastaprof.store.safe_read import readable_trace
+
+    fifo, data, got = tmp_path / "late.json", SRC.read_bytes(), {}
+    os.mkfifo(fifo)
+
+    def read() -> None:
+        try:
+            with readable_trace(fifo) as p:
+                got["bytes"] = p.read_bytes()
+        except Exception as e:  # noqa: BLE001 -- reported below
+            got["error"] = e
+
+    t = threading.Thread(target=read)
+    t.start()
+    import time
+
+    time.sleep(0.5)  # the reader has opened the FIFO (non-blocking) and found no writer
+    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO (a failure, not a hang) if the reader gave up
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "wb") as w:
+        w.write(data)
+    t.join(30)
+    assert got.get("bytes") == data, got.get("error")

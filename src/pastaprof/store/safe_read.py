@@ -19,6 +19,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -31,6 +32,7 @@ MAX_MANIFEST_BYTES = 64 << 20  # a run.json is kilobytes; a 64-rank live run's i
 MAX_JSON_DEPTH = 64            # pastaprof's manifests nest 5 deep
 PIPE_MAX_BYTES = 64 << 30      # a piped trace is copied to a temporary file up to this size
 PIPE_FREE_MARGIN = 1 << 30     # ... and never closer than this to filling the temporary disk
+FIFO_WRITER_WAIT = 2.0         # seconds a named FIFO without a writer is given to get one
 _CHUNK = 8 << 20
 _DEV_NULL = (1, 3)             # major, minor of /dev/null
 
@@ -207,10 +209,16 @@ def _copy_pipe(path: Path, copy: Path) -> None:
     try:
         os.set_blocking(fd, True)  # a pipe with a writer: wait for its data, as `cat` would
         room = min(PIPE_MAX_BYTES, shutil.disk_usage(copy.parent).free - PIPE_FREE_MARGIN)
+        # a named FIFO may get its writer a moment after us (`pastaprof analyze p & zcat t > p`);
+        # an anonymous pipe at EOF has lost its writer for good
+        wait_until = time.monotonic() + FIFO_WRITER_WAIT if stat.S_ISFIFO(os.lstat(path).st_mode) else 0.0
         with open(copy, "wb") as out:
             total, checked = 0, False
             while True:
                 block = os.read(fd, _CHUNK)
+                if not block and total == 0 and time.monotonic() < wait_until:
+                    time.sleep(0.05)
+                    continue
                 if not block:
                     break
                 if not checked and block.strip():
