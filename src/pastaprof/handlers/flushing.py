@@ -82,6 +82,11 @@ class FlushScheduler:
     config: Any
     handlers: list[Any]
     _stop: threading.Event
+    out: Any
+    rank: int
+    pid: int
+    _part: int
+    _meta_name: str
 
     def flush(self, final: bool = False) -> None:  # pragma: no cover - the Session's
         raise NotImplementedError
@@ -162,6 +167,25 @@ class FlushScheduler:
             if wall > 3 * cpu + 0.05:  # descheduled for most of it: let the deadline thread flush a while
                 self.starved_flushes += 1
                 self._starved_until = time.monotonic() + _STARVED_PERIODS * period
+
+    def _after_exec(self) -> None:
+        """A session of this pid wrote before (this process image came by exec, or an exec
+        failed): keep its shard, continue its part numbers."""
+        shards = self.out / "shards"
+        stem = f"rank-{self.rank}-pid-{self.pid}"
+        if not (shards / f"{stem}.json").exists():
+            return
+        n = 1
+        while (shards / f"{stem}-exec-{n}.json").exists():
+            n += 1
+        self._meta_name = f"{stem}-exec-{n}.json"
+        last = -1
+        for d in self.out.iterdir():
+            if d.is_dir() and d.name != "shards":
+                for p in d.glob(f"{stem}-part-*.parquet"):
+                    with contextlib.suppress(ValueError):
+                        last = max(last, int(p.stem.rsplit("-", 1)[1]))
+        self._part = last + 1
 
     def _deadline_due(self, rows: int) -> bool:
         b = self.bounds()

@@ -20,7 +20,6 @@ first; the program sees none of it).
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import socket
@@ -175,25 +174,6 @@ class Session(OptionalHandlers, Linking, FlushScheduler):
         exits.install()
         self._write_meta()
         return self
-
-    def _after_exec(self) -> None:
-        """A session of this pid wrote before (this process image came by exec, or an exec
-        failed): keep its shard, continue its part numbers."""
-        shards = self.out / SHARDS
-        stem = f"rank-{self.rank}-pid-{self.pid}"
-        if not (shards / f"{stem}.json").exists():
-            return
-        n = 1
-        while (shards / f"{stem}-exec-{n}.json").exists():
-            n += 1
-        self._meta_name = f"{stem}-exec-{n}.json"
-        last = -1
-        for d in self.out.iterdir():
-            if d.is_dir() and d.name != SHARDS:
-                for p in d.glob(f"{stem}-part-*.parquet"):
-                    with contextlib.suppress(ValueError):
-                        last = max(last, int(p.stem.rsplit("-", 1)[1]))
-        self._part = last + 1
 
     def _start_torch(self, cupti: CuptiActivityHandler | None) -> None:
         """The PyTorch handler starts when torch is imported (now, or later via an
