@@ -73,12 +73,12 @@ def _load(path: Path) -> Any:
     return json.loads(raw)
 
 
-def make_bases(seed: int = 0) -> list[dict[str, Any]]:
+def make_bases(seed: int = 0, sources: list[Path] | None = None) -> list[dict[str, Any]]:
     """Small windows of the real traces: the metadata events plus ``WINDOW`` consecutive
     events in time order (so ops, their frames, launches and kernels stay together)."""
     rng = random.Random(seed)
     bases = []
-    for path in SOURCES:
+    for path in SOURCES if sources is None else sources:
         if not path.exists():
             continue
         doc = _load(path)
@@ -434,9 +434,10 @@ class Pool:
 
 
 def fuzz(cases: int, seed: int, workers: int = 1, timeout: float = 60.0, keep: Path | None = None,
-         start: int = 0, report_every: int = 0, log: Path | None = None) -> dict[str, Any]:
+         start: int = 0, report_every: int = 0, log: Path | None = None,
+         sources: list[Path] | None = None) -> dict[str, Any]:
     """Run cases ``start .. start+cases-1`` of ``seed``; counts and the failing cases."""
-    bases = make_bases()
+    bases = make_bases(sources=sources)
     counts = {"ok": 0, "clean": 0, "traceback": 0, "hang": 0}
     failures: list[dict[str, Any]] = []
     t0 = time.monotonic()
