@@ -28,8 +28,8 @@ PASTAPROF_TOOLS     -t kernels,ops           tools whose reports print at exit
 PASTAPROF_OUT       -o DIR                   the run directory
 PASTAPROF_FLUSH_MS  (env only)               flush period (default 1000); a flush also starts when
                                              the last one is older than two periods, whatever
-                                             the machine's load (see handlers/session.py)
-PASTAPROF_BUFFER_MB (env only)               events held in memory between flushes (default 64):
+                                             the machine's load (see handlers/flushing.py)
+PASTAPROF_BUFFER_MB (env only)               op rows held in memory between flushes (default 16):
                                              past it a flush writes them to disk, none is dropped
 PASTAPROF_OFF       (env only)               switch capture mechanisms off, for overhead
                                              breakdowns (bench/overhead.py --breakdown): any of
@@ -142,7 +142,7 @@ class CaptureConfig:
     steps: tuple[int, int | None] | None = None
     ranks: tuple[int, ...] | None = None
     flush_ms: int = 1000
-    buffer_mb: int = 64
+    buffer_mb: int = 16
     shapes: bool | str = True  # normalized to SHAPES_MODES: True -> sample (all with the memory tool)
     call_sites: bool = True
     uvm: bool = False
@@ -221,7 +221,7 @@ class CaptureConfig:
             sample=integer("SAMPLE", 1),
             steps=parse_steps(get("STEPS")) if get("STEPS") else None,  # type: ignore[arg-type]
             ranks=parse_rank_list(get("RANKS")) if get("RANKS") else None,  # type: ignore[arg-type]
-            flush_ms=integer("FLUSH_MS", 1000), buffer_mb=integer("BUFFER_MB", 64), shapes=get("SHAPES") or True, call_sites=boolean("CALL_SITES"),
+            flush_ms=integer("FLUSH_MS", 1000), buffer_mb=integer("BUFFER_MB", 16), shapes=get("SHAPES") or True, call_sites=boolean("CALL_SITES"),
             uvm=boolean("UVM", False), uvm_plan=get("UVM_PLAN"), process=(get("PROCESS") or "gpu").lower(),
             page_bytes=integer("PAGE", 65536),
             off=tuple(p.strip() for p in (get("OFF") or "").split(",") if p.strip()),
