@@ -321,3 +321,32 @@ def test_ctrl_c_from_the_terminal_reaches_the_program_once(tmp_path):
         os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 0, out
     assert b"got 1" in out, out
+
+
+def test_a_failed_exec_leaves_capture_going(tmp_path):
+    """os.execv of an executable that cannot run (ENOEXEC): the session flushed for it, the
+    exec fails, the program goes on, and so does capture (a second shard of the same pid)."""
+    bad = tmp_path / "not-a-program"
+    bad.write_bytes(b"\x00\x01garbage")
+    bad.chmod(0o755)
+    p = tmp_path / "failexec.py"
+    p.write_text(textwrap.dedent(f"""
+        import os, torch
+        x = torch.ones(2)
+        for _ in range(130):
+            x = x + 1
+        try:
+            os.execv({str(bad)!r}, [{str(bad)!r}])
+        except OSError as e:
+            print("exec failed", e.errno, flush=True)
+        for _ in range(170):
+            x = x + 1
+        print(os.getpid(), flush=True)
+    """))
+    bare = subprocess.run([sys.executable, str(p)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*PP, "-o", str(tmp_path / "run"), "--", sys.executable, str(p)], capture_output=True,
+                       text=True, env=_env(), timeout=120)
+    assert r.returncode == bare.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == bare.stdout.splitlines()[0]  # same errno
+    pid = int(r.stdout.splitlines()[1])
+    assert dict(_adds(tmp_path / "run")) == {pid: 300}
