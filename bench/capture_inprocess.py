@@ -10,13 +10,16 @@ and stopped around its own steps:
 - ``rf_empty`` / ``rf_empty_inputs``: an empty RecordFunction callback without / with the op's
   inputs -- what PyTorch itself charges per op for any op observer (the floor);
 - ``ops_lean`` / ``ops_shapes`` / ``ops_full``: pastaprof's C++ op observer without inputs and
-  call sites, with inputs, with both (the default); ``ops_sig`` / ``ops_ptrs``: with the inputs'
-  shapes and dtypes only / data pointers only; ``tensors``: the allocator tracker alone;
+  call sites, with every op's inputs, with both (``--shapes all``); ``ops_sampled``: with both, the
+  inputs of sampled ops only (``--shapes sample``, the default, its first phase skipped: the
+  steady state); ``ops_sig`` / ``ops_ptrs``: with the inputs' shapes and dtypes only / data
+  pointers only; ``tensors``: the allocator tracker alone;
 - ``cupti_kernels``: CUPTI kernel, memcpy, memset and synchronization records only;
   ``cupti_memory``: and MEMORY2/MEMORY_POOL; ``cupti_launch_cb``: and launch calls through the
   callback API (the default); ``cupti_launch_act``: launch calls as RUNTIME/DRIVER records instead;
 - ``all``: everything pastaprof's session starts except the Python parts (module paths, ranges,
-  the flush thread): CUPTI as by default, the op observer tagging launches, the allocator tracker.
+  the flush thread): CUPTI as by default, the op observer tagging launches, the allocator tracker;
+  every op's inputs; ``all_sampled``: the same with sampled inputs (the default capture).
 
 Each cell: median seconds of ``--steps`` steps (synchronized), median over rounds, as a ratio to
 bare and as microseconds per op (per kernel launch for the CUPTI rows) over bare; ``min_x``: the
@@ -47,32 +50,41 @@ class Configs:
         self.ops = NativeOps(self.lib, 0)
         self.cupti = None
         self._floor = 0
-        self.names = ["bare", "rf_empty", "rf_empty_inputs", "ops_lean", "ops_sig", "ops_ptrs", "ops_shapes", "ops_full", "tensors",
-                      "cupti_kernels", "cupti_memory", "cupti_launch_cb", "cupti_launch_act", "all"]
+        self.names = ["bare", "rf_empty", "rf_empty_inputs", "ops_lean", "ops_sig", "ops_ptrs", "ops_shapes", "ops_full", "ops_sampled",
+                      "tensors", "cupti_kernels", "cupti_memory", "cupti_launch_cb", "cupti_launch_act", "all",
+                      "all_sampled"]
+
+    def _sampling(self, sampled: bool) -> None:
+        """The observer's shapes mode for the next start: sampled (first phase skipped) or all."""
+        from pastaprof.handlers.torch_native import SAMPLE_CHASE, SAMPLE_PERIOD, SAMPLE_WINDOW
+
+        self.lib.pp_obs_sampling(2 if sampled else 1, 1, SAMPLE_PERIOD, SAMPLE_WINDOW, SAMPLE_CHASE)
 
     def start(self, name: str) -> bool:
         lib = self.lib
+        if name.startswith("ops_") or name.startswith("all"):
+            self._sampling(name.endswith("_sampled"))
         if name.startswith("rf_empty"):
             self._floor = lib.pp_obs_floor_start(int(name.endswith("inputs")))
         elif name.startswith("ops_"):
             shapes, sites = {"ops_lean": (0, 0), "ops_sig": (1, 0), "ops_ptrs": (2, 0), "ops_shapes": (3, 0),
-                             "ops_full": (3, 1)}[name]
+                             "ops_full": (3, 1), "ops_sampled": (3, 1)}[name]
             lib.pp_obs_start(None, None, 0, shapes, sites)
         elif name == "tensors":
             if lib.pp_mem_start() != 0:
                 return False
             self.ops.mem = True
-        elif name.startswith("cupti_") or name == "all":
+        elif name.startswith("cupti_") or name.startswith("all"):
             from pastaprof.handlers.control import CaptureConfig
             from pastaprof.handlers.cupti_activity import CuptiActivityHandler
 
             off = {"cupti_kernels": "api,ext,memory", "cupti_memory": "api,ext", "cupti_launch_cb": "ext",
-                   "cupti_launch_act": "ext,callbacks", "all": ""}[name]
+                   "cupti_launch_act": "ext,callbacks", "all": "", "all_sampled": ""}[name]
             self.cupti = CuptiActivityHandler(CaptureConfig.from_env({"PASTAPROF_OFF": off} if off else {}))
             self.cupti.start()
             if self.cupti.status:
                 raise SystemExit(f"CUPTI did not start: {self.cupti.status}")
-            if name == "all":
+            if name.startswith("all"):
                 self.cupti.external_correlation()
                 push, pop, kind = self.cupti.native_external
                 lib.pp_obs_start(push, pop, kind, 3, 1)
@@ -85,9 +97,9 @@ class Configs:
         lib = self.lib
         if name.startswith("rf_empty"):
             lib.pp_obs_floor_stop(self._floor)
-        if name.startswith("ops_") or name == "all":
+        if name.startswith("ops_") or name.startswith("all"):
             lib.pp_obs_stop()
-        if name in ("tensors", "all"):
+        if name in ("tensors", "all", "all_sampled"):
             lib.pp_mem_stop()
         launches = 0
         if self.cupti is not None:

@@ -2,8 +2,9 @@
 
     python bench/op_capture_cpu.py [--ops 20000] [--repeat 5]
 
-Interleaved, `--repeat` times: bare; pastaprof's C++ RecordFunction observer (shapes +
-call sites, the default); its lean mode (no shapes, no call sites); the Python
+Interleaved, `--repeat` times: bare; pastaprof's C++ RecordFunction observer (sampled shapes +
+call sites, the default); with every op's shapes (``--shapes all``); its lean mode (no shapes,
+no call sites); the Python
 TorchDispatchMode fallback (PASTAPROF_NATIVE=0); torch.profiler (CPU activity,
 record_shapes, with_stack).  Workloads: `--ops` x ``x.add_(1)`` on a 1-element CPU
 tensor, and a 4-layer MLP training step (forward, backward, SGD).  Each configuration
@@ -57,7 +58,7 @@ def main() -> None:
     with open(app, "w") as f:
         f.write(APP)
     pp = [sys.executable, "-m", "pastaprof.cli", "run", "--force", "-o", os.path.join(d, "run"), "--"]
-    configs = {"bare": ([], {}), "native": (pp, {}),
+    configs = {"bare": ([], {}), "native": (pp, {}), "native_all": (pp, {"PASTAPROF_SHAPES": "all"}),
                "native_lean": (pp, {"PASTAPROF_SHAPES": "0", "PASTAPROF_CALL_SITES": "0"}),
                "python_mode": (pp, {"PASTAPROF_NATIVE": "0"}), "torchprof": ([], {})}
     res: dict[str, list[dict]] = {k: [] for k in configs}

@@ -881,8 +881,8 @@ def test_many_ops_in_one_drain_keep_every_row_and_pointer(tmp_path):
                 a.add_(b)
     """)
     out = tmp_path / "many"
-    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(out), "--", sys.executable, "-c", code],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(out), "--shapes", "all", "--",
+                        sys.executable, "-c", code], capture_output=True, text=True)  # every op's pointers
     assert r.returncode == 0, r.stderr
     pa_, pb, pc_ = map(int, r.stdout.split())
     run = pastaprof.load(out)
