@@ -116,6 +116,9 @@ _DELTA[[0x5B, 0x7B]] = 1
 _DELTA[[0x5D, 0x7D]] = -1
 
 
+EXACT_PIECE = 1 << 18  # the block where the array closes is re-scanned in pieces this size
+
+
 class ArrayEnd:
     """Finds the bracket that closes an array whose opening bracket was already seen.
 
@@ -135,10 +138,14 @@ class ArrayEnd:
         run = _trailing_run(data)
         self.pending = data[len(data) - run:] if run else b""
         data = data[: len(data) - run] if run else data
-        found = self._fast(data)
-        if found:
-            pos = self._exact(data)
-            return self.offset + pos
+        step = EXACT_PIECE
+        start = self.offset
+        if self._fast(data):  # narrow it down to one piece, scanned exactly
+            for lo in range(0, len(data), step):
+                piece = data[lo : lo + step]
+                if _trailing_run(piece) or self._fast(piece):
+                    piece = data[lo:]  # a piece must not end inside a run of backslashes
+                    return start + lo + self._exact(piece)
         self.offset += len(data)
         return -1
 

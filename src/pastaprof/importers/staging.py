@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import numpy as np
 import orjson
 
 from pastaprof.errors import InputError
@@ -49,12 +49,16 @@ def open_trace(path: Path) -> BinaryIO:
     return f
 
 
+_NON_WS = re.compile(rb"[^ \t\r\n]")
+
+
 def _top_level(head: bytes, path: Path) -> tuple[int, bool]:
     """Offset of the first byte of the JSON value and whether it is an array."""
-    i = len(head) - len(head.lstrip(b" \t\r\n"))
+    m = _NON_WS.search(head)
+    i = m.start() if m else len(head)
     if head.startswith(b"\xef\xbb\xbf", i):
-        i += 3
-        i += len(head[i:]) - len(head[i:].lstrip(b" \t\r\n"))
+        m = _NON_WS.search(head, i + 3)
+        i = m.start() if m else len(head)
     c = head[i : i + 1]
     if c == b"[":
         return i, True
@@ -65,16 +69,17 @@ def _top_level(head: bytes, path: Path) -> tuple[int, bool]:
 
 def _find_events_key(head: bytes, first: int, path: Path) -> int:
     """Offset of the '[' of the top-level ``"traceEvents"`` value in ``head`` (-1: read
-    more).  A real scan of the structure: the key must be a string that opens at
-    depth 1 (not a name inside an event, not text inside another string)."""
-    blk = Scanner().scan(memoryview(head)[first:].tobytes() if first else head)
+    more).  A real scan of the structure up to each candidate: the key must be a string
+    that opens at depth 1 (not a name inside an event, not text inside another string)."""
+    sc = Scanner()
+    done = first
     k = head.find(_EVENTS_KEY, first)
     while k >= 0:
-        rel = k - first
-        j = int(np.searchsorted(blk.quotes, rel))
-        opens = j < len(blk.quotes) and blk.quotes[j] == rel and j % 2 == 0
-        b = int(np.searchsorted(blk.brackets, rel)) - 1
-        if opens and b >= 0 and blk.depth[b] == 1:
+        blk = sc.scan(head[done:k])
+        if len(blk.depth) and int(blk.depth.min()) <= 0:
+            raise InputError(path, "no traceEvents array: not a Chrome/Kineto trace")
+        done = k
+        if not sc.in_string and not sc.odd_backslashes and sc.depth == 1:
             i = _skip_ws(head, k + len(_EVENTS_KEY))
             if i < len(head) and head[i : i + 1] == b":":
                 i = _skip_ws(head, i + 1)
@@ -84,7 +89,8 @@ def _find_events_key(head: bytes, first: int, path: Path) -> int:
                     raise InputError(path, "traceEvents is not an array")
                 return i
         k = head.find(_EVENTS_KEY, k + 1)
-    if blk.depth.size and int(blk.depth.min()) <= 0:
+    blk = sc.scan(head[done:])
+    if len(blk.depth) and int(blk.depth.min()) <= 0:
         raise InputError(path, "no traceEvents array: not a Chrome/Kineto trace")
     return -1
 
@@ -138,7 +144,7 @@ def _read_head(src: BinaryIO, path: Path) -> tuple[bytes, int, int, bool]:
     while True:
         block = src.read(CHUNK)
         head += block
-        if not head.strip():
+        if not _NON_WS.search(head):
             if not block:
                 raise InputError(path, "empty file")
             continue
