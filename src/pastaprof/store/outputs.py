@@ -219,7 +219,7 @@ def open_output(path: Path | str) -> Iterator[_Output]:
         return
     dest = str(target)
     try:
-        mode = stat.S_IMODE(os.stat(dest).st_mode)
+        mode = stat.S_IMODE(os.stat(dest).st_mode) & 0o777  # its permissions, never set-id bits
     except OSError:
         mode = 0o666 & ~_umask()
     try:
