@@ -98,6 +98,21 @@ def test_torch_compile_same_graphs_no_warning(tmp_path):
     assert Counter(ops["name"].to_pylist())["aten::relu"] == 12  # 3 compiled calls x 2 blocks x (fake + real)
 
 
+def test_fsdp2_training_same_and_attributed(tmp_path):
+    """FSDP2 (fully_shard) swaps module classes and registers module hooks of its own: the
+    training gives the same loss, and ops are attributed to the FSDP modules."""
+    pytest.importorskip("torch.distributed.fsdp")
+    cmd = [sys.executable, str(PROGRAMS / "fsdp.py")]
+    bare = _bare(cmd, tmp_path)
+    assert bare.returncode == 0, bare.stderr
+    run = _captured(tmp_path / "run", cmd, tmp_path)
+    _same(bare, run)
+    got = _modules(tmp_path / "run", ("aten::addmm", "aten::relu"))
+    assert got == Counter({("aten::addmm", "FSDPSequential_0/FSDPLinear_0"): 3,
+                           ("aten::addmm", "FSDPSequential_0/FSDPLinear_1"): 3,
+                           ("aten::relu", "FSDPSequential_0/ReLU_0"): 3})
+
+
 def _hooked():
     torch = pytest.importorskip("torch")
     from pastaprof.handlers.module_paths import ModulePaths
