@@ -176,7 +176,7 @@ def test_an_unranked_trace_beside_ranked_ones_gets_the_next_free_rank(tmp_path):
     run, said, _ = load_quiet(tmp_path)
     assert run.ranks == [0, 1, 2]
     assert kernels_per_rank(run)[2] == count(MLP, "kernel")
-    assert len(said) == 1 and said[0].startswith("1 traces state no rank") and "extra.pt.trace.json.gz" in said[0]
+    assert len(said) == 1 and said[0].startswith("1 trace states no rank") and "extra.pt.trace.json.gz" in said[0]
     assert run.manifest["rank_source"]["extra.pt.trace.json.gz"]["guess"] is True
     one = run.manifest["rank_source"]["rank-1.pt.trace.json.gz"]
     assert (one["rank"], one["from"], one["guess"], one["pid"]) == (1, "distributedInfo", False, 604)
@@ -351,3 +351,44 @@ def test_distributed_info_past_the_first_bytes_is_the_rank(tmp_path):
     assert run.manifest["rank_source"]["late.pt.trace.json.gz"]["from"] == "distributedInfo"
     only = pastaprof.load(tmp_path, ranks=[3])
     assert only.ranks == [3] and kernels_per_rank(only) == {3: count(src, "kernel")}
+
+
+def test_guessed_ranks_skip_the_ranks_files_state(tmp_path):
+    """rank-1 stated; two traces of unknown processes around it: ranks 0 and 2, not 1 twice."""
+    shutil.copy(MLP, tmp_path / "a.pt.trace.json.gz")
+    shutil.copy(DDP / "rank-1.pt.trace.json.gz", tmp_path / "b_rank-1.pt.trace.json.gz")
+    shutil.copy(LEAK, tmp_path / "c.pt.trace.json.gz")
+    run, said, _ = load_quiet(tmp_path)
+    assert run.ranks == [0, 1, 2]
+    assert kernels_per_rank(run) == {0: count(MLP, "kernel"), 1: count(DDP / "rank-1.pt.trace.json.gz", "kernel"),
+                                     2: count(LEAK, "kernel")}
+    assert len(said) == 1 and "read as ranks 0, 2 by file order, a guess" in said[0]
+
+
+@pytest.mark.parametrize("head, kind, pid", [
+    # brackets and quotes inside strings do not count; the key is found at depth 1 only
+    (b'{"a\\"]": "}{[", "x": {"traceEvents": 1}, "traceEvents": [{"ph": "X", "cat": "cpu_op", "pid": 9, '
+     b'"name": "f]}\\"", "ts": 1}]}', "trace", 9),
+    (b'{"schema": "1.1.1-chakra.0.0.4", "pid": 7, "time": "t", "start_ts": 1, "nodes": [', "et", None),
+    (b'{"nodes": [], "schema": "x"}', "et", None),
+    (b'{"nodes": [1, 2], "edges": []}', "json", None),
+    (b'[{"ph": "X", "cat": "Kernel", "pid": 0}, {"ph": "X", "cat": "Operator", "pid": 31, "ts": 5}]', "trace", 31),
+    (b'[[1, 2], 3]', "json", None),
+    (b'{"traceEvents": [{"ph": "M", "name": "process_labels", "pid": 44, "args": {"labels": "CPU"}}]}', "trace", 44),
+])
+def test_sniff_reads_structure_not_bytes(head, kind, pid):
+    from pastaprof.importers.sniff import classify
+
+    s = classify(head)
+    assert (s.kind, s.pid) == (kind, pid)
+
+
+def test_sniff_stays_undecided_on_hostile_heads():
+    """An unterminated string full of escaped quotes, or a million brackets: no answer
+    (the importer then judges the file), reached on a budget, not by scanning forever."""
+    from pastaprof.importers.sniff import classify
+
+    for head in (b'{"k": "' + b'\\"' * (1 << 19), b'{"a": ' + b"[" * (1 << 20),
+                 b"{" + b'"a": 1, ' * (1 << 17)):
+        s = classify(head)
+        assert s.kind == "trace" and not s.decided

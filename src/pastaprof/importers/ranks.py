@@ -181,7 +181,8 @@ def _guess(plan: list, by_process: dict[tuple[str, int], int], notes: list[str])
         pids = sorted({e.pid for e in by_file_order if e.pid is not None})
         pid_note = f"; pids {', '.join(map(str, pids[:LIST_MAX]))}{' ...' if len(pids) > LIST_MAX else ''}" \
             if len(pids) > 1 else ""
-        notes.append(f"{len(guessed)} traces state no rank (no distributedInfo, no rank-N in the name): "
+        notes.append(f"{len(guessed)} trace{'s state' if len(guessed) > 1 else ' states'} no rank "
+                     "(no distributedInfo, no rank-N in the name): "
                      f"{names([e.path for e in guessed])} read as rank{'s' if len(ranks) > 1 else ''} "
                      f"{_span(ranks)} {how}, a guess{pid_note}; if they are separate runs, analyze each on its own")
 
