@@ -287,6 +287,22 @@ def export(path: Path, fmt: str, dest: Path, ranks: str | None) -> None:
     _run_guarded(work)
 
 
+@cli.command("diff")
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("new", type=click.Path(path_type=Path))
+@click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write the comparison as JSON here.")
+@click.option("--fail-above", "fail_above", type=float, metavar="PCT",
+              help="Exit 3 when something got slower by more than PCT% of the base step (or total) time.")
+@click.option("--rows", default=15, show_default=True, type=click.IntRange(1, 10_000), help="Rows per table.")
+@click.option("-q", "--quiet", is_flag=True, help="No terminal tables (use with --json or --fail-above).")
+def diff_cmd(base: Path, new: Path, json_out: Path | None, fail_above: float | None, rows: int, quiet: bool) -> None:
+    """Compare two traces or runs: per step, kernel, op, module and call site; new and
+    vanished kernels; findings resolved and introduced.  Usable as a CI gate."""
+    from pastaprof.report.diff import diff_main
+
+    sys.exit(_run_guarded(lambda: diff_main(base, new, json_out, fail_above, rows, quiet)))
+
+
 @cli.command("build-native")
 def build_native() -> None:
     """Build the native capture libraries now (else the first profiled run does)."""
