@@ -324,6 +324,7 @@ def import_file(
             tables, counts, phases = _project(con, files, rank, base, path, wanted)
         finally:
             con.close()
+    _check_time_range(tables, path)
     meta = {k: v for k, v in meta.items() if k != "_bytes"} | {"bytes": meta.get("_bytes", 0)}
     meta["rank"] = rank
     meta["category_counts"] = counts
@@ -378,6 +379,25 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
     if "collective" in kinds:
         tables["collective"] = _collectives(tables["op"])
     return tables, counts, phases
+
+
+TIME_RANGE_LIMIT = 1 << 62  # ns (146 years): any span of real events is far below; int64 arithmetic stays exact
+
+
+def _check_time_range(tables: dict[str, pa.Table], path: Path) -> None:
+    """Refuse events spread over more than ``TIME_RANGE_LIMIT``: their spans and gaps
+    would not fit int64 nanoseconds (the tools' arithmetic), so no number would be right."""
+    import pyarrow.compute as pc
+
+    lo, hi = None, None
+    for t in tables.values():
+        if t.num_rows and "start_ns" in t.column_names:
+            a, b = pc.min(t["start_ns"]).as_py(), pc.max(t["end_ns"]).as_py()
+            lo = a if lo is None or (a is not None and a < lo) else lo
+            hi = b if hi is None or (b is not None and b > hi) else hi
+    if lo is not None and hi is not None and hi - lo >= TIME_RANGE_LIMIT:
+        raise InputError(path, f"event times span {(hi - lo) / 86400e9:.3g} days ({lo} to {hi} ns): "
+                               "not the timestamps of one trace")
 
 
 def _encode_names(kind: str, t: pa.Table) -> pa.Table:

@@ -201,6 +201,30 @@ class KeyIndex:
         return out
 
 
+_OFFSET_LIMIT = 1 << 62
+
+
+def _offsets(span1: np.ndarray, first: np.ndarray, n: int) -> tuple[np.ndarray, list[tuple[int, int]] | None]:
+    """Per segment, the offset its shifted times start at: the running sum of the earlier
+    segments' spans (+1).  When that sum would pass 2**62 (times spread over centuries:
+    only hostile input), the offsets restart at 0 in batches of segments whose sum stays
+    below it, and the running maximum is then taken per batch: the row ranges returned
+    (None: one batch).  Each span must itself be below 2**62 (the importer checks)."""
+    offset = np.zeros(len(span1), dtype=np.int64)
+    if float(span1.astype(np.float64).sum()) < _OFFSET_LIMIT:
+        np.cumsum(span1[:-1], out=offset[1:])
+        return offset, None
+    batches, lo, total = [], 0, 0
+    for k, sp in enumerate(span1.tolist()):  # a loop over segments, never over events
+        if total + sp >= _OFFSET_LIMIT and k > lo:
+            batches.append((int(first[lo]), int(first[k])))
+            lo, total = k, 0
+        offset[k] = total
+        total += sp
+    batches.append((int(first[lo]), n))
+    return offset, batches
+
+
 class Sweep:
     """Rows sorted by (segment, start), prepared for repeated gap and union queries.
 
@@ -214,6 +238,7 @@ class Sweep:
         self.n, self.n_segments = n, n_segments
         if n == 0:
             z = np.zeros(0, dtype=np.int64)
+            self.batches = None
             self.first = self.last = self.seg_ids = self.first_start = self.last_end = z
             self.start_sh = self.end_sh = self.shift_last = z
             return
@@ -226,8 +251,7 @@ class Sweep:
         self.seg_ids = seg[self.first]
         self.first_start = start[self.first]
         self.last_end = np.maximum.reduceat(end, self.first)
-        offset = np.zeros(len(self.first), dtype=np.int64)
-        np.cumsum(self.last_end[:-1] - self.first_start[:-1] + 1, out=offset[1:])
+        offset, self.batches = _offsets(self.last_end - self.first_start + 1, self.first, n)
         # segment k's time t maps to t - first_start_k + offset_k, inside [offset_k, offset_k + span_k]
         shift_seg = offset - self.first_start
         shift = np.repeat(shift_seg, np.diff(np.append(self.first, n)))
@@ -250,7 +274,11 @@ class Sweep:
         if self.n == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(self.n_segments, dtype=np.int64)
         running = self.end_sh.copy() if include is None else np.where(include, self.end_sh, self.start_sh)
-        np.maximum.accumulate(running, out=running)
+        if self.batches is None:
+            np.maximum.accumulate(running, out=running)
+        else:  # shifted times restart per batch of segments (see _offsets)
+            for lo, hi in self.batches:
+                np.maximum.accumulate(running[lo:hi], out=running[lo:hi])
         last_end = running[self.last] - self.shift_last
         gap = np.empty(self.n, dtype=np.int64)
         gap[0] = 0
