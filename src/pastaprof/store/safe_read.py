@@ -420,11 +420,33 @@ def _parquet(path: Path, root: Path | None) -> Iterator[Any]:
             raise InputError(path, f"corrupt or truncated Parquet ({one_line(e, 200)})") from None
 
 
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 1 << 62
+
+
+def _check_footer(path: Path, kind: str | None, pf: Any) -> int:
+    """The schema check, and a bound on what reading the part would take: a small file can
+    claim billions of rows (run-length-encoded nulls) or terabytes once decompressed."""
+    _check_schema(path, kind, pf.schema_arrow)
+    md = pf.metadata
+    rows = md.num_rows
+    if rows < 0:
+        raise InputError(path, f"corrupt Parquet footer ({rows} rows)")
+    claimed = max(rows * max(md.num_columns, 1) * 8,
+                  sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)))
+    if claimed > _memory_bytes():
+        raise InputError(path, f"claims {rows:,} rows ({claimed:,} bytes once read): more than this "
+                               "machine's memory; a damaged or hostile part")
+    return rows
+
+
 def part_rows(path: Path, kind: str | None, root: Path | None = None) -> int:
     """Rows of a part, from its footer, after checking that it is a part of ``kind``."""
     with _parquet(path, root) as pf:
-        _check_schema(path, kind, pf.schema_arrow)
-        return pf.metadata.num_rows
+        return _check_footer(path, kind, pf)
 
 
 def read_part(path: Path, kind: str | None, root: Path | None = None) -> pa.Table:
@@ -432,7 +454,7 @@ def read_part(path: Path, kind: str | None, root: Path | None = None) -> pa.Tabl
     from pastaprof.events.schema import conform
 
     with _parquet(path, root) as pf:
-        _check_schema(path, kind, pf.schema_arrow)
+        _check_footer(path, kind, pf)
         t = pf.read()
         if kind is None:
             return t
