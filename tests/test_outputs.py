@@ -325,7 +325,18 @@ def test_run_writer_under_a_file_size_limit_leaves_no_partial_run(tmp_path):
 def test_unwritable_json_targets(tmp_path, mlp_run):
     base = ["analyze", mlp_run, "-t", "kernels", "-q", "--json"]
     one_error_line(cli(*base, "/etc/passwd/f.json"), "cannot write /etc/passwd/f.json")
-    one_error_line(cli(*base, "/proc/version"), "cannot write /proc/version")
+    one_error_line(cli(*base, "/proc/version"), "cannot write /proc/version", "kernel's files")
+    hostname = Path("/proc/sys/kernel/hostname").read_text()
+    one_error_line(cli(*base, "/proc/sys/kernel/hostname"), "kernel's files")  # root could write it
+    link = tmp_path / "link"
+    link.symlink_to("/proc/sys/kernel/hostname")
+    one_error_line(cli(*base, link), "kernel's files")
+    assert Path("/proc/sys/kernel/hostname").read_text() == hostname and link.is_symlink()
+    link.unlink()
+    link.symlink_to("/dev/stdout")  # a pipe reached through /proc's links is still written into
+    r = cli(*base, link)
+    assert r.returncode == 0 and _json_kernels(json.loads(r.stdout)) == MLP_KERNELS, r.stderr
+    link.unlink()
     one_error_line(cli(*base, tmp_path), "is a directory")
     one_error_line(cli(*base, tmp_path / "no" / "f.json"), "does not exist")
     import socket

@@ -98,6 +98,23 @@ def _hidden(name: str, what: str) -> str:
     return f".{name[:80]}.{what}"
 
 
+def _refuse_kernel_files(path: str) -> None:
+    """/proc and /sys hold the kernel's files (writing one may change the system), never outputs;
+    a pipe or terminal reached through them (a link to /dev/stdout) is still written into."""
+    try:
+        real = os.path.realpath(path)
+    except OSError:  # a link /proc does not let us read: judge by the name
+        real = os.path.abspath(path)
+    if real not in ("/proc", "/sys") and not real.startswith(("/proc/", "/sys/")):
+        return
+    try:
+        if stat.S_ISFIFO(os.stat(path).st_mode) or stat.S_ISCHR(os.stat(path).st_mode):
+            return
+    except OSError:
+        pass
+    raise OutputError(path, f"/{real.split('/')[1]} holds the kernel's files, not outputs")
+
+
 def _ensure_dir(path: Path, output: Path | str) -> None:
     """Create ``path`` and its parents; a failure blames ``output``."""
     try:
@@ -122,6 +139,7 @@ def _file_target(path: Path | str) -> tuple[str, int | str]:
         except OSError:
             raise OutputError(name, f"descriptor {fd} is not open") from None
         return "fd", fd
+    _refuse_kernel_files(name)
     try:
         st = os.lstat(name)
     except FileNotFoundError:
@@ -314,6 +332,7 @@ class OutputDir:
     def __init__(self, dest: Path | str, force: bool = False) -> None:
         self.dest = Path(os.path.abspath(dest))  # the link itself, never what it points at
         self.force = force
+        _refuse_kernel_files(str(self.dest))
         check_output_dir(self.dest, force)
         _ensure_dir(self.dest.parent, self.dest)
         try:
