@@ -394,6 +394,13 @@ def full_disk(tmp_path):
     subprocess.run(["umount", str(d)], check=False)
 
 
+def test_dev_full_is_one_line_and_stays_a_device(mlp_run):
+    for args in (["analyze", mlp_run, "-t", "kernels", "-q", "--json", "/dev/full"],
+                 ["export", mlp_run, "-o", "/dev/full"]):
+        one_error_line(cli(*args), "cannot write /dev/full", "no space left on device")
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
 def test_full_disk_is_one_line_blaming_the_output(full_disk, tmp_path):
     big = tmp_path / "gpt2"
     assert cli("import", GPT2, "-o", big).returncode == 0
