@@ -22,6 +22,7 @@ from pastaprof.importers import iter_ranks
 
 PY = [sys.executable, "-m", "pastaprof.cli"]
 RANKS = DATA / "ranks"
+RECORDED = DATA / "recorded"  # real GPU traces (H200, torch 2.11): see its README
 DDP = DATA / "ddp_mlp_2ranks"
 MLP = DATA / "mlp_train_3steps.pt.trace.json.gz"
 LEAK = DATA / "leak_5steps.pt.trace.json.gz"
@@ -274,7 +275,7 @@ def test_execution_trace_and_config_beside_kineto_traces_are_skipped(tmp_path):
     run, said, _ = load_quiet(tmp_path)
     assert run.ranks == [0, 1]
     assert kernels_per_rank(run) == {r: count(DDP / f"rank-{r}.pt.trace.json.gz", "kernel") for r in (0, 1)}
-    assert len(said) == 1 and said[0].startswith("skipped 3 files that are no Kineto trace: ")
+    assert len(said) == 1 and said[0].startswith("skipped 3 files that are no Kineto trace (config.json: JSON without")
     assert run.manifest["skipped"] == {"config.json": "JSON without a traceEvents array",
                                        "pytorch_et.json": "a PyTorch execution trace (Chakra ET; no importer for it yet)",
                                        "rank-0_et.json.gz": "a PyTorch execution trace (Chakra ET; no importer for it yet)"}
@@ -312,8 +313,8 @@ def test_hidden_files_are_skipped_and_a_broken_rank_can_be_left_out(tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["tools"]["kernels"]["summary"]["kernels"] == count(
         DDP / "rank-0.pt.trace.json.gz", "kernel")
-    assert notes(r.stderr) == ["pastaprof: note: skipped 1 file that is no Kineto trace: "
-                               "._rank-0.pt.trace.json.gz (a hidden file)"]
+    assert notes(r.stderr) == ["pastaprof: note: skipped 1 file that is no Kineto trace "
+                               "(._rank-0.pt.trace.json.gz: a hidden file)"]
 
 
 def test_file_names_with_control_characters_stay_one_line(tmp_path):
@@ -392,3 +393,30 @@ def test_sniff_stays_undecided_on_hostile_heads():
                  b"{" + b'"a": 1, ' * (1 << 17)):
         s = classify(head)
         assert s.kind == "trace" and not s.decided
+
+
+def test_recorded_gpu_tensorboard_schedule_is_one_rank():
+    """The real H200 tensorboard_trace_handler folder (schedule repeat=2, one process):
+    one rank with both cycles' 68 kernels each, ProfilerStep#2-#3 and #6-#7."""
+    folder = RECORDED / "tb_schedule"
+    files = sorted(folder.iterdir())
+    run, said, metas = load_quiet(folder)
+    assert run.ranks == [0]
+    assert [count(f, "kernel") for f in files] == [68, 68] and kernels_per_rank(run) == {0: 136}
+    steps = run.sql("select name from range where domain = 'user' and name like 'ProfilerStep#%' order by start_ns").fetchall()
+    assert [s[0] for s in steps] == ["ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#6", "ProfilerStep#7"]
+    assert [m["file"] for m in metas] == [f.name for f in files]  # the first cycle first
+    assert len(said) == 1 and "2 captures of one process (host vm, pid 581)" in said[0]
+
+
+def test_recorded_execution_trace_beside_its_kineto_trace():
+    """The real ET written by profile(execution_trace_observer=...) is named rank-0.et.json.gz:
+    recognized by content and skipped; the Kineto trace beside it is rank 0 with its 44 kernels."""
+    folder = RECORDED / "et_beside_kineto"
+    run, said, _ = load_quiet(folder)
+    assert count(folder / "rank-0.pt.trace.json.gz", "kernel") == 44
+    assert run.ranks == [0] and kernels_per_rank(run) == {0: 44}
+    assert run.manifest["skipped"] == {"rank-0.et.json.gz": "a PyTorch execution trace (Chakra ET; no importer for "
+                                                            "it yet)"}
+    assert said == ["skipped 1 file that is no Kineto trace (rank-0.et.json.gz: a PyTorch execution trace "
+                    "(Chakra ET; no importer for it yet))"]

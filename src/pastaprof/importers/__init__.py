@@ -28,7 +28,10 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 
 
 def _stderr_note(msg: str) -> None:
-    sys.stderr.write(f"pastaprof: note: {msg}\n")
+    try:
+        sys.stderr.write(f"pastaprof: note: {msg}\n")
+    except (AttributeError, OSError, ValueError):  # no stderr, or a closed one: the manifest keeps the note
+        pass
 
 
 def scan(path: Path) -> tuple[list[Path], list[Sniff], dict[str, str]]:
@@ -59,9 +62,7 @@ def scan(path: Path) -> tuple[list[Path], list[Sniff], dict[str, str]]:
         sniffs.append(s)
     if not files:
         if skipped:
-            what = "; ".join(f"{show(n)}: {w}" for n, w in list(skipped.items())[:3])
-            more = f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""
-            raise InputError(path, f"folder holds no Kineto trace ({what}{more})")
+            raise InputError(path, f"folder holds no Kineto trace ({_skipped(skipped)})")
         raise InputError(path, "folder holds no .json or .json.gz trace files")
     return files, sniffs, skipped
 
@@ -71,11 +72,15 @@ def trace_files(path: Path) -> list[Path]:
     return scan(path)[0]
 
 
+def _skipped(skipped: dict[str, str]) -> str:
+    """'a.json: why; b.json: why' (three at most, then how many more)."""
+    more = f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+    return "; ".join(f"{show(n)}: {w}" for n, w in list(skipped.items())[:3]) + more
+
+
 def _skipped_note(skipped: dict[str, str]) -> str:
-    shown = ", ".join(f"{show(n)} ({w})" for n, w in list(skipped.items())[:3])
-    more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
-    return f"skipped {len(skipped)} file{'s' if len(skipped) > 1 else ''} that {'are' if len(skipped) > 1 else 'is'} " \
-           f"no Kineto trace: {shown}{more}"
+    n = len(skipped)
+    return f"skipped {n} file{'s that are' if n > 1 else ' that is'} no Kineto trace ({_skipped(skipped)})"
 
 
 def iter_ranks(
@@ -100,7 +105,7 @@ def iter_ranks(
         if ranks is not None and entry.rank not in ranks and decided[entry.path]:
             continue
         tables, meta = import_file(entry.path, rank=entry.rank, progress=progress, kinds=kinds)
-        _late_rank(entry, meta, notes)
+        _late_rank(entry, meta, notes if len(entries) > 1 else [])
         if ranks is not None and entry.rank not in ranks:
             continue
         unread = unread_note(meta)  # what the file holds that no tool will see, in one line
