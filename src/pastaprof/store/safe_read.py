@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import shutil
 import stat
 import tempfile
 import time
 from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -121,19 +123,19 @@ def read_bounded(path: Path, limit: int, root: Path | None = None, what: str = "
         os.close(fd)
 
 
-def _depth(value: Any) -> int:
-    """How deep ``value`` nests (iteratively: a hostile document must not exhaust the stack)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, dict):
-            v = list(v.values())
-        if isinstance(v, list):
-            deepest = max(deepest, d)
-            if d > MAX_JSON_DEPTH:
-                return d
-            stack.extend((x, d + 1) for x in v if isinstance(x, (dict, list)))
-    return deepest
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` deep: level by level, without recursion (a
+    hostile document must not exhaust the stack) and in comprehensions (a 64 MB one is fast)."""
+    level = [value] if type(value) in (list, dict) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        items = chain(chain.from_iterable(c for c in level if type(c) is list),
+                      chain.from_iterable(map(dict.values, (c for c in level if type(c) is dict))))
+        level = [x for x in items if type(x) in (list, dict)]
+    return False
 
 
 def load_json(path: Path, limit: int = MAX_MANIFEST_BYTES, root: Path | None = None, label: str = "") -> Any:
@@ -153,7 +155,7 @@ def load_json(path: Path, limit: int = MAX_MANIFEST_BYTES, root: Path | None = N
         raise InputError(path, deep) from None
     except ValueError as e:  # JSONDecodeError, and int() of a number of over 4,300 digits
         raise InputError(path, f"{label}not valid JSON ({one_line(e)})") from None
-    if _depth(value) > MAX_JSON_DEPTH:
+    if _too_deep(value, MAX_JSON_DEPTH):
         raise InputError(path, deep)
     return value
 
@@ -300,6 +302,34 @@ def _key(key: str) -> str:
     return key if key.isprintable() and len(key) <= 60 else repr(key[:60])
 
 
+_LEAF_TYPES = {"int": {int}, "count": {int}, "rank": {int}, "num": {int, float}, "str": {str}}
+
+
+def _leaves_ok(spec: Any, values: list[Any]) -> bool:
+    """Whether all ``values`` are of the leaf type ``spec``, checked in C-level loops (a
+    manifest listing millions of ranks).  False also means "check one by one" (not a leaf)."""
+    nullable = isinstance(spec, tuple) and spec[0] == "?"
+    leaf = spec[1] if nullable else spec
+    if not isinstance(leaf, str):
+        return False
+    if leaf == "any":
+        return True
+    types = set(map(type, values))
+    if nullable and type(None) in types:
+        types.discard(type(None))
+        values = [x for x in values if x is not None]
+    if not types <= _LEAF_TYPES[leaf]:
+        return False
+    try:
+        if leaf == "count":
+            return not values or min(values) >= 0
+        if leaf == "rank":
+            return not values or (min(values) >= 0 and max(values) < 2**31)
+        return leaf != "num" or all(map(math.isfinite, values))
+    except OverflowError:  # an integer beyond any float: judged one by one
+        return False
+
+
 def _check_field(path: Path, name: str, spec: Any, v: Any) -> None:
     problem = _type_error(spec, v)
     if problem:
@@ -312,9 +342,10 @@ def _check_field(path: Path, name: str, spec: Any, v: Any) -> None:
             if key in v:
                 _check_field(path, f"{name}.{key}", sub, v[key])
     elif isinstance(spec, tuple) and spec[0] == "list":
-        for i, x in enumerate(v):
-            _check_field(path, f"{name}[{i}]", spec[1], x)
-    elif isinstance(spec, tuple) and spec[0] == "map":
+        if not _leaves_ok(spec[1], v):
+            for i, x in enumerate(v):
+                _check_field(path, f"{name}[{i}]", spec[1], x)
+    elif isinstance(spec, tuple) and spec[0] == "map" and not _leaves_ok(spec[1], list(v.values())):
         for key, x in v.items():
             _check_field(path, f"{name}.{_key(key)}", spec[1], x)
 
