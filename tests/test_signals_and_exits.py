@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -350,3 +351,50 @@ def test_a_failed_exec_leaves_capture_going(tmp_path):
     assert r.stdout.splitlines()[0] == bare.stdout.splitlines()[0]  # same errno
     pid = int(r.stdout.splitlines()[1])
     assert dict(_adds(tmp_path / "run")) == {pid: 300}
+
+
+def test_ctrl_z_in_an_interactive_shell_stops_the_job_and_fg_resumes_it(tmp_path):
+    """Job control in a real interactive bash on a pty: the shell reports a job stopped once
+    every process of it stopped.  pastaprof blocks SIGTSTP (it takes signals with
+    sigtimedwait), so it stops itself once the program stopped; ``fg`` continues both."""
+    import pty
+    import select
+    import shlex
+
+    if not os.path.exists("/bin/bash"):
+        pytest.skip("needs /bin/bash")
+    p = tmp_path / "pausable.py"
+    p.write_text("import time\nprint('ready', flush=True)\ntime.sleep(2)\nprint('done', flush=True)\n")
+    pid, fd = pty.fork()
+    if pid == 0:
+        try:
+            os.execve("/bin/bash", ["bash", "--norc", "--noprofile", "-i"], {**_env(), "PS1": "$ "})
+        finally:
+            os._exit(127)
+    out = bytearray()
+
+    def until(needle: bytes) -> bool:
+        end = time.monotonic() + 60
+        while needle not in out and time.monotonic() < end:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    out.extend(os.read(fd, 4096))
+                except OSError:
+                    break
+        return needle in out
+
+    try:
+        cmd = shlex.join([*PP, "-o", str(tmp_path / "run"), "--", sys.executable, str(p)])
+        os.write(fd, cmd.encode() + b"\n")
+        assert until(b"ready"), out
+        os.write(fd, b"\x1a")  # Ctrl-Z
+        assert until(b"Stopped"), out
+        os.write(fd, b"fg\n")
+        assert until(b"run stored"), out
+        os.write(fd, b"echo rc=$?\n")
+        assert until(b"rc=0"), out
+        assert b"done" in out
+    finally:
+        os.write(fd, b"exit\n")
+        os.waitpid(pid, 0)
+        os.close(fd)
