@@ -11,8 +11,9 @@ ctypes call per handler), flushes itself
   (``deadline_ms``), even while a starved flush of the nice thread is in progress
   (flushes may overlap: each writes its own part numbers);
 * when more op rows than ``PASTAPROF_BUFFER_MB`` allows (``buffer_rows``) wait in the
-  op observer's buffer: they are written to disk, never dropped.  Past half of it the
-  flush thread is woken early;
+  op observer's buffer: they are written to disk, never dropped (past twice that, while a
+  flush is still writing the previous rows, beside it).  Past half of it the flush
+  thread is woken early;
 * periodically in its place, for a while, once the flush thread's last flush took far
   longer in wall time than in CPU time (it was starved).
 
@@ -194,6 +195,9 @@ class FlushScheduler:
         with self._sched:
             age = now - self._last_flush
             oldest = min(self._active.values(), default=None)
+            running = len(self._active)
+        if rows > 2 * b["buffer_rows"] and running < 2:
+            return True  # a flush in progress cannot keep up: a second one takes the rows since
         if rows > b["buffer_rows"] or age > b["deadline_ms"] / 1000:
             return oldest is None or now - oldest > period  # overlap a flush only if it is stuck
         if now < self._starved_until:
