@@ -103,6 +103,7 @@ def test_real_tensorboard_folder_of_one_process_two_cycles_is_one_rank(tmp_path)
     r = cli("import", str(folder), "-o", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr
     assert notes(r.stderr) == ["pastaprof: note: " + said[0]]
+    assert pastaprof.load(tmp_path / "run").sql("select count(*) from op where rank = 0").fetchall()[0][0] == ops
     stored = json.loads((tmp_path / "run" / "run.json").read_text())
     assert stored["ranks"] == [0] and stored["notes"] == said and set(stored["rank_source"]) == {f.name for f in files}
     info = cli("info", str(tmp_path / "run"))
@@ -117,8 +118,9 @@ def test_two_gpu_cycles_named_by_tensorboard_handler_are_one_rank_in_time_order(
     run, said, metas = load_quiet(tmp_path)
     assert run.ranks == [0]
     assert kernels_per_rank(run) == {0: count(MLP, "kernel") + count(LEAK, "kernel")}
-    # time order (the file names' times), not name order: the trace with the later name time comes last
-    assert [m["file"] for m in metas] == [Path(second).name, Path(first).name]
+    # time order: the events' own times decide (MLP's come first), not the names
+    assert [m["file"] for m in metas] == [Path(first).name, Path(second).name]
+    assert metas[0]["rank_source"]["end_ns"] < metas[1]["rank_source"]["start_ns"]
     assert len(said) == 1 and "host gpu-node, pid 4242" in said[0] and "read as rank 0" in said[0]
 
 

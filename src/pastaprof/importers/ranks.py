@@ -126,7 +126,8 @@ def plan_ranks(files: list[Path], sniffs: list[Sniff]) -> tuple[list[FileRank], 
     for f, s in zip(files, sniffs):
         host, pid, t = _process(f, s)
         rank, source = _stated(f, s, notes)
-        order = (t if t is not None else (s.first_ts * 1000 if s.first_ts is not None else float("inf")), f.name)
+        # time order: the trace's first events, else the handler's name time, else the name
+        order = (s.first_ts if s.first_ts is not None else float("inf"), t if t is not None else -1, f.name)
         if rank is None:
             plan.append(FileRank(f, -1, "", True, host, pid, order))
             continue
