@@ -74,12 +74,13 @@ class Diff:
         """The largest added time (regression, new entry or step wall time) and its share (%) of
         ``base_time_ns``; None when nothing was added."""
         best: dict[str, Any] | None = None
-        cands = [(r["kind"], r["name"], r["delta_ns"]) for r in self.regressions.slice(0, 1).to_pylist()]
-        cands += [(r["kind"], r["name"], r["delta_ns"]) for r in self.new.slice(0, 1).to_pylist()]
-        cands += [("step", r["name"], r["delta_ns"]) for r in self.steps.to_pylist() if r["name"] == "wall"]
-        for kind, name, delta in cands:
-            if delta is not None and delta > 0 and (best is None or delta > best["delta_ns"]):
-                best = {"kind": kind, "name": name, "delta_ns": delta}
+        cands = self.regressions.slice(0, 1).to_pylist() + self.new.slice(0, 1).to_pylist()
+        cands += [{"kind": "step", "name": r["name"], "delta_ns": r["delta_ns"]}
+                  for r in self.steps.to_pylist() if r["name"] == "wall"]
+        for r in cands:
+            if r["delta_ns"] is not None and r["delta_ns"] > 0 and (best is None or r["delta_ns"] > best["delta_ns"]):
+                best = {"kind": r["kind"], "name": r["name"], "delta_ns": r["delta_ns"],
+                        "shown_name": r.get("new_name") or r.get("base_name") or r["name"]}
         if best is not None:
             best["share_pct"] = 100 * best["delta_ns"] / self.base_time_ns if self.base_time_ns else math.inf
         return best
@@ -122,7 +123,9 @@ def _num(v: Any) -> Any:
 
 
 def _clean(d: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if d is None else {k: _num(v) for k, v in d.items()}
+    if d is None:
+        return None
+    return {k: (round(v, 6) if k == "share_pct" and math.isfinite(v) else _num(v)) for k, v in d.items()}
 
 
 def _rows(t: pa.Table) -> list[dict[str, Any]]:
@@ -164,7 +167,8 @@ def _pairs(kind: str, base: dict[str, Agg], new: dict[str, Agg]) -> list[tuple[s
 def _entry(kind: str, name: str, b: Agg | None, n: Agg | None, match: str, bdiv: int, ndiv: int) -> dict[str, Any]:
     bt, nt = (b.total if b else 0), (n.total if n else 0)
     bns, nns = bt / bdiv, nt / ndiv
-    return {"kind": kind, "name": name, "base_ns": bns, "new_ns": nns, "delta_ns": nns - bns,
+    delta = (nt * bdiv - bt * ndiv) / (bdiv * ndiv)  # exact integers, one rounding: equal changes sort as ties
+    return {"kind": kind, "name": name, "base_ns": bns, "new_ns": nns, "delta_ns": delta,
             "ratio": nns / bns if b and bns else None, "base_total_ns": bt, "new_total_ns": nt,
             "base_count": b.count if b else 0, "new_count": n.count if n else 0, "match": match,
             "base_name": b.name if b else None, "new_name": n.name if n else None}

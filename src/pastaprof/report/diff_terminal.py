@@ -47,6 +47,7 @@ def _name(row: dict[str, Any]) -> str:
 def _table(title: str, columns: list[str], rows: list[list[str]], width: int) -> Table:
     """A table of at most ``width`` columns whose number columns are never cut: the name
     column alone gives way (its end becomes an ellipsis)."""
+    rows = [[terminal_safe(x) for x in r] for r in rows]  # widths of what the terminal shows
     widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
     room = width - sum(w for c, w in zip(columns, widths) if c != "name") - 3 * len(columns)
     t = Table(title=markup_safe(title), title_justify="left", box=box.SIMPLE_HEAD, header_style="bold",
@@ -102,7 +103,7 @@ def gate_line(d: Diff, fail_above: float) -> str:
         return f"pastaprof: diff: nothing got slower (--fail-above {fail_above:g}%)"
     share = "inf" if w["share_pct"] == float("inf") else f"{w['share_pct']:.2f}%"
     verdict = "above" if w["share_pct"] > fail_above else "within"
-    name = short_kernel_name(w["name"]) if w["kind"] in _GPU_NAMES else w["name"]
+    name = short_kernel_name(w["shown_name"]) if w["kind"] in _GPU_NAMES else w["shown_name"]
     name = terminal_safe(name)
     name = name if len(name) <= 32 else name[:31] + "…"
     return (f"pastaprof: diff: {_delta(w['delta_ns'])} ({LABELS.get(w['kind'], w['kind'])} {name}) = {share} "
