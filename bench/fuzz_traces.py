@@ -9,7 +9,7 @@ and the default tools; every case must end in a report or a PastaprofError.
 Each case starts from a small window (a few hundred events, metadata events kept) of a
 real trace -- tests/data/*.json.gz, tests/data/foreign, tests/data/recorded, the bundled
 GPT-2 example -- and applies one to three mutations: wrong types, missing and extra keys,
-duplicated ids, hostile names (control characters, 1 MB names, lone surrogates, invalid
+whole kinds missing (no ops, no frames, no launches), duplicated ids, hostile names (control characters, 1 MB names, lone surrogates, invalid
 UTF-8), numbers at int64/float extremes, NaN/Infinity, nested garbage, broken metadata
 (deviceProperties, distributedInfo, baseTimeNanoseconds), unknown phases, entries that
 are not objects, other top-level shapes (bare arrays, log arrays after traceEvents, keys
@@ -103,6 +103,17 @@ def _some(rng: random.Random, events: list, k: int | None = None) -> list:
     if not objs:
         return []
     return rng.sample(objs, min(len(objs), k if k is not None else rng.randint(1, 20)))
+
+
+def m_drop_category(rng, doc):
+    """Whole kinds missing: no ops, no Python frames, no launches, no kernels (partial traces)."""
+    gone = set(rng.sample(["cpu_op", "python_function", "cuda_runtime", "cuda_driver", "kernel", "ac2g",
+                           "cpu_instant_event", "gpu_memset", "user_annotation"], rng.randint(1, 3)))
+    if rng.random() < 0.3:  # or only the user's own frames (the library's and the modules' stay)
+        doc["events"] = [e for e in doc["events"] if not (isinstance(e, dict) and e.get("cat") == "python_function"
+                         and not str(e.get("name", "")).startswith(("nn.Module: ", "torch/", "<built-in")))]
+    else:
+        doc["events"] = [e for e in doc["events"] if not (isinstance(e, dict) and e.get("cat") in gone)]
 
 
 def m_wrong_type(rng, doc):
@@ -238,7 +249,7 @@ def m_raw_bytes(rng, doc):
 
 # Mutations that end most cases in an error come once, the others twice (more cases reach
 # linking and the tools).
-MUTATIONS = [m_wrong_type, m_drop_keys, m_extra_keys, m_dup_ids, m_hostile_name, m_extreme_numbers,
+MUTATIONS = [m_drop_category, m_wrong_type, m_drop_keys, m_extra_keys, m_dup_ids, m_hostile_name, m_extreme_numbers,
              m_nested_garbage, m_bad_metadata, m_unknown_phase, m_categories, m_shape] * 2 + \
             [m_nan_inf, m_not_objects, m_truncate, m_gzip_corrupt, m_raw_bytes]
 
