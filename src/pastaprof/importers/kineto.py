@@ -464,6 +464,7 @@ def _describe_duckdb_error(e: Exception) -> str:
         return "a field has the wrong type or invalid text"
     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     msg = _STAGED_FILE_RE.sub("", _DUCK_RE.sub("", msg)).strip()
+    msg = _short(msg, 300)  # DuckDB quotes the event: printable and bounded
     low = msg.lower()
     rec = _RECORD_RE.search(msg)
     where = f" (event {rec.group(1)})" if rec else ""
