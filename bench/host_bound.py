@@ -5,7 +5,8 @@ and where the GPU is (issue E, section 6), against torch.profiler, in fresh proc
 
 Each process runs bench/user_steps.py: 3 warm-up steps, then 20 timed steps, each synchronized.
 Variants: ``bare``; ``pastaprof`` (`pastaprof run` with the default capture); ``pastaprof_all``
-(``--shapes all``: every op's shapes); ``pastaprof_none`` (``--no-shapes``); ``tp_default``
+(``--shapes all``: every op's shapes); ``pastaprof_none`` (``--no-shapes``); ``pastaprof_noflush``
+(the default capture, no flush until the program ends); ``tp_default``
 (torch.profiler, CPU + CUDA activities) and ``tp_full`` (with shapes, memory and stacks).
 Rounds are interleaved (every variant once per round) so the host's drift spreads over all of
 them.  Per process the median step is taken; the report gives the median over rounds and its
@@ -29,7 +30,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PP_FLAGS = {"pastaprof": [], "pastaprof_all": ["--shapes", "all"], "pastaprof_none": ["--no-shapes"]}
+PP_FLAGS = {"pastaprof": [], "pastaprof_all": ["--shapes", "all"], "pastaprof_none": ["--no-shapes"],
+            "pastaprof_noflush": []}
+# the default capture with no flush before the program ends (buffer large enough): what the
+# background flushes (drain, link, Parquet writes; the GIL) cost the program's steps
+PP_ENV = {"pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000", "PASTAPROF_BUFFER_MB": "4096"}}
 TP = ("tp_default", "tp_full")
 ALL = ("bare", *PP_FLAGS, *TP)
 
@@ -44,7 +49,7 @@ def one(workload: str, variant: str, out: Path, steps: int, warmup: int) -> dict
     if variant in PP_FLAGS:
         run_dir = out / f"run-{workload}-{variant}-{time.time_ns()}"
         cmd = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(run_dir), *PP_FLAGS[variant], "--", *cmd]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **PP_ENV.get(variant, {})})
     t_return = time.time()
     if r.returncode != 0:
         raise RuntimeError(f"{workload} {variant} failed ({r.returncode}): {r.stderr[-1500:]}")
@@ -56,6 +61,9 @@ def one(workload: str, variant: str, out: Path, steps: int, warmup: int) -> dict
         rec["rows"] = m.get("rows", {})
         proc = (m.get("processes") or [{}])[0]
         rec["shapes"] = (proc.get("handlers", {}).get("torch", {}) or {}).get("shapes")
+        ov = proc.get("capture_overhead") or {}
+        rec["flush_s"] = ov.get("flush_seconds")
+        rec["flushes"] = {k: ov.get(k) for k in ("deadline_flushes", "starved_flushes", "max_pending_rows")}
         rec["status"] = m.get("status")
         shutil.rmtree(run_dir, ignore_errors=True)
     js.unlink(missing_ok=True)
@@ -76,7 +84,9 @@ def summarize(rounds: list[dict], variants: list[str]) -> dict:
             events = statistics.median(r[v]["events"] for r in rounds)
             s[v].update(exit_s=round(exit_s, 3), events=int(events),
                         exit_s_per_100k=round(exit_s * 1e5 / events, 3) if events else None,
-                        shapes=rounds[-1][v].get("shapes"))
+                        shapes=rounds[-1][v].get("shapes"),
+                        flush_s=statistics.median(r[v].get("flush_s") or 0 for r in rounds),
+                        flushes=rounds[-1][v].get("flushes"))
         elif v in TP:
             s[v]["stop_s"] = round(statistics.median(r[v]["stop_s"] for r in rounds), 3)
     return s
