@@ -91,6 +91,7 @@ def test_log_array_after_events_as_torch_2_4_writes_it(tmp_path):
     """torch >= 2.4: ``"INFO": [...]`` (and WARNING/ERROR) between the events and
     traceName; log lines full of brackets, quotes and backslashes; a kernel name too."""
     doc = load_doc(GPT2)
+    doc = {"note": '"traceEvents": [1, 2]', "nested": {"traceEvents": [{"ph": "X"}]}, **doc}  # decoys before it
     ks = kernels_of(doc["traceEvents"])
     ks[-1]["name"] = 'weird]}, "x": [kernel\\" name'
     ks[0]["name"] = "[[{"
@@ -105,6 +106,7 @@ def test_members_in_any_order_events_first(tmp_path):
     """traceEvents first, deviceProperties / samples / distributedInfo after it."""
     doc = load_doc(MLP)
     samples = [{"ts": i, "stack": ["a]", "b"]} for i in range(30)]
+    doc = {"note": '"traceEvents": [1, 2]', "nested": {"traceEvents": [{"ph": "X"}]}, **doc}  # decoys
     p = write(tmp_path, "t.json", kineto_text(doc, first=True, after=[("samples", samples), ("INFO", LOG)]))
     assert kernel_facts(p) == tally(doc)
     run = pastaprof.load(p)
@@ -289,13 +291,17 @@ def test_skipped_phases_and_missing_timestamps_are_counted(tmp_path, capsys):
     for k in ks[1:4]:
         k["ph"] = "B"
     ks[4]["ph"] = "Q"
+    ks[5]["dur"] = -3.5
     p = write(tmp_path, "t.json", kineto_text(doc))
     capsys.readouterr()
     run = pastaprof.load(p)
-    assert run.table("kernel").num_rows == len(ks) - 5
+    k = run.table("kernel")
+    assert k.num_rows == len(ks) - 5
+    assert pc.min(pc.subtract(k["end_ns"], k["start_ns"])).as_py() == 0
     (note,) = [line for line in capsys.readouterr().err.splitlines() if "phase" in line]
     assert note.startswith("pastaprof: note: t.json: 5 events skipped")
     assert 'kernel (ph="B") 3' in note and "kernel (no ts) 1" in note and 'kernel (ph="Q") 1' in note
+    assert note.endswith("; 1 events with a negative duration read as zero-length")
 
 
 def test_duplicated_events_and_hostile_names_are_read_as_written(tmp_path):

@@ -133,12 +133,16 @@ def unread_note(meta: dict[str, Any]) -> str | None:
         top = sorted(unknown.items(), key=lambda kv: -kv[1])
         shown = ", ".join(f"{_short(c)} ({n:,})" for c, n in top[:6]) + (f" and {len(top) - 6} more" if len(top) > 6 else "")
         parts.append(f"{sum(unknown.values()):,} events of categories pastaprof does not map were skipped: {shown}")
-    phases = meta.get("unread_phases") or {}
+    odd = meta.get("unread_phases") or {}
+    phases = {k: n for k, n in odd.items() if not k.endswith("(dur<0)")}
     if phases:
         top = list(phases.items())
         shown = ", ".join(f"{_short(c, 60)} {n:,}" for c, n in top[:4]) + (" ..." if len(top) > 4 else "")
         parts.append(f"{sum(phases.values()):,} events skipped for their phase or a missing timestamp (only "
                      f"complete 'X' events with a ts are read): {shown}")
+    negative = sum(n for k, n in odd.items() if k.endswith("(dur<0)"))
+    if negative:
+        parts.append(f"{negative:,} events with a negative duration read as zero-length")
     return "; ".join(parts) or None
 
 
@@ -350,12 +354,13 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
             SELECT lcat, kind, ph IS NOT NULL AS has_ph,
                    CASE WHEN lcat IS NULL OR lcat NOT IN ({_MAPPED_SQL}) THEN NULL
                         WHEN ph IS DISTINCT FROM 'X' THEN 'ph=' || coalesce(to_json(ph)::VARCHAR, 'none')
-                        WHEN ts IS NULL THEN 'no ts' END AS odd_ph,
+                        WHEN ts IS NULL THEN 'no ts'
+                        WHEN dur < 0 THEN 'dur<0' END AS odd_ph,
                    CASE WHEN {when} THEN ph END AS ph, CASE WHEN {when} THEN name END AS name,
                    CASE WHEN {when} THEN pid END AS pid, CASE WHEN {when} THEN tid END AS tid,
                    CASE WHEN {when} THEN CAST(ts * 1000 AS BIGINT) + {base} END AS start_ns,
                    CASE WHEN {when} THEN CAST(ts * 1000 AS BIGINT) + {base}
-                                         + COALESCE(CAST(dur * 1000 AS BIGINT), 0) END AS end_ns,
+                                         + GREATEST(COALESCE(CAST(dur * 1000 AS BIGINT), 0), 0) END AS end_ns,
                    CASE WHEN kind = 'flow' THEN TRY_CAST(id AS BIGINT) END AS fid,
                    CASE WHEN {when} AND kind <> 'flow' THEN {sql.extract()} END AS a,
                    CAST(NULL AS BIGINT) AS flow_id
