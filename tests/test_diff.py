@@ -273,23 +273,97 @@ def test_mean_per_step_counts_only_the_steps(tmp_path):
     gemm = [i for i, e in enumerate(events) if e.get("cat") == "kernel" and e["name"] == GEMM]
     base = sum(dur_ns(events[i]) for i in gemm if inside_all[i]) / 3
     new = sum(dur_ns(events[i]) for i in gemm if inside_12[i]) / 2
-    if base == new:
-        assert key not in rows
-    else:
-        assert rows[key]["base_ns"] == pytest.approx(base) and rows[key]["new_ns"] == pytest.approx(new)
-    walls = sorted(float(b - a) * 1000 for a, b in windows)
+    assert rows[key]["base_ns"] == pytest.approx(base) and rows[key]["new_ns"] == pytest.approx(new)
+    assert rows[key]["new_count"] == sum(1 for i in gemm if inside_12[i]) == 4
+    walls = [float(b - a) * 1000 for a, b in windows]
     steps = {r["name"]: r for r in res.steps.to_pylist()}
     assert steps["wall"]["base_ns"] == pytest.approx(sum(walls) / 3)
-    wall12 = [float(b - a) * 1000 for a, b in windows[1:]]
-    assert steps["wall"]["new_ns"] == pytest.approx(sum(wall12) / 2)
-    # totals when one side has no steps
-    no_steps = [e for e in events if e.get("cat") != "user_annotation" and e.get("cat") != "gpu_user_annotation"]
-    flat = write(tmp_path / "flat.pt.trace.json.gz", {**d, "traceEvents": no_steps})
-    res2 = pastaprof.diff(MLP, flat)
-    if res2.sources["new"]["steps"] == 0:
-        assert res2.normalization == "total" and "new has no steps" in res2.normalization_note
-        k = {(r["kind"], r["name"]): r for r in res2.regressions.to_pylist() + res2.improvements.to_pylist()}
-        assert key not in k  # the same kernels, all counted on both sides
+    assert steps["wall"]["new_ns"] == pytest.approx(sum(walls[1:]) / 2)
+
+
+def no_steps(events: list[dict]) -> list[dict]:
+    """Without user ranges, and without the first top-level op (so no block of ops repeats)."""
+    out = [e for e in events if e.get("cat") not in ("user_annotation", "gpu_user_annotation")]
+    first = min((e for e in out if e.get("cat") == "cpu_op"), key=lambda e: us(e["ts"]))
+    return [e for e in out if e is not first]
+
+
+def test_totals_when_a_run_has_no_steps(tmp_path):
+    d = doc(MLP)
+    base = write(tmp_path / "base.pt.trace.json.gz", {**d, "traceEvents": no_steps(d["traceEvents"])})
+    events = no_steps(d["traceEvents"])
+    gemm = [e for e in events if e.get("cat") == "kernel" and e["name"] == GEMM]
+    added = sum(dur_ns(e) for e in gemm)
+    for e in gemm:
+        e["dur"] = float(us(e["dur"]) * 2)
+    new = write(tmp_path / "new.pt.trace.json.gz", {**d, "traceEvents": events})
+    out = tmp_path / "d.json"
+    r = cli("diff", str(base), str(new), "--json", str(out), "-q", "--fail-above", "100")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["sources"]["base"]["steps"] == res["sources"]["new"]["steps"] == 0
+    assert res["normalization"] == "total" and res["normalization_note"] == "totals: base and new have no steps"
+    assert res["steps"]["rows"] == []
+    top = res["regressions"][0]
+    assert (top["kind"], top["name"], top["delta_ns"], top["ratio"]) == ("kernel", normalize_kernel_name(GEMM), added, 2)
+    timed = [e for e in events if e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver", "kernel", "gpu_memset",
+                                                    "gpu_memcpy") and "dur" in e]
+    span = max(us(e["ts"]) + us(e["dur"]) for e in timed) - min(us(e["ts"]) for e in timed)
+    base_span = res["gate"]["base_time_ns"]
+    assert abs(base_span - float(span) * 1000) <= float(us(gemm[-1]["dur"]) * 1000)  # the GEMM may end the new run
+    share = 100 * added / base_span
+    assert cli("diff", str(base), str(new), "-q", "--fail-above", f"{share * 0.95:.6f}").returncode == 3
+    assert cli("diff", str(base), str(new), "-q", "--fail-above", f"{share * 1.05:.6f}").returncode == 0
+
+
+def test_run_objects_and_family_match(tmp_path):
+    """Loaded Runs compare like paths; a kernel whose template arguments changed (and got
+    slower) is paired by family, one base name with one new name, not vanished + new."""
+    d = doc(MLP)
+    renamed = GEMM.replace("<true, false, 5, 5,", "<false, true, 5, 5,")
+    added = 0
+    for e in d["traceEvents"]:
+        if e.get("name") == GEMM:
+            e["name"] = renamed
+            added += dur_ns(e)
+            e["dur"] = float(us(e["dur"]) * 2)
+    other = write(tmp_path / "renamed.pt.trace.json.gz", d)
+    a, b = pastaprof.load(MLP), pastaprof.load(other)
+    same = pastaprof.diff(a, a)
+    assert same.regressions.num_rows == same.new.num_rows == same.vanished.num_rows == 0
+    res = pastaprof.diff(a, b)
+    assert [r for r in res.new.to_pylist() + res.vanished.to_pylist() if r["kind"] == "kernel"] == []
+    top = res.regressions.to_pylist()[0]
+    assert (top["kind"], top["name"], top["match"]) == ("kernel", "sgemm_largek_lds64", "family")
+    assert (top["base_name"], top["new_name"]) == (GEMM, renamed)
+    assert top["new_total_ns"] - top["base_total_ns"] == added and top["ratio"] == 2
+
+
+def test_family_pairs_only_one_to_one():
+    from pastaprof.report.diff import _pairs
+    from pastaprof.report.diff_collect import Agg
+
+    def side(*names: str) -> dict:
+        return {normalize_kernel_name(n): Agg(10, 1, {n: 10}) for n in names}
+
+    f32 = "void k<float>(float*)"
+    bf16, f16, f64 = "void k<c10::BFloat16>(c10::BFloat16*)", "void k<c10::Half>(c10::Half*)", "void k<double>(double*)"
+    one = _pairs("kernel", side(f32), side(bf16))
+    assert [(n, m) for n, _, _, m in one] == [("k", "family")]
+    two = _pairs("kernel", side(f32, f64), side(bf16, f16))  # which is which would be a guess
+    assert sorted((n, a is None, b is None, m) for n, a, b, m in two) == sorted(
+        [(normalize_kernel_name(x), x in (bf16, f16), x in (f32, f64), "name") for x in (f32, f64, bf16, f16)])
+    site = _pairs("call_site", {"train.py(12): step": Agg(5, 1, {"train.py(12): step": 5})},
+                  {"train.py(14): step": Agg(7, 1, {"train.py(14): step": 7})})
+    assert [(n, m) for n, _, _, m in site] == [("train.py: step", "family")]
+
+
+def test_json_on_stdout_is_the_document_alone(tmp_path):
+    r = cli("diff", str(MLP), str(MLP), "--json", "-")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["format_version"] == 1 and d["regressions"] == []
+    assert "diff" in r.stderr  # the tables went to stderr
 
 
 # ---------------------------------------------------------------- (3) real CPU profiles
