@@ -113,7 +113,7 @@ def m_drop_category(rng, doc):
         doc["events"] = [e for e in doc["events"] if not (isinstance(e, dict) and e.get("cat") == "python_function"
                          and not str(e.get("name", "")).startswith(("nn.Module: ", "torch/", "<built-in")))]
     else:
-        doc["events"] = [e for e in doc["events"] if not (isinstance(e, dict) and e.get("cat") in gone)]
+        doc["events"] = [e for e in doc["events"] if not (isinstance(e, dict) and str(e.get("cat")) in gone)]
 
 
 def m_wrong_type(rng, doc):
@@ -150,7 +150,7 @@ def m_dup_ids(rng, doc):
         if isinstance(e.get("args"), dict):
             e["args"][key] = value
     if rng.random() < 0.5:  # whole events twice
-        events.extend(copy.deepcopy(_some(rng, events, rng.randint(1, 50))))
+        events.extend(dict(e) for e in _some(rng, events, rng.randint(1, 50)))  # shallow: args may be 500 deep
     if rng.random() < 0.3:
         for e in _some(rng, events, 30):
             e["id"] = value
@@ -449,7 +449,7 @@ def fuzz(cases: int, seed: int, workers: int = 1, timeout: float = 60.0, keep: P
          sources: list[Path] | None = None) -> dict[str, Any]:
     """Run cases ``start .. start+cases-1`` of ``seed``; counts and the failing cases."""
     bases = make_bases(sources=sources)
-    counts = {"ok": 0, "clean": 0, "traceback": 0, "hang": 0}
+    counts = {"ok": 0, "clean": 0, "traceback": 0, "hang": 0, "not_made": 0}
     failures: list[dict[str, Any]] = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="pastaprof-fuzz-") as tmp:
@@ -457,7 +457,12 @@ def fuzz(cases: int, seed: int, workers: int = 1, timeout: float = 60.0, keep: P
 
         def jobs():
             for i in range(start, start + cases):
-                data, gz, what = make_case(bases, seed, i)
+                try:
+                    data, gz, what = make_case(bases, seed, i)
+                except Exception as e:  # noqa: BLE001 - the fuzzer's own failure: counted, the run goes on
+                    counts["not_made"] += 1
+                    failures.append({"case": f"{seed}:{i}", "status": "not_made", "what": "", "detail": repr(e)[:200]})
+                    continue
                 path = Path(tmp) / f"case{i}.json{'.gz' if gz else ''}"
                 path.write_bytes(data)
                 descr[i] = what
