@@ -11,7 +11,7 @@ open or close a string; a bracket counts only outside strings):
 
 * ``Scanner`` gives positions: every real quote, every bracket outside strings and the
   depth after it.  One NumPy pass per block; used on the metadata before the array
-  and on the one block where the array ends.
+  and on the one piece (``EXACT_PIECE`` bytes) where the array ends.
 * ``ArrayEnd`` only follows the depth until the array closes.  Per block it drops
   escaped backslashes and quotes (``bytes.replace``), keeps only quotes and brackets
   (``bytes.translate``), drops empty strings (``""``, which changes no parity), and
