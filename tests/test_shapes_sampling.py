@@ -170,3 +170,45 @@ def test_bad_shapes_flag_stops_before_the_program(tmp_path):
                         f"open({str(marker)!r}, 'w')"], capture_output=True, text=True)
     assert r.returncode == 2 and not marker.exists() and not (tmp_path / "run").exists()
     assert r.stderr.count("\n") == 1 and "PASTAPROF_SHAPES='every'" in r.stderr and "Traceback" not in r.stderr
+
+
+THREADS_APP = textwrap.dedent("""
+    import threading, torch, pastaprof
+    a4, b4 = torch.zeros(4), torch.ones(4)
+    a8, b8 = torch.zeros(8), torch.ones(8)
+    def adds():
+        for _ in range(16000):
+            a4.add_(b4)
+    def muls():
+        for _ in range(16000):
+            a8.mul_(b8)
+    for step in range(4):          # --steps 1:3: the observer is removed and re-added while sampling
+        ts = [threading.Thread(target=adds), threading.Thread(target=muls)]
+        for t in ts: t.start()
+        for t in ts: t.join()
+        pastaprof.step()
+    print(float(a4.sum()), float(a8.sum()), flush=True)
+""")
+
+
+def test_threads_and_gate_switches_keep_each_ops_own_shapes(tmp_path):
+    """Two threads' ops toggle the sampler while the session's gate removes and re-adds the
+    observer: no callback is lost or unmatched (torch warns of either), each sampled op has its
+    own shapes, and the program's output is its own."""
+    if not _native():
+        pytest.skip("the native op observer does not build here")
+    app = tmp_path / "threads.py"
+    app.write_text(THREADS_APP)
+    bare = subprocess.run([sys.executable, str(app)], capture_output=True, text=True)
+    r = subprocess.run([*PP, "-o", str(tmp_path / "run"), "--steps", "1:3", "--", sys.executable, str(app)],
+                       capture_output=True, text=True, env=dict(os.environ, PASTAPROF_FLUSH_MS="200"))
+    assert r.returncode == 0 and r.stdout == bare.stdout == "256000.0 0.0\n", r.stderr[-2000:]
+    assert "callback is not found" not in r.stderr and "Could not match" not in r.stderr
+    ops = _ops(tmp_path / "run")
+    top = ops.filter(pc.equal(ops["depth"], 0))
+    names = top["name"].cast("string").to_pylist()
+    assert names.count("aten::add_") == names.count("aten::mul_") == 32000  # steps 1 and 2, every op
+    shapes = {(n, s) for n, s in zip(names, top["input_shapes"].to_pylist(), strict=True) if s is not None}
+    assert shapes == {("aten::add_", "[[4],[4],[]]"), ("aten::mul_", "[[8],[8]]")}
+    info = _shapes_info(tmp_path / "run")
+    assert info["mode"] == "sample" and info["windows"] >= 1 and 0 < info["ops_with_shapes"] < info["ops"]
