@@ -33,23 +33,22 @@ _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:\s*(?:%|x|ns|us|ms|s|[KMGT]i?B|
 _PARENS = re.compile(r"\([^()]*#[^()]*\)")
 
 
+_BRACKET = re.compile(r"[<>{}(]")
+
+
 def _strip_params(s: str) -> str:
     """``ns::kernel<...>(int, float*)`` -> ``ns::kernel<...>``: the parameter list is the first
-    ``(`` outside template arguments and braces (``operator()`` is part of a name)."""
+    ``(`` outside template arguments and braces (``operator()`` is part of a name).  The regex
+    visits only the brackets, so a long name costs one C scan, not a Python step per character."""
     depth = 0
-    i = 0
-    while i < len(s):
-        ch = s[i]
+    for m in _BRACKET.finditer(s):
+        ch, i = m.group(), m.start()
         if ch in "<{":
             depth += 1
         elif ch in ">}":
             depth = max(0, depth - 1)
-        elif ch == "(" and depth == 0 and i > 0:
-            if s.endswith("operator", 0, i) and s.startswith("()", i):
-                i += 2
-                continue
+        elif depth == 0 and i > 0 and not (s.endswith("operator", 0, i) and s.startswith("()", i)):
             return s[:i]
-        i += 1
     return s
 
 
@@ -57,17 +56,22 @@ def _strip_templates(s: str) -> str:
     """Everything inside template brackets removed (``a<b<c>>::d<e>`` -> ``a::d``)."""
     out: list[str] = []
     depth = 0
-    for ch in s:
-        if ch == "<":
+    last = 0
+    for m in re.finditer(r"[<>]", s):
+        if m.group() == "<":
+            if depth == 0:
+                out.append(s[last:m.start()])
             depth += 1
-        elif ch == ">":
-            depth = max(0, depth - 1)
-        elif depth == 0:
-            out.append(ch)
+        elif depth:
+            depth -= 1
+            if depth == 0:
+                last = m.end()
+    if depth == 0:
+        out.append(s[last:])
     return "".join(out)
 
 
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=4096)
 def normalize_kernel_name(name: str, keep_templates: bool = True) -> str:
     """The key that matches one kernel across runs (see the module docstring).
 
