@@ -5,7 +5,9 @@
 Variants, interleaved ``--repeat`` times, median per variant:
 * ``bare``: a tiny module (``nn.Identity``) called in a loop, no hooks;
 * ``hooks_open``: pastaprof's global forward pre/post hooks (handlers/module_paths.py), recording;
-* ``hooks_gated``: the same hooks with the session's gate closed (they only return);
+* ``hooks_gated``: the same hooks with the gate flag closed, still registered (they only
+  return: what a closed gate costs while torch.compile is loaded or a module call is open);
+* ``hooks_removed``: the gate closed through ``set_gate`` otherwise (the hooks unregistered);
 * ``wrapper``: a wrapped ``nn.Module.__call__`` doing the same bookkeeping (the design the hooks
   replaced: cheaper, but what introspects ``__call__`` saw the wrapper);
 * ``step_*``: a CPU training step of a 75-module conv net (bench/gated_capture.py's) bare, with the
@@ -97,6 +99,9 @@ def main() -> None:
         paths.gate[0] = False
         res.setdefault("hooks_gated", []).append(_calls(m, x, a.calls))
         res.setdefault("step_hooks_gated", []).append(_steps(net, xs, opt))
+        paths.set_gate(False)
+        res.setdefault("hooks_removed", []).append(_calls(m, x, a.calls))
+        res.setdefault("step_hooks_removed", []).append(_steps(net, xs, opt))
         for h in handles:
             h.remove()
         torch.nn.Module.__call__ = _wrapper(ModulePaths(native))
@@ -107,9 +112,9 @@ def main() -> None:
             torch.nn.Module.__call__ = original
     med = {k: statistics.median(v) for k, v in res.items()}
     out = {"bare_call_us": round(med["bare"], 3)}
-    for k in ("hooks_open", "hooks_gated", "wrapper"):
+    for k in ("hooks_open", "hooks_gated", "hooks_removed", "wrapper"):
         out[f"{k}_us"] = round(med[k] - med["bare"], 3)
-    for k in ("step_bare", "step_hooks_open", "step_hooks_gated", "step_wrapper"):
+    for k in ("step_bare", "step_hooks_open", "step_hooks_gated", "step_hooks_removed", "step_wrapper"):
         out[f"{k}_ms"] = round(med[k], 3)
         out[f"{k}_x"] = round(med[k] / med["step_bare"], 3)
     print(json.dumps(out))

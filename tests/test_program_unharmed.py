@@ -5,6 +5,7 @@ counted per op).  Real torch (the CPU build), real subprocesses, real runs on di
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -113,6 +114,22 @@ def test_fsdp2_training_same_and_attributed(tmp_path):
                            ("aten::relu", "FSDPSequential_0/ReLU_0"): 3})
 
 
+def test_a_step_window_makes_torch_compile_recompile_nothing(tmp_path):
+    """The closed gate unregisters the module hooks only until dynamo has traced code: dynamo
+    guards on the global hooks, so each gate change would recompile (or hit its recompile
+    limit and fall back to eager)."""
+    pytest.importorskip("torch")
+    cmd = [sys.executable, str(PROGRAMS / "compiled_steps.py")]
+    bare = _bare(cmd, tmp_path)
+    assert bare.returncode == 0, bare.stderr
+    run = subprocess.run([*PP, "-o", str(tmp_path / "run"), "--steps", "2:3", "--", *cmd], capture_output=True,
+                         text=True, cwd=tmp_path, env=_env(), timeout=300)
+    _same(bare, run)
+    assert "'unique_graphs': 1}" in run.stdout
+    m = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert m["processes"][0]["handlers"]["torch"]["gate_changes"] >= 2
+
+
 def _hooked():
     torch = pytest.importorskip("torch")
     from pastaprof.handlers.module_paths import ModulePaths
@@ -179,6 +196,60 @@ def test_hooks_keep_the_stack_balanced_across_gate_changes_and_exceptions():
 
     assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
     assert not nn_module._has_any_global_hook()
+
+
+def test_a_closed_gate_unregisters_the_hooks_only_where_safe():
+    """Outside the windows modules take torch's fast path again (the hooks unregistered),
+    but not while a module call is open (its post hook would be lost) nor once dynamo has
+    traced code (it guards on the global hooks: each change would recompile)."""
+    torch, paths, handles = _hooked()
+    from torch.nn.modules import module as nn_module
+
+    nn = torch.nn
+    seen: list[str | None] = []
+
+    class Step(nn.Module):
+        def forward(self, x):
+            paths.set_gate(False)  # a gate change inside a module call: the hooks stay
+            seen.append(f"inside {len(nn_module._global_forward_hooks)}")
+            return x
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            seen.append(paths.current())
+            return x
+
+    def ours() -> int:
+        return len(set(nn_module._global_forward_pre_hooks) | set(nn_module._global_forward_hooks))
+
+    try:
+        assert ours() == 2
+        paths.set_gate(False)
+        assert ours() == 0 and not nn_module._global_forward_hooks_always_called
+        nn.Sequential(Probe())(torch.ones(1))  # fast path: nothing recorded
+        paths.set_gate(True)
+        assert ours() == 2
+        nn.Sequential(Probe())(torch.ones(1))
+        nn.Sequential(Step())(torch.ones(1))
+        assert ours() == 2 and paths._local.ids == []
+        paths.set_gate(False)  # no call open now
+        assert ours() == 0
+        paths.set_gate(True)
+        assert seen == [None, "Sequential_0/Probe_0", "inside 1"]
+        importlib.import_module("torch.optim")  # loads dynamo: no reason to keep the hooks yet
+        paths.set_gate(False)
+        assert ours() == 0
+        paths.set_gate(True)
+        compiled = torch.compile(lambda t: t.sin(), backend="eager")
+        compiled(torch.ones(1))  # dynamo has traced: registered for good, the flag gates
+        paths.set_gate(False)
+        assert ours() == 2
+    finally:
+        for h in handles:
+            h.remove()
+    assert ours() == 0 and not nn_module._has_any_global_hook()
+    paths.set_gate(True)  # after the handler's stop: registers nothing
+    assert ours() == 0
 
 
 def test_a_dead_modules_id_does_not_name_a_new_module():

@@ -7,11 +7,14 @@ The bookkeeping runs from PyTorch's own global module hooks
 stack tracer, torch.compile, FSDP, ``inspect.signature``, pickling by qualified name, identity
 checks against ``Module._wrapped_call_impl``) sees what it sees without pastaprof.  The price is
 torch's slow module-call path while the hooks are registered (bench/module_hooks.py measures it
-against a bare call).  The hooks stay registered while the session's gate is closed and only
-return: adding and removing global hooks would change what torch.compile guards on and make it
-recompile at every gate change.  ``always_call`` runs the post hook when the forward raises, so
-the stack stays balanced; a post hook pops only the entry its own module pushed, so a gate
-change between a module's pre and post hook cannot unbalance it either.
+against a bare call).  ``always_call`` runs the post hook when the forward raises, so the stack
+stays balanced; a post hook pops only the entry its own module pushed, so a gate change between
+a module's pre and post hook cannot unbalance it either.
+
+Outside the session's recording windows (``set_gate``) the hooks are unregistered, so modules
+take torch's fast path again -- where that cannot lose a post hook (no module call is open on
+any thread) and cannot make torch.compile recompile (dynamo, which guards on the global hooks,
+has traced nothing yet).  Otherwise they stay registered and only return.
 
 With the native observer each thread's current path is an id in the observer's thread state,
 written through a ctypes cell; paths are found by (parent path, module) in one dict and the
@@ -22,6 +25,7 @@ own and ``current()`` gives the thread's path string.
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 import weakref
 from typing import Any
@@ -47,23 +51,51 @@ class ModulePaths:
         # id(module) -> (weakref to it, its keys in _paths): a dead module's id can be reused by
         # a new module, which must not inherit its name and paths
         self._seen: dict[int, tuple[Any, list[tuple[int, int]]]] = {}
-        # [open]: the session's gate at the source (TorchHandler.set_gate), read by the pre hook
+        # [open]: the session's gate at the source (set_gate), read by the pre hook
         self.gate = [True]
+        self._stacks: dict[int, list[int]] = {}  # thread ident -> its module stack (set_gate reads them)
+        self._nn: Any = None  # torch.nn.modules.module, once installed
+        self._hook_pair: tuple[Any, Any] = (None, None)
+        self._post_kw: dict[str, bool] = {}
+        self._handles: list[Any] = []
+        self._ours: set[int] = set()  # ids of the registered hooks (the compile warning skips them)
 
     def install(self, torch: Any) -> list[Any]:
-        """Register the global forward pre/post hooks; returns handles (``.remove()``) for
-        them and for the quieted compile warning (``_quiet_compile_warning``)."""
+        """Register the global forward pre/post hooks; returns handles (``.remove()``) that
+        unregister them and restore the quieted compile warning (``_quiet_compile_warning``)."""
         from torch.nn.modules import module as nn_module
 
         compiler = getattr(torch, "compiler", None)
         compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
-        pre, post = self.hooks(compiling)
-        post_kw = {}
+        self._nn, self._hook_pair = nn_module, self.hooks(compiling)
         if "always_call" in inspect.signature(nn_module.register_module_forward_hook).parameters:
-            post_kw["always_call"] = True
-        handles = [nn_module.register_module_forward_pre_hook(pre),
-                   nn_module.register_module_forward_hook(post, **post_kw)]
-        return handles + _quiet_compile_warning(nn_module, {h.id for h in handles})
+            self._post_kw = {"always_call": True}
+        self._register()
+        return [_Unregister(self), *_quiet_compile_warning(nn_module, self._ours)]
+
+    def set_gate(self, open_: bool) -> None:
+        """The session's gate at the source: closed, the hooks record nothing, and are
+        unregistered where that is safe (module docstring)."""
+        self.gate[0] = open_
+        if self._nn is None:
+            return
+        if open_:
+            if not self._handles:
+                self._register()
+        elif self._handles and not _dynamo_traced() and not any(list(self._stacks.values())):
+            self._unregister()
+
+    def _register(self) -> None:
+        pre, post = self._hook_pair
+        self._handles = [self._nn.register_module_forward_pre_hook(pre),
+                         self._nn.register_module_forward_hook(post, **self._post_kw)]
+        self._ours.clear()
+        self._ours.update(h.id for h in self._handles)
+
+    def _unregister(self) -> None:
+        handles, self._handles = self._handles, []
+        for h in handles:
+            h.remove()
 
     def hooks(self, is_compiling: Any) -> tuple[Any, Any]:
         """The (pre, post) hook pair.  Under torch.compile's tracing both return at once (the
@@ -109,6 +141,7 @@ class ModulePaths:
     def _thread_state(self) -> tuple[list[int], list[int], Any]:
         local = self._local
         local.ids, local.mods = [], []
+        self._stacks[threading.get_ident()] = local.mods
         local.cell = self.native.module_cell() if self.native is not None else _Cell()
         return local.ids, local.mods, local.cell
 
@@ -157,6 +190,24 @@ class ModulePaths:
         for key in keys:
             self._paths.pop(key, None)
         self._names.pop(mid, None)
+
+
+def _dynamo_traced() -> bool:
+    """Whether torch.compile has traced a frame in this process (its code then guards on the
+    global hooks).  Read without creating dynamo's counter entries (a defaultdict)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    frames = counters.get("frames") if isinstance(counters, dict) else None
+    return bool(frames and frames.get("total"))
+
+
+class _Unregister:
+    def __init__(self, paths: ModulePaths) -> None:
+        self.paths = paths
+
+    def remove(self) -> None:
+        self.paths._unregister()
+        self.paths._nn = None  # a later set_gate registers nothing
 
 
 class _Restore:

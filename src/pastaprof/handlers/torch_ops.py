@@ -329,7 +329,7 @@ class TorchHandler:
         self._gate_open = open_
         self.gate_changes += 1
         self.native.pause(not open_)
-        self._modules.gate[0] = open_
+        self._modules.set_gate(open_)
 
     def stop(self) -> None:
         self._installed = False
