@@ -398,3 +398,22 @@ def test_ctrl_z_in_an_interactive_shell_stops_the_job_and_fg_resumes_it(tmp_path
         os.write(fd, b"exit\n")
         os.waitpid(pid, 0)
         os.close(fd)
+
+
+def test_a_signal_the_program_sends_to_its_own_group_reaches_it_once(tmp_path):
+    p = tmp_path / "grp.py"
+    p.write_text(textwrap.dedent("""
+        import os, signal, time
+        got = []
+        signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+        os.killpg(0, signal.SIGUSR1)   # its group: bare, itself; under pastaprof, pastaprof too
+        time.sleep(1.5)
+        print("got", len(got), flush=True)
+    """))
+    bare = subprocess.run([sys.executable, str(p)], capture_output=True, text=True, timeout=60,
+                          start_new_session=True)  # a group of its own, as a shell's job
+    r = subprocess.run([*PP, "-o", str(tmp_path / "run"), "--", sys.executable, str(p)], capture_output=True,
+                       text=True, env=_env(), timeout=120, start_new_session=True)
+    assert bare.stdout == "got 1\n"
+    assert (r.returncode, r.stdout) == (0, bare.stdout), r.stderr
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["program"]["signals_forwarded"] == {}

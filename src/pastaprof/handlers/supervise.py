@@ -8,7 +8,10 @@ Why this is not ``subprocess.Popen`` + ``child.wait()`` + Python signal handlers
   resize) already reached the program and must not be sent twice.  Only a signal's
   ``si_code`` tells the two apart: the supervisor blocks every catchable signal and
   takes them with ``sigtimedwait``, passing on those sent by a process (``kill``,
-  ``si_code <= 0``) and never those the kernel sent to the group (``SI_KERNEL``).
+  ``si_code <= 0``) and never those the kernel sent to the group (``SI_KERNEL``), nor
+  those the program's own processes sent (to their group, or to their parent).  A
+  signal another process sends to the whole group (``kill -TERM -PGID``) reaches the
+  program twice: nothing in ``siginfo`` tells it from one sent to pastaprof alone.
 * The blocked mask must not reach the program: it is spawned with the mask
   ``pastaprof run`` was started with (``posix_spawnp``'s ``setsigmask``), and with
   SIGPIPE and SIGXFSZ at their default actions as ``Popen`` leaves them.
@@ -69,13 +72,29 @@ class Supervised:
             info = signal.sigtimedwait(waited, _POLL_S)
             if info is None or info.si_signo == signal.SIGCHLD:
                 continue
-            if info.si_code <= 0:  # sent by a process (kill, sigqueue, tgkill): the program did not get it
+            # sent by a process (kill, sigqueue, tgkill), not by the program itself (to its group,
+            # which it is part of, or to its parent, which bare is not the program either)
+            if info.si_code <= 0 and not self._from_program(info.si_pid):
                 try:
                     os.kill(self.pid, info.si_signo)
                     name = _signal_name(info.si_signo)
                     self.forwarded[name] = self.forwarded.get(name, 0) + 1
                 except ProcessLookupError:
                     pass
+
+    def _from_program(self, sender: int) -> bool:
+        """Whether ``sender`` is the program or one of its descendants (a /proc walk up)."""
+        for _ in range(64):
+            if sender == self.pid:
+                return True
+            if sender in (0, 1, os.getpid()):
+                return False
+            try:
+                with open(f"/proc/{sender}/stat", "rb") as f:
+                    sender = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                return False
+        return False
 
     def _reap(self) -> int | None:
         try:
