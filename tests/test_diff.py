@@ -421,6 +421,34 @@ def test_cpu_profiles_wider_linear(cpu_traces, tmp_path):
     assert json.loads(out.read_text())["gate"]["exceeded"] is True
 
 
+LIVE = r"""
+import sys, torch
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(256, 256), torch.randint(0, 10, (256,))
+for _ in range(3):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+"""
+
+
+def test_live_run_against_a_kineto_trace(cpu_traces, tmp_path):
+    """A run directory captured live by ``pastaprof run`` against a torch.profiler trace of the
+    wider model: ops match by name across the two sources."""
+    script = tmp_path / "narrow.py"
+    script.write_text(LIVE)
+    run_dir = tmp_path / "live"
+    r = cli("run", "-o", str(run_dir), "--", sys.executable, str(script))
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = pastaprof.diff(run_dir, cpu_traces[1])
+    ops = {r["name"]: r for r in res.regressions.to_pylist() if r["kind"] == "op"}
+    assert ops["aten::addmm"]["ratio"] > 1 and ops["aten::addmm"]["base_count"] == 6
+    assert "aten::addmm" not in {r["name"] for t in (res.new, res.vanished) for r in t.to_pylist()}
+
+
 # ---------------------------------------------------------------- (4) bad inputs
 
 
@@ -436,9 +464,12 @@ def test_bad_inputs_one_line_exit_2(tmp_path):
     folder.mkdir()
     (folder / "rank-0.pt.trace.json.gz").write_bytes(MLP.read_bytes())
     assert cli("import", str(MLP), "-o", str(folder / "run")).returncode == 0
+    damaged = tmp_path / "damaged"
+    assert cli("import", str(MLP), "-o", str(damaged)).returncode == 0
+    (damaged / "run.json").write_text("{not json")
     out = tmp_path / "d.json"
     for base, new in ((tmp_path / "missing.json", MLP), (MLP, corrupt), (truncated, MLP), (MLP, both),
-                      (folder, MLP), (MLP, tmp_path)):
+                      (folder, MLP), (MLP, tmp_path), (damaged, MLP)):
         line = one_error_line(cli("diff", str(base), str(new), "--json", str(out), "--fail-above", "1"))
         assert str(base if base != MLP else new) in line
         assert not out.exists()
