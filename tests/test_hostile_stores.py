@@ -151,6 +151,11 @@ def _foreign_part(t: pa.Table) -> pa.Table:  # no pastaprof metadata, no start_n
     return t.drop_columns(["start_ns"]).replace_schema_metadata(None)
 
 
+def _bad_utf8_names(t: pa.Table) -> pa.Table:  # Parquet decoding does not check UTF-8; DuckDB refuses it
+    bad = pa.array([b"\xff\xfe-kernel"] * t.num_rows, pa.binary()).view(pa.string())
+    return t.set_column(t.schema.get_field_index("name"), pa.field("name", pa.string()), bad)
+
+
 def _part_version(t: pa.Table) -> pa.Table:
     return t.replace_schema_metadata({**t.schema.metadata, b"pastaprof.schema_version": b"99"})
 
@@ -182,6 +187,9 @@ MANIFEST_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "rows_str": (_set_field("rows", {"kernel": "81"}), "field 'rows.kernel'"),
     "counts_list": (_set_field("category_counts", []), "field 'category_counts'"),
     "devices_str": (_set_field("devices", "H200"), "field 'devices'"),
+    "devices_null": (_set_field("devices", None), "field 'devices' is null"),
+    "process_rank_null": (_set_field("processes", [{"rank": None}]), "field 'processes[0].rank' is null"),
+    "program_pids_int": (_set_field("program", {"unflushed_pids": 5}), "field 'program.unflushed_pids'"),
     "device_id_str": (_set_field("devices", [{"id": "x", "name": "H200"}]), "field 'devices[0].id'"),
     "versions_list": (_set_field("versions", [1]), "field 'versions'"),
     "processes_handlers": (_set_field("processes", [{"rank": 0, "handlers": []}]), "field 'processes[0].handlers'"),
@@ -203,6 +211,7 @@ PART_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "json_as_part": (_replace(K, lambda p: shutil.copy(SRC, p)), "corrupt or truncated Parquet"),
     "other_table": (lambda run: shutil.copy(run / "op/rank-0.parquet", run / K), "holds op events, not kernel"),
     "wrong_column_type": (_rewrite_part(K, _string_start), "column 'start_ns' is string, expected int64"),
+    "invalid_utf8": (_rewrite_part(K, _bad_utf8_names), "Invalid UTF8"),
     "int_out_of_range": (_rewrite_part(K, _huge_unsigned), "cannot be read as kernel events"),
     "foreign_no_column": (_rewrite_part(K, _foreign_part), "no 'start_ns' column"),
     "part_schema_version": (_rewrite_part(K, _part_version), "event schema version 99"),
@@ -362,7 +371,7 @@ FUZZ_CASES = 300
 FUZZ_SEED = 20260501
 _FIELDS = ["schema_version", "ranks", "rows", "devices", "versions", "category_counts", "unknown_categories",
            "processes", "clock", "capture_overhead", "dropped_events", "trace_bytes", "format", "source",
-           "command", "host", "status", "exit_code", "finished_ns"]
+           "command", "host", "status", "exit_code", "finished_ns", "notes", "program", "skipped"]
 
 
 def _fuzz_value(rng):
