@@ -417,3 +417,34 @@ def test_a_signal_the_program_sends_to_its_own_group_reaches_it_once(tmp_path):
     assert bare.stdout == "got 1\n"
     assert (r.returncode, r.stdout) == (0, bare.stdout), r.stderr
     assert json.loads((tmp_path / "run" / "run.json").read_text())["program"]["signals_forwarded"] == {}
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_signal_kills_a_program_stuck_in_c_code_as_bare(tmp_path, sig):
+    """The Python-level handler only runs when the main thread runs Python; a main thread in
+    a long native call (OpenSSL's PBKDF2, ~minutes here) must still die of the signal at once."""
+    p = tmp_path / "stuck.py"
+    p.write_text(textwrap.dedent("""
+        import hashlib, torch
+        x = torch.ones(2)
+        for _ in range(100):
+            x = x + 1
+        print("ready", os.getpid(), flush=True)
+        hashlib.pbkdf2_hmac("sha256", b"pw", b"salt", 10**9)
+        print("finished", flush=True)
+    """).replace("import hashlib", "import hashlib, os"))
+    proc = subprocess.Popen([*PP, "-o", str(tmp_path / "run"), "--", sys.executable, str(p)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    ready = proc.stdout.readline().split()
+    assert ready[0] == "ready"
+    try:
+        time.sleep(0.3)
+        proc.send_signal(getattr(signal, sig))
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:  # still stuck: leave nothing running
+            os.kill(int(ready[1]), signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == -getattr(signal, sig), err
+    assert "finished" not in out
+    assert sum(_adds(tmp_path / "run").values()) == 100  # flushed by the watchdog

@@ -15,6 +15,13 @@
   a finalizer) and ``os.execv``/``os.execve`` (and so every ``os.exec*``): the session is
   flushed first; a Python program exec'd with the same environment starts a new session.
   If the exec fails, capture goes on in a new session of this process.
+* The handler runs when the main thread next runs Python.  A main thread stuck in C code
+  (a long native call that does not return on EINTR) would not die of the signal as it
+  does bare: a watchdog thread reads the signal numbers Python's C-level handler writes
+  to a wakeup fd (``signal.set_wakeup_fd``, which ``signal.set_wakeup_fd`` in the program
+  replaces and gets back as ``-1`` would be) and, if the main thread has not handled
+  the signal within ``_GRACE_S``, flushes and ends the process itself.  Around a fork
+  these signals are blocked until the child has a wakeup fd of its own.
 * SIGKILL cannot be caught: what the process recorded after its last flush is lost, and
   the run says so (handlers/supervise.py, the process's ``exit`` status).
 """
@@ -24,6 +31,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
+import time
 from typing import Any
 
 _SKIPPED = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT, signal.SIGINT,  # SIGINT: Python's own
@@ -37,6 +46,11 @@ _real_getsignal = signal.getsignal
 _real_exit = os._exit
 _real_execv = os.execv
 _real_execve = os.execve
+_real_set_wakeup_fd = signal.set_wakeup_fd
+_GRACE_S = 0.5  # the main thread's time to run the handler before the watchdog acts
+_watch: dict[str, int] = {}  # this process's wakeup pipe: r, w, pid; active: 1 while it is set
+_handled: dict[int, float] = {}  # signal -> when the main-thread handler last ran
+_fork_mask: list[set[int]] = []
 _installed = False
 _JOIN_S = 2.0  # os._exit/exec wait at most this long for a flush in progress
 
@@ -60,6 +74,7 @@ _pending: list[int] = []  # signals that came while this thread was in the final
 
 def _on_signal(signum: int, frame: Any) -> None:
     """Flush, then die of the same signal as without us."""
+    _handled[signum] = time.monotonic()
     s = _session()
     if s is not None and s.stopping_here():  # the final flush is below us (an exit, a finalizer)
         _pending.append(signum)  # it dies of this signal when that flush is done
@@ -71,7 +86,14 @@ def _on_signal(signum: int, frame: Any) -> None:
 
 
 def _die(signum: int) -> None:
-    _real_signal(signum, signal.SIG_DFL)
+    if threading.current_thread() is threading.main_thread():
+        _real_signal(signum, signal.SIG_DFL)
+    else:  # the watchdog: Python sets handlers from the main thread only, libc from any
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.signal.argtypes, libc.signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
+        libc.signal(signum, None)  # SIG_DFL
     with contextlib.suppress(OSError, ValueError):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
     os.kill(os.getpid(), signum)
@@ -96,6 +118,92 @@ def set_signal(signalnum: Any, handler: Any) -> Any:
     ours = _is_default(handler) and int(signalnum) in CAUGHT | {signal.SIGINT}
     previous = _real_signal(signalnum, _on_signal if ours else handler)
     return signal.Handlers.SIG_DFL if previous is _on_signal else previous
+
+
+def set_wakeup_fd(fd: int, /, *, warn_on_full_buffer: bool = True) -> int:
+    old = _real_set_wakeup_fd(fd, warn_on_full_buffer=warn_on_full_buffer)
+    ours = _watch.get("active") and old == _watch.get("w")
+    _watch["active"] = 0
+    if fd == -1 and "w" in _watch:  # the program gave its own up: the watchdog's again
+        _real_set_wakeup_fd(_watch["w"], warn_on_full_buffer=False)
+        _watch["active"] = 1
+    return -1 if ours else old
+
+
+def _arm() -> None:
+    """Main thread: a wakeup pipe of this process and its watchdog thread."""
+    try:
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        old = _real_set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        old = None
+    if old != -1:  # not settable here, or the program's own is set: leave it
+        if old is not None:
+            _real_set_wakeup_fd(old)
+        os.close(r)
+        os.close(w)
+        return
+    _watch.update(r=r, w=w, pid=os.getpid(), active=1)
+    threading.Thread(target=_watchdog, args=(r,), name="pastaprof-signals", daemon=True).start()
+
+
+def _watchdog(r: int) -> None:
+    import select
+
+    while True:
+        try:
+            select.select([r], [], [])
+            data = os.read(r, 512)
+        except (BlockingIOError, InterruptedError):
+            continue
+        except OSError:
+            return
+        now = time.monotonic()
+        for signum in set(data):
+            with contextlib.suppress(Exception):
+                if _real_getsignal(signum) is _on_signal:
+                    _grace(signum, now)
+
+
+def _grace(signum: int, arrived: float) -> None:
+    """The main thread did not run Python for _GRACE_S: it is in C code; end as bare would."""
+    while time.monotonic() < arrived + _GRACE_S:
+        if _handled.get(signum, 0.0) >= arrived:
+            return
+        time.sleep(0.02)
+    if _handled.get(signum, 0.0) >= arrived:
+        return
+    try:
+        _stop_current(_JOIN_S)
+    finally:
+        _die(signum)
+
+
+def _before_fork() -> None:
+    with contextlib.suppress(OSError, ValueError):
+        _fork_mask.append(signal.pthread_sigmask(signal.SIG_BLOCK, CAUGHT))
+
+
+def _after_fork_in_parent() -> None:
+    if _fork_mask:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _fork_mask.pop())
+
+
+def _after_fork_in_child() -> None:
+    """The parent's wakeup pipe is not this process's: signals stay blocked until it has one."""
+    if _watch.get("active"):
+        for fd in (_watch["r"], _watch["w"]):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        _watch.clear()
+        with contextlib.suppress(ValueError, OSError):
+            _real_set_wakeup_fd(-1)
+        _arm()
+    if _fork_mask:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _fork_mask.pop())
 
 
 def _exit(n: int) -> None:
@@ -148,6 +256,7 @@ def execve(path: Any, argv: Any, env: Any) -> None:
 
 
 for _f, _real in ((getsignal, _real_getsignal), (set_signal, _real_signal), (_exit, _real_exit),
+                  (set_wakeup_fd, _real_set_wakeup_fd),
                   (execv, _real_execv), (execve, _real_execve)):
     for _attr in ("__name__", "__qualname__", "__doc__"):
         with contextlib.suppress(AttributeError, TypeError):
@@ -160,14 +269,15 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return
     _installed = True
-    signal.signal, signal.getsignal = set_signal, getsignal
+    signal.signal, signal.getsignal, signal.set_wakeup_fd = set_signal, getsignal, set_wakeup_fd
     os._exit, os.execv, os.execve = _exit, execv, execve
     for sig in CAUGHT:
         with contextlib.suppress(OSError, ValueError, RuntimeError):
             if _is_default(_real_getsignal(sig)):
                 _real_signal(sig, _on_signal)
+    _arm()
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
