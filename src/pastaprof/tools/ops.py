@@ -65,12 +65,15 @@ class Ops(Tool):
                 rows = np.nonzero(ranks == r)[0]
                 sub = op.take(rows)
                 ids = np.asarray(sub["id"].to_numpy(zero_copy_only=False), dtype=np.int64)
-                pos = np.full(ids.max() + 1, -1, dtype=np.int64)
-                pos[ids] = np.arange(len(rows))
                 m = np.asarray(per_op["rank"].to_numpy(zero_copy_only=False)) == r
-                oid = np.asarray(per_op["op_id"].to_numpy(zero_copy_only=False))[m]
-                ok = (oid <= ids.max()) & (pos[np.clip(oid, 0, ids.max())] >= 0)
-                at = rows[pos[oid[ok]]]
+                oid = np.asarray(per_op["op_id"].to_numpy(zero_copy_only=False), dtype=np.int64)[m]
+                # by search, not an array indexed by id: ids are data (a damaged store's op id of
+                # 3.6e17 asked numpy for 2.5 EiB)
+                from pastaprof.processor.link import map_keys
+
+                pos = map_keys(oid, ids, np.arange(len(rows), dtype=np.int64))
+                ok = pos >= 0
+                at = rows[pos[ok]]
                 self_gpu[at] = np.asarray(per_op["gpu_ns"].to_numpy(zero_copy_only=False))[m][ok]
                 self_launch[at] = np.asarray(per_op["launches"].to_numpy(zero_copy_only=False))[m][ok]
                 incl[rows] = _inclusive(sub, self_gpu[rows])
