@@ -448,3 +448,33 @@ def test_a_signal_kills_a_program_stuck_in_c_code_as_bare(tmp_path, sig):
     assert proc.returncode == -getattr(signal, sig), err
     assert "finished" not in out
     assert sum(_adds(tmp_path / "run").values()) == 100  # flushed by the watchdog
+
+
+def test_an_asyncio_program_keeps_its_signal_handler_and_wakeup_fd(tmp_path):
+    p = tmp_path / "aio.py"
+    p.write_text(textwrap.dedent("""
+        import asyncio, signal, torch
+        print("wakeup fd", signal.set_wakeup_fd(-1), flush=True)   # none set, bare
+        async def main():
+            loop = asyncio.get_running_loop()
+            done = asyncio.Event()
+            loop.add_signal_handler(signal.SIGTERM, done.set)
+            x = torch.ones(2)
+            for _ in range(80):
+                x = x + 1
+            print("ready", flush=True)
+            await done.wait()
+            loop.remove_signal_handler(signal.SIGTERM)
+            print("stopped by SIGTERM", signal.getsignal(signal.SIGTERM), flush=True)
+        asyncio.run(main())
+    """))
+    outs = []
+    for cmd in ([sys.executable, str(p)], [*PP, "-o", str(tmp_path / "run"), "--", sys.executable, str(p)]):
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        first = proc.stdout.readline() + proc.stdout.readline()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        outs.append((proc.returncode, first + out))
+    assert outs[0] == (0, "wakeup fd -1\nready\nstopped by SIGTERM 0\n")
+    assert outs[1] == outs[0]
+    assert sum(_adds(tmp_path / "run").values()) == 80
