@@ -28,12 +28,12 @@ def _inclusive(op: pa.Table, self_gpu: np.ndarray) -> np.ndarray:
         return total
     parent = np.asarray(op["parent_id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
     ids = np.asarray(op["id"].to_numpy(zero_copy_only=False), dtype=np.int64)
-    pos = np.full(ids.max() + 1, -1, dtype=np.int64)
-    pos[ids] = np.arange(n)
-    ppos = np.where(parent >= 0, pos[np.clip(parent, 0, None)], -1)
+    from pastaprof.processor.link import map_keys
+
+    ppos = map_keys(parent, ids, np.arange(n, dtype=np.int64))  # by search: ids and depths are data
     depth = np.asarray(op["depth"].fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
     # Push sums upwards one level at a time, deepest first (vectorized per level).
-    for d in range(int(depth.max()) if n else 0, 0, -1):
+    for d in np.unique(depth[depth > 0])[::-1]:
         rows = np.nonzero((depth == d) & (ppos >= 0))[0]
         np.add.at(total, ppos[rows], total[rows])
     return total
