@@ -434,3 +434,33 @@ def test_pastaprof_verbs_start_capture_without_a_gpu_framework(tmp_path):
     assert run.returncode == 0 and run.stdout == "ok\n", run.stderr
     assert sorted(pastaprof.load(tmp_path / "run").table("range")["name"].to_pylist()) == ["r0", "r1", "r2"]
     assert json.loads((tmp_path / "run" / "run.json").read_text())["processes"][0]["steps_seen"] == 3
+
+
+def test_torch_imported_by_the_programs_sitecustomize_or_a_thread_is_captured(tmp_path):
+    """The session starts at torch's import wherever it happens: inside the program's own
+    sitecustomize (run by the bootstrap) or on a thread that is not the main one."""
+    pytest.importorskip("torch")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_ONLY_IN_PROGRAM.format("import torch"))
+    app = tmp_path / "app.py"
+    app.write_text(textwrap.dedent("""
+        import sys, threading
+        print('torch' in sys.modules, flush=True)
+        def work():
+            import torch
+            class Tail(torch.nn.Module):
+                def forward(self, x):
+                    return torch.sigmoid(x)
+            with torch.no_grad():
+                print(round(torch.nn.Sequential(Tail())(torch.ones(3)).sum().item(), 4), flush=True)
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    """))
+    for env, name in (({"PYTHONPATH": str(site)}, "site"), ({}, "thread")):
+        bare = _bare([sys.executable, str(app)], tmp_path, env)
+        run = _captured(tmp_path / f"run-{name}", [sys.executable, str(app)], tmp_path, env)
+        _same(bare, run)
+        assert run.stdout.splitlines()[0] == ("True" if name == "site" else "False")
+        assert _modules(tmp_path / f"run-{name}", ("aten::sigmoid",)) == Counter({("aten::sigmoid", "Sequential_0/Tail_0"): 1})
