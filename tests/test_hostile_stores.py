@@ -415,10 +415,11 @@ def _fuzz_one(good: Path, work: Path, rng) -> None:
         p.write_bytes(bytes(data))
 
 
-def fuzz_main(good: str, work: str, cases: int, seed: int) -> None:
-    """Run in a subprocess (a hang or a crash fails the test): each case through the public API
-    (load, every table, analyze with every tool, the Perfetto export); only InputError may escape.
-    Prints one JSON summary line."""
+def fuzz_main(goods: list[str], work: str, cases: int, seed: int) -> None:
+    """Run in a subprocess (a hang or a crash fails the test): each case damages a copy of one
+    of ``goods`` and goes through the public API (load, every table, analyze with every tool,
+    the Perfetto export; a rank selection in some); only InputError may escape.  Prints one
+    JSON summary line."""
     import random
 
     import pastaprof
@@ -426,14 +427,15 @@ def fuzz_main(good: str, work: str, cases: int, seed: int) -> None:
     from pastaprof.report.perfetto import write_perfetto
 
     rng = random.Random(seed)
-    good_p, work_p = Path(good), Path(work)
+    work_p = Path(work)
     outcome = {"ok": 0, "refused": 0, "multi_line": 0, "other": []}
     for i in range(cases):
         case = work_p / str(i)
         case.mkdir()
-        _fuzz_one(good_p, case, rng)
+        _fuzz_one(Path(goods[i % len(goods)]), case, rng)
+        ranks = [1] if rng.random() < 0.25 else None
         try:
-            run = pastaprof.load(case / "run")
+            run = pastaprof.load(case / "run", ranks=ranks)
             for _kind, _t in run.iter_tables():
                 pass
             pastaprof.analyze(run)
@@ -448,9 +450,19 @@ def fuzz_main(good: str, work: str, cases: int, seed: int) -> None:
     print(json.dumps(outcome))
 
 
-def test_fuzzed_stores_never_traceback_or_hang(good_run, tmp_path):
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("ddp") / "run"
+    r = cli("import", str(DATA / "ddp_mlp_2ranks"), "-o", str(run))
+    assert r.returncode == 0, r.stderr
+    assert _manifest(run)["ranks"] == [0, 1]
+    return run
+
+
+def test_fuzzed_stores_never_traceback_or_hang(good_run, two_rank_run, tmp_path):
+    goods = [str(good_run), str(two_rank_run)]
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_hostile_stores as t; "
-            f"t.fuzz_main({str(good_run)!r}, {str(tmp_path)!r}, {FUZZ_CASES}, {FUZZ_SEED})")
+            f"t.fuzz_main({goods!r}, {str(tmp_path)!r}, {FUZZ_CASES}, {FUZZ_SEED})")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     outcome = json.loads(r.stdout.strip().splitlines()[-1])
