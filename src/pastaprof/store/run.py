@@ -16,7 +16,8 @@ import pyarrow as pa
 
 from pastaprof.errors import InputError
 from pastaprof.events.schema import KINDS, schema
-from pastaprof.store.safe_read import check_inside, part_rows, read_manifest, read_part
+from pastaprof.store.manifest_check import read_manifest
+from pastaprof.store.safe_read import check_inside, part_rows, read_part
 from pastaprof.store.writer import MANIFEST
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ checked again with ``fstat`` (the name may have changed in between).  Nothing is
 bound, no link is followed out of a run directory, and each failure is one ``InputError`` line
 naming the file and the problem.  A pipe the user gave as a trace (``<(zcat t.json.gz)``,
 ``/dev/stdin``) is the one non-regular file read: it is copied into a bounded temporary file,
-since the importer seeks.
+since the importer seeks.  run.json's fields are then type-checked by manifest_check.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import math
 import os
 import shutil
 import stat
@@ -43,6 +42,11 @@ def one_line(e: BaseException | str, limit: int = 300) -> str:
     """An exception's message as one short line (library messages may span lines)."""
     text = " ".join(str(e).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def printable(text: str) -> str:
+    """A name from a file (a JSON key, a column) as it may appear in a one-line message."""
+    return text if text.isprintable() and len(text) <= 60 else repr(text[:60])
 
 
 def describe_mode(mode: int) -> str:
@@ -246,138 +250,6 @@ def _check_trace_start(path: Path, block: bytes) -> None:
         raise InputError(path, "not JSON: does not start with '{' or '[' (nor is it gzip data)")
 
 
-# --- run.json ---------------------------------------------------------------------------------
-# A field's expected type: "int" (not bool), "count" (int >= 0), "rank" (0 <= int < 2**31), "num",
-# "str", "any"; ("?", t): t or null; ("list", t); ("map", t): an object whose values are t; a dict:
-# an object whose listed keys are of those types (others are free).
-_DEVICE = {"id": "int", "name": ("?", "str"), "numSms": ("?", "num"), "totalGlobalMem": ("?", "num")}
-_PROCESS = {"rank": "int", "pid": ("?", "int"), "events": ("?", ("map", ("?", "num"))),
-            "handlers": ("?", ("map", ("?", {"dropped": ("?", "num")}))),
-            "filtered_by_kind": ("?", ("map", ("?", "num"))), "status": ("?", ("map", "any"))}
-MANIFEST_FIELDS: dict[str, Any] = {
-    "format": ("?", "str"), "source": ("?", "str"), "host": ("?", "str"),
-    "command": ("?", ("list", "any")), "exit_code": ("?", "int"),
-    "devices": ("list", _DEVICE), "versions": ("?", ("map", "any")),
-    "ranks": ("list", "rank"), "rows": ("map", "count"),
-    "clock": ("?", {"domain": ("?", "str"), "anchors": ("?", ("map", "any"))}),
-    "capture_overhead": ("?", ("map", "any")), "dropped_events": ("?", "num"),
-    "category_counts": ("?", ("map", ("map", "num"))), "unknown_categories": ("?", ("map", "num")),
-    "trace_bytes": ("?", "num"), "processes": ("?", ("list", _PROCESS)), "status": ("?", ("map", "any")),
-    "finished_ns": ("?", "int"), "notes": ("?", ("list", "str")), "skipped": ("?", ("map", "any")),
-    "rank_source": ("?", ("map", "any")),
-    "program": ("?", {"exit_code": ("?", "int"), "unflushed_pids": ("?", ("list", "any")),
-                      "lost_at_most_ms": ("?", "num")}),
-}
-_WANT = {"int": "an integer", "count": "a non-negative integer", "rank": "a rank (an integer from 0 to 2^31-1)",
-         "num": "a number", "str": "a string", "list": "a list", "map": "an object"}
-
-
-def _kind_of(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true/false"
-    if isinstance(v, int):
-        return f"the integer {v}" if abs(v) < 10**12 else "an integer"
-    if isinstance(v, float):
-        return f"the number {v!r}"
-    return {str: "a string", list: "a list", dict: "an object"}.get(type(v), type(v).__name__)
-
-
-def _type_error(spec: Any, v: Any) -> str | None:
-    """Why ``v`` is not of ``spec`` at this level (None: it is)."""
-    if isinstance(spec, tuple) and spec[0] == "?":
-        return None if v is None else _type_error(spec[1], v)
-    if isinstance(spec, dict):
-        return None if isinstance(v, dict) else f"is {_kind_of(v)}, expected an object"
-    if isinstance(spec, tuple):
-        want = list if spec[0] == "list" else dict
-        return None if isinstance(v, want) else f"is {_kind_of(v)}, expected {_WANT[spec[0]]}"
-    is_int = isinstance(v, int) and not isinstance(v, bool)
-    ok = {"any": True, "str": isinstance(v, str), "int": is_int, "count": is_int and v >= 0,
-          "rank": is_int and 0 <= v < 2**31,
-          "num": (is_int or isinstance(v, float)) and v == v and abs(v) != float("inf")}[spec]
-    return None if ok else f"is {_kind_of(v)}, expected {_WANT[spec]}"
-
-
-def _key(key: str) -> str:
-    """A JSON key as it may appear in a one-line message."""
-    return key if key.isprintable() and len(key) <= 60 else repr(key[:60])
-
-
-_LEAF_TYPES = {"int": {int}, "count": {int}, "rank": {int}, "num": {int, float}, "str": {str}}
-
-
-def _leaves_ok(spec: Any, values: list[Any]) -> bool:
-    """Whether all ``values`` are of the leaf type ``spec``, checked in C-level loops (a
-    manifest listing millions of ranks).  False also means "check one by one" (not a leaf)."""
-    nullable = isinstance(spec, tuple) and spec[0] == "?"
-    leaf = spec[1] if nullable else spec
-    if not isinstance(leaf, str):
-        return False
-    if leaf == "any":
-        return True
-    types = set(map(type, values))
-    if nullable and type(None) in types:
-        types.discard(type(None))
-        values = [x for x in values if x is not None]
-    if not types <= _LEAF_TYPES[leaf]:
-        return False
-    try:
-        if leaf == "count":
-            return not values or min(values) >= 0
-        if leaf == "rank":
-            return not values or (min(values) >= 0 and max(values) < 2**31)
-        return leaf != "num" or all(map(math.isfinite, values))
-    except OverflowError:  # an integer beyond any float: judged one by one
-        return False
-
-
-def _check_field(path: Path, name: str, spec: Any, v: Any) -> None:
-    problem = _type_error(spec, v)
-    if problem:
-        raise InputError(path, f"corrupt manifest: field '{name}' {problem}")
-    if isinstance(spec, tuple) and spec[0] == "?":
-        if v is not None:
-            _check_field(path, name, spec[1], v)
-    elif isinstance(spec, dict):
-        for key, sub in spec.items():
-            if key in v:
-                _check_field(path, f"{name}.{key}", sub, v[key])
-    elif isinstance(spec, tuple) and spec[0] == "list":
-        if not _leaves_ok(spec[1], v):
-            for i, x in enumerate(v):
-                _check_field(path, f"{name}[{i}]", spec[1], x)
-    elif isinstance(spec, tuple) and spec[0] == "map" and not _leaves_ok(spec[1], list(v.values())):
-        for key, x in v.items():
-            _check_field(path, f"{name}.{_key(key)}", spec[1], x)
-
-
-def read_manifest(run_dir: Path, manifest_name: str = "run.json") -> dict[str, Any]:
-    """A run directory's manifest, read safely and checked: a JSON object whose
-    ``schema_version`` this pastaprof reads and whose known fields have their types."""
-    from pastaprof.events.schema import SCHEMA_VERSION
-
-    path = run_dir / manifest_name
-    if not os.path.lexists(path):
-        raise InputError(run_dir, f"not a pastaprof run (no {manifest_name})")
-    m = load_json(path, MAX_MANIFEST_BYTES, root=run_dir, label="corrupt manifest: ")
-    if not isinstance(m, dict):
-        raise InputError(path, f"corrupt manifest: {_kind_of(m)}, expected a JSON object")
-    v = m.get("schema_version")
-    if not (isinstance(v, int) and not isinstance(v, bool)):
-        raise InputError(path, f"corrupt manifest: field 'schema_version' is {_kind_of(v)}, expected an integer")
-    if v != SCHEMA_VERSION:
-        raise InputError(path, f"schema version {v} is not supported (this pastaprof reads {SCHEMA_VERSION})")
-    for name, spec in MANIFEST_FIELDS.items():
-        if name in m:
-            _check_field(path, name, spec, m[name])
-    ranks = m.get("ranks")
-    if ranks is not None and len(set(ranks)) != len(ranks):
-        raise InputError(path, "corrupt manifest: field 'ranks' lists a rank twice")
-    return m
-
-
 # --- Parquet parts -----------------------------------------------------------------------------
 
 def _string_like(t: pa.DataType) -> bool:
@@ -411,15 +283,15 @@ def _check_schema(path: Path, kind: str | None, sch: pa.Schema) -> None:
     meta = sch.metadata or {}
     stored = meta.get(b"pastaprof.kind")
     if kind is not None and stored is not None and stored != kind.encode():
-        raise InputError(path, f"holds {_key(stored.decode('utf-8', 'replace'))} events, not {kind}: "
+        raise InputError(path, f"holds {printable(stored.decode('utf-8', 'replace'))} events, not {kind}: "
                                "a part of another table")
     version = meta.get(b"pastaprof.schema_version")
     if version is not None and version != str(SCHEMA_VERSION).encode():
-        raise InputError(path, f"written with event schema version {_key(version.decode('utf-8', 'replace'))}, "
+        raise InputError(path, f"written with event schema version {printable(version.decode('utf-8', 'replace'))}, "
                                f"this pastaprof reads {SCHEMA_VERSION}")
     if len(set(sch.names)) != len(sch.names):
         twice = next(n for n in sch.names if sch.names.count(n) > 1)
-        raise InputError(path, f"column '{_key(twice)}' appears twice")
+        raise InputError(path, f"column '{printable(twice)}' appears twice")
     if kind is None:
         return
     for field in schema(kind):
