@@ -1,11 +1,12 @@
 """When a session flushes: loss bounded in time and memory, whatever the machine's load.
 
-Two threads.  The flush thread runs at nice 19, so that a periodic flush landing in a
+The flush thread runs at nice 19, so that a periodic flush landing in a
 CPU-bound region does not deschedule the program's OpenMP workers (2-core dev VM: an
 MLP training loop took 2-4x as long at nice 0).  But nice 19 starves on a busy host: a
 hot loop on a loaded 2-core machine wrote its first part after more than 8 s.  So a
-second thread, at the program's priority and asleep but for a look every 50 ms (one
-ctypes call per handler), flushes itself
+deadline thread, at the program's priority and asleep but for a look every 50 ms (one
+ctypes call per handler), hands a flush to one of two spill threads (also at the
+program's priority, asleep until then), and goes on watching,
 
 * when the last flush ended more than ``DEADLINE_PERIODS`` flush periods ago
   (``deadline_ms``), even while a starved flush of the nice thread is in progress
@@ -38,6 +39,7 @@ ROW_BYTES = 128  # an op row in the observer's buffer: 14 columns + ~2 input poi
 DEADLINE_PERIODS = 2
 _TICK_S = 0.05
 _STARVED_PERIODS = 10  # after a starved flush, the deadline thread flushes for this many periods
+_SPILLERS = 2  # flush threads at the program's priority the deadline thread hands flushes to
 
 
 class ForkGuard:
@@ -105,13 +107,18 @@ class FlushScheduler:
         self._threads: list[threading.Thread] = []
 
     def _start_threads(self) -> None:
-        for target, name in ((self._flush_loop, "pastaprof-flush"), (self._deadline_loop, "pastaprof-deadline")):
-            th = threading.Thread(target=target, name=name, daemon=True)
+        self._spill = [(threading.Event(), threading.Event()) for _ in range(_SPILLERS)]  # (go, busy)
+        targets = [(self._flush_loop, "pastaprof-flush", ()), (self._deadline_loop, "pastaprof-deadline", ())]
+        targets += [(self._spill_loop, f"pastaprof-spill-{i}", (i,)) for i in range(_SPILLERS)]
+        for target, name, args in targets:
+            th = threading.Thread(target=target, name=name, args=args, daemon=True)
             th.start()
             self._threads.append(th)
 
     def _join_threads(self, timeout: float) -> None:
         self._wake.set()
+        for go, _busy in getattr(self, "_spill", []):
+            go.set()
         end = time.monotonic() + timeout
         for th in self._threads:
             if th is not threading.current_thread():
@@ -196,7 +203,7 @@ class FlushScheduler:
             age = now - self._last_flush
             oldest = min(self._active.values(), default=None)
             running = len(self._active)
-        if rows > 2 * b["buffer_rows"] and running < 2:
+        if rows > 2 * b["buffer_rows"] and running <= _SPILLERS:
             return True  # a flush in progress cannot keep up: a second one takes the rows since
         if rows > b["buffer_rows"] or age > b["deadline_ms"] / 1000:
             return oldest is None or now - oldest > period  # overlap a flush only if it is stuck
@@ -213,12 +220,36 @@ class FlushScheduler:
                 rows = self._pending_rows()
                 self.max_pending_rows = max(self.max_pending_rows, rows)
                 if self._deadline_due(rows) and not self._stop.is_set():
-                    self.deadline_flushes += 1
-                    self._timed_flush()
+                    self._hand_off()
             except Exception as e:
                 _warn(f"capture stopped: {type(e).__name__}: {e}")
                 self._stop.set()
                 return
+
+    def _hand_off(self) -> None:
+        """To an idle spill thread: the deadline thread itself keeps watching the buffer."""
+        for go, busy in self._spill:
+            if not busy.is_set():
+                self.deadline_flushes += 1
+                busy.set()
+                go.set()
+                return
+
+    def _spill_loop(self, i: int) -> None:
+        go, busy = self._spill[i]
+        while True:
+            go.wait()
+            go.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._timed_flush()
+            except Exception as e:
+                _warn(f"capture stopped: {type(e).__name__}: {e}")
+                self._stop.set()
+                return
+            finally:
+                busy.clear()
 
 
 def sort_by_start(table: Any) -> Any:
