@@ -9,6 +9,7 @@ import sys
 from conftest import DATA, dur_ns, raw_events
 
 import pastaprof
+from pastaprof.tools.registry import DEFAULT_TOOLS
 
 PY = [sys.executable, "-m", "pastaprof.cli"]
 
@@ -20,7 +21,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_version_and_tools():
     assert run("--version").stdout.strip() == f"pastaprof, version {pastaprof.__version__}"
     out = run("tools").stdout
-    for name in ("kernels", "ops", "timeline", "memory"):
+    for name in DEFAULT_TOOLS:
         assert any(line.startswith(name + " ") for line in out.splitlines()), name
 
 
@@ -30,7 +31,7 @@ def test_analyze_example_json_findings_carry_true_numbers(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "kernels" in r.stdout and "timeline" in r.stdout
     doc = json.loads(out.read_text())
-    assert set(doc["tools"]) == {"kernels", "ops", "timeline", "memory"}
+    assert set(doc["tools"]) == set(DEFAULT_TOOLS)
     for f in doc["findings"]:
         assert f["severity"] in ("info", "warning", "critical") and f["title"] and isinstance(f["evidence"], dict)
     raw = [e for e in raw_events(pastaprof.example_path()) if e.get("cat") == "kernel"]

@@ -30,7 +30,11 @@ def available() -> dict[str, type[Tool]]:
     return dict(sorted(tools.items()))
 
 
-def resolve(names: list[str] | None, default: tuple[str, ...] = ("kernels", "ops", "timeline", "memory")) -> list[type[Tool]]:
+#: The tools ``analyze`` and ``pastaprof run`` use when none are named.
+DEFAULT_TOOLS = ("steps", "kernels", "ops", "timeline", "cuda_api", "copies", "memory")
+
+
+def resolve(names: list[str] | None, default: tuple[str, ...] = DEFAULT_TOOLS) -> list[type[Tool]]:
     """Tool classes for ``names`` (default set if None); unknown names are a UsageError."""
     tools = available()
     wanted = list(names) if names else [n for n in default if n in tools]
