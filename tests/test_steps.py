@@ -364,3 +364,52 @@ def test_overlapping_step_ranges_ranks_without_steps_and_gpu_only_ranks():
     assert [r["kernels"] for r in rows] == [1, 0, 0]  # counted once, where it started (no launch call known)
     assert rep.summary["ranks_without_steps"] == [1, 2]
     assert {p["rank"]: p["rule"] for p in rep.summary["per_rank"]} == {0: "step ranges", 1: "none", 2: "none"}
+
+
+LIVE_STEPS_APP = """
+import time, torch, pastaprof
+x = torch.randn(64, 64)
+marks = []
+for i in range(5):
+    for _ in range(i + 1):          # step i runs i + 1 matmuls
+        x = torch.tanh(x @ x)
+    with torch.profiler.record_function("phase"):
+        time.sleep(0.01)
+    marks.append(time.time_ns())
+    pastaprof.step()
+print(" ".join(map(str, marks)))
+"""
+
+
+def test_live_pastaprof_step_calls_become_steps(tmp_path):
+    """``pastaprof.step()`` ends the step the previous call began: 5 calls, 4 steps, each from
+    one call to the next, and a record_function range inside a live run counts as the
+    program's own range (its domain is ``record_function``, not ``user``)."""
+    pytest.importorskip("torch")
+    app = tmp_path / "app.py"
+    app.write_text(LIVE_STEPS_APP)
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(tmp_path / "run"), "-t", "steps", "--",
+                        sys.executable, str(app)], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    marks = [int(m) for m in r.stdout.split("\n")[0].split()]
+    run = pastaprof.load(tmp_path / "run")
+    (rep,) = pastaprof.analyze(run, tools=["steps"])
+    assert rep.summary["rule"] == "step ranges"
+    rows = rep.tables["steps"].to_pylist()
+    assert len(rows) == 4
+    for k, row in enumerate(rows):  # each step spans two consecutive calls (each mark is taken just before one)
+        assert abs(row["wall_ns"] - (marks[k + 1] - marks[k])) < 5_000_000
+    mm = run.sql("select count(*) from op where name = 'aten::mm'").fetchall()[0][0]
+    assert mm == 15
+    phases = run.sql("select count(*) from range where name = 'phase'").fetchall()[0][0]
+    assert phases == 5
+
+
+def test_host_ranges_keep_every_host_domain_and_drop_gpu_projections():
+    from pastaprof.tools._ranges import host_ranges
+
+    domains = ["user", "record_function", "nvtx", "gpu_user", None, "gpu_user"]
+    t = pa.table({"name": [f"step{i}" for i in range(6)],
+                  "domain": pa.array(domains, pa.string()).dictionary_encode()})
+    kept = host_ranges(t)
+    assert kept["name"].to_pylist() == ["step0", "step1", "step2", "step4"]

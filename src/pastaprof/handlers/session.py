@@ -85,6 +85,7 @@ class Session(OptionalHandlers, Linking, FlushScheduler):
         self.step = 0
         self._user_steps = 0
         self._explicit_steps = False
+        self._last_user_step_ns: int | None = None
         self._open_ranges: list[str] = []
         self._ranges = {"start_ns": [], "end_ns": [], "tid": [], "name": [], "domain": []}
         # Recording windows: time intervals in which the gate (ranges/steps) was open.
@@ -336,6 +337,7 @@ class Session(OptionalHandlers, Linking, FlushScheduler):
             if not self._explicit_steps:
                 self._explicit_steps = True
                 self.step = self._user_steps
+            self._mark_user_step()
             self._user_steps += 1
         elif self._explicit_steps:
             return self.step
@@ -343,6 +345,16 @@ class Session(OptionalHandlers, Linking, FlushScheduler):
         self._source_armed = True
         self._update_gate()
         return self.step
+
+    def _mark_user_step(self) -> None:
+        """A ``pastaprof.step()`` call ends the step that the previous call began: it becomes a
+        range ``step#N`` (N counts the calls before it), which the steps tool reads like a
+        ProfilerStep.  The work before the first call is in no step: it holds the program's
+        setup as often as its first iteration."""
+        now = time.time_ns()
+        start, self._last_user_step_ns = self._last_user_step_ns, now
+        if start is not None:
+            self.range_end(f"step#{self._user_steps - 1}", start)
 
     # -- flushing ------------------------------------------------------------
     def flush(self, final: bool = False) -> None:

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from pastaprof.processor.intervals import group_codes, innermost_enclosing
 from pastaprof.tools._memory_categories import CATEGORIES, classify, optimizer_ranges
 from pastaprof.tools._memory_patterns import block_uses, device_label, find_patterns
+from pastaprof.tools._ranges import host_ranges
 from pastaprof.tools.base import Finding, Report, Tool
 
 DISPLAY = {  # what the terminal shows; JSON and programs get every table and column
@@ -327,7 +328,7 @@ class Memory(Tool):
         """Step windows of rank ``r``: ProfilerStep#N, user ``stepN`` ranges, optimizer steps,
         else exact repetition of the top-level op sequence on the busiest thread."""
         rng, ops = self.table("range"), self.table("op")
-        rng = rng.filter(pc.and_(pc.equal(rng["rank"], r), pc.fill_null(pc.equal(rng["domain"].cast(pa.string()), "user"), True)))
+        rng = host_ranges(rng.filter(pc.equal(rng["rank"], r)))
         ops = ops.filter(pc.equal(ops["rank"], r))
         named = pa.concat_tables([x.select(["name", "start_ns", "end_ns"]).cast(
             pa.schema([("name", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])) for x in (rng, ops)])

@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.events.schema import GPU_ACTIVITY_KINDS
+from pastaprof.tools._ranges import host_ranges
 from pastaprof.tools._timeline_math import (
     COMMUNICATION,
     COMPUTATION,
@@ -183,7 +184,7 @@ class Steps(Tool):
             t = self.table(kind)
             t = t.filter(pc.equal(t["rank"], rank))
             if kind == "range":  # gpu_user ranges are GPU-side projections, not host events
-                t = t.filter(pc.fill_null(pc.equal(t["domain"].cast(pa.string()), "user"), True))
+                t = host_ranges(t)
             if t.num_rows:
                 lo.append(pc.min(t["start_ns"]).as_py())
                 hi.append(pc.max(t["end_ns"]).as_py())
@@ -196,7 +197,7 @@ class Steps(Tool):
         """(starts, ends, labels, rule) of the rank's steps; see the module docstring."""
         rng, ops = self.table("range"), self.table("op")
         rng = rng.filter(pc.equal(rng["rank"], rank))
-        rng = rng.filter(pc.fill_null(pc.equal(rng["domain"].cast(pa.string()), "user"), True))
+        rng = host_ranges(rng)
         ops = ops.filter(pc.equal(ops["rank"], rank))
         coded = [(x, *name_codes(x["name"])) for x in (rng, ops)]
         for pattern, rule in ((PROFILER_STEP_RE, "ProfilerStep"), (USER_STEP_RE, "step ranges")):

@@ -62,6 +62,7 @@ import pyarrow.compute as pc
 
 from pastaprof.processor.intervals import innermost_enclosing
 from pastaprof.processor.link import map_keys
+from pastaprof.tools._ranges import host_ranges
 from pastaprof.tools.base import Finding, Report, Tool
 from pastaprof.tools.memory import _i64, _str
 
@@ -170,7 +171,7 @@ class UvmAdvisor(Tool):
         kname = np.full(n, "", dtype=object)
         k = self.table("kernel")
         ops, rng = self.table("op"), self.table("range")
-        user = rng.filter(pc.fill_null(pc.equal(rng["domain"].cast(pa.string()), "user"), False)) if rng.num_rows else rng
+        user = host_ranges(rng)
 
         def host_point(times: np.ndarray) -> np.ndarray:
             outp = np.full(len(times), "", dtype=object)
