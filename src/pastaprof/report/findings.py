@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from pastaprof.store.outputs import write_output
-from pastaprof.tools.base import Report
+from pastaprof.tools.base import Report, ordered_findings
 
 JSON_FORMAT_VERSION = 1
 
@@ -28,12 +28,12 @@ def _clean(v: Any) -> Any:
 
 
 def reports_to_dict(reports: list[Report], source: str | None = None, max_rows: int | None = 1000) -> dict[str, Any]:
-    """The JSON document: every finding flat (severity, title, evidence, location, tool),
-    plus each tool's summary and tables (rows capped at ``max_rows``)."""
+    """The JSON document: every finding flat (id, tool, severity, title, impact_ns, evidence,
+    location), largest impact first (``ordered_findings``), plus each tool's summary and tables (rows capped at ``max_rows``)."""
     return _clean({
         "format_version": JSON_FORMAT_VERSION,
         "source": source,
-        "findings": [f.to_dict() for r in reports for f in r.findings],
+        "findings": [f.to_dict() for f in ordered_findings(reports)],
         "tools": {
             r.tool: {
                 "summary": r.summary,

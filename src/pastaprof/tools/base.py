@@ -12,6 +12,9 @@ Third-party tools register a class in the ``pastaprof.tools`` entry-point group.
 
 from __future__ import annotations
 
+import hashlib
+import math
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -25,19 +28,52 @@ if TYPE_CHECKING:
 Severity = Literal["info", "warning", "critical"]
 
 
+SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
+_NUMBERS = re.compile(r"[-+]?\d[\d,.]*%?")
+
+
 @dataclass
 class Finding:
-    """One machine-readable conclusion: what, how bad, the numbers behind it, where."""
+    """One machine-readable conclusion: what, how bad, the numbers behind it, where.
+
+    ``impact_ns`` is the time at stake (computed from events; None when a finding has no
+    time attached), which orders findings across tools.  ``id`` names the finding's kind
+    and location, stable across runs of the same program: a short hash of the tool, the
+    ``kind`` key (by default the title with its numbers taken out) and the location.
+    """
 
     severity: Severity
     title: str
     evidence: dict[str, Any] = field(default_factory=dict)
     location: str | None = None
     tool: str = ""
+    impact_ns: int | None = None
+    kind: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.impact_ns is None:  # tools that put the time at stake in their evidence
+            v = self.evidence.get("impact_ns")
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                self.impact_ns = int(v)
+
+    @property
+    def id(self) -> str:
+        key = self.kind if self.kind is not None else " ".join(_NUMBERS.sub("#", self.title).split())
+        text = "\x1f".join((self.tool, key, self.location or ""))
+        return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+    def sort_key(self) -> tuple[int, int, int]:
+        """Largest impact first, findings without one last, then by severity."""
+        return (self.impact_ns is None, -(self.impact_ns or 0), SEVERITY_RANK.get(self.severity, 3))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tool": self.tool, "severity": self.severity, "title": self.title,
-                "evidence": self.evidence, "location": self.location}
+        return {"id": self.id, "tool": self.tool, "severity": self.severity, "title": self.title,
+                "impact_ns": self.impact_ns, "evidence": self.evidence, "location": self.location}
+
+
+def ordered_findings(reports: list[Report]) -> list[Finding]:
+    """Every report's findings in one list, by impact (see ``Finding.sort_key``); stable."""
+    return sorted((f for r in reports for f in r.findings), key=Finding.sort_key)
 
 
 @dataclass
@@ -57,6 +93,11 @@ class Report:
     def __post_init__(self) -> None:
         for f in self.findings:
             f.tool = f.tool or self.tool
+
+    def __repr__(self) -> str:
+        tables = ", ".join(f"{name}: {t.num_rows} rows" for name, t in self.tables.items())
+        return (f"Report(tool={self.tool!r}, tables={len(self.tables)} [{tables}], "
+                f"findings={len(self.findings)}, summary keys={list(self.summary)})")
 
 
 @dataclass
