@@ -91,6 +91,7 @@ CONSECUTIVE_KERNEL_DELAY_NS = 30_000   # HTA's default consecutive_kernel_delay 
 STARVED_IDLE_PCT = 50.0                # a rank idle for more than half its span ...
 HOST_WAIT_DOMINANT = 0.5               # ... with host_wait >= half of its stream idle time: GPU starved by the host
 CRITICAL_IDLE_PCT = 80.0               # idle beyond this makes the starvation finding critical
+HOST_WAIT_PCT = 20.0                   # a rank not starved, yet idle waiting for launches this share of its span
 LAUNCH_BOUND_SHARE = 0.5               # >= 50% of the kernels with a known launch call are launch-bound ...
 LAUNCH_BOUND_MIN = 100                 # ... and at least this many: a finding
 NON_COMPUTE_PCT = 25.0                 # exposed communication or memory above 25% of the span: a finding
@@ -342,7 +343,9 @@ class Timeline(Tool):
         totals = {"kernels": int(len(codes)), "kernels_with_launch": int(has.sum()),
                   "launch_bound_kernels": int(bound.sum()), "launches": n_units, "graph_launches": n_graphs,
                   "launch_bound_launches": lb_units, "launch_bound_graph_launches": lb_graphs,
-                  "launch_bound_share": round(lb_units / n_units, 4) if n_units else 0.0}
+                  "launch_bound_share": round(lb_units / n_units, 4) if n_units else 0.0,
+                  # GPU time lost to launch-bound kernels: their launch call outlasts them
+                  "launch_bound_excess_ns": int(np.maximum(np.where(bound, ldur - kdur, 0), 0).sum())}
         return table, totals
 
     # ------------------------------------------------------------------ findings
@@ -355,25 +358,34 @@ class Timeline(Tool):
             rows = [i for i, x in enumerate(st["rank"]) if x == rank]
             waits = {c: sum(st[f"{c}_ns"][i] for i in rows) for c in ("host_wait", "kernel_wait", "other")}
             total_wait = sum(waits.values())
+            share = waits["host_wait"] / total_wait if total_wait else 0.0
+            host_idle = int(min(waits["host_wait"], r["idle_ns"]))  # streams' waits, at most the rank's idle time
+            evidence = {"idle_pct": r["idle_pct"], "idle_ns": r["idle_ns"], "span_ns": r["span_ns"],
+                        **{f"streams_{c}_ns": v for c, v in waits.items()},
+                        "host_wait_share_of_stream_idle": round(share, 4)}
+            host_pct = 100 * host_idle / r["span_ns"] if r["span_ns"] else 0.0
+            if r["idle_pct"] <= STARVED_IDLE_PCT and host_pct >= HOST_WAIT_PCT:
+                out.append(Finding("warning", f"GPU waits for the host {host_pct:.1f}% of its span: kernels finish "
+                                              "before the next launch arrives (launch overhead)",
+                                   {**evidence, "host_wait_pct": round(host_pct, 2)}, where,
+                                   impact_ns=host_idle, kind="host wait"))
             if r["idle_pct"] > STARVED_IDLE_PCT:
-                share = waits["host_wait"] / total_wait if total_wait else 0.0
-                evidence = {"idle_pct": r["idle_pct"], "idle_ns": r["idle_ns"], "span_ns": r["span_ns"],
-                            **{f"streams_{c}_ns": v for c, v in waits.items()},
-                            "host_wait_share_of_stream_idle": round(share, 4)}
                 if share >= HOST_WAIT_DOMINANT:
                     sev = "critical" if r["idle_pct"] >= CRITICAL_IDLE_PCT else "warning"
                     out.append(Finding(sev, f"GPU starved by the host: idle {r['idle_pct']:.1f}% of its span, "
-                                            f"{share:.0%} of stream idle time waiting for launches", evidence, where))
+                                            f"{share:.0%} of stream idle time waiting for launches", evidence, where,
+                                       impact_ns=host_idle, kind="host wait"))
                 else:
                     top = max(waits, key=waits.get) if total_wait else "other"
                     out.append(Finding("warning", f"GPU idle {r['idle_pct']:.1f}% of its span (mostly {top})",
-                                       evidence, where))
+                                       evidence, where, impact_ns=int(r["idle_ns"])))
             for label, what in (("communication", "exposed communication (not overlapped with compute)"),
                                 ("memory", "copies/memsets not overlapped with compute")):
                 if r[f"{label}_pct"] >= NON_COMPUTE_PCT:
                     out.append(Finding("warning", f"{what}: {r[f'{label}_pct']:.1f}% of the GPU span",
                                        {f"{label}_ns": r[f"{label}_ns"], f"{label}_pct": r[f"{label}_pct"],
-                                        "span_ns": r["span_ns"], "compute_pct": r["compute_pct"]}, where))
+                                        "span_ns": r["span_ns"], "compute_pct": r["compute_pct"]}, where,
+                                       impact_ns=int(r[f"{label}_ns"])))
         if lb["launch_bound_launches"] >= LAUNCH_BOUND_MIN and lb["launch_bound_share"] >= LAUNCH_BOUND_SHARE:
             graphs = (f", {lb['launch_bound_graph_launches']} of them CUDA-graph launches"
                       if lb["launch_bound_graph_launches"] else "")
@@ -381,5 +393,6 @@ class Timeline(Tool):
                                           f"({lb['launch_bound_share']:.0%}) run shorter on the GPU than their "
                                           f"launch call{graphs}",
                                {**lb, "top_kernels": lb_table.column("name").to_pylist()[:5]},
-                               location="launch-bound: consider CUDA graphs, fusion or larger batches"))
+                               location="launch-bound: consider CUDA graphs, fusion or larger batches",
+                               impact_ns=lb.get("launch_bound_excess_ns"), kind="launch bound"))
         return out
