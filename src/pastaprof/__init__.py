@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "analyze": "pastaprof.api", "load": "pastaprof.api", "import_trace": "pastaprof.api",
-    "example_path": "pastaprof.api", "diff": "pastaprof.report.diff",
+    "example_path": "pastaprof.api", "diff": "pastaprof.report.diff", "print_reports": "pastaprof.report.terminal",
     "profile": "pastaprof.live", "start": "pastaprof.live", "stop": "pastaprof.live", "range": "pastaprof.live",
     "step": "pastaprof.live", "apply_uvm_plan": "pastaprof.live", "track_managed": "pastaprof.live",
     "Run": "pastaprof.store.run",

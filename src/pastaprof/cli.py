@@ -141,14 +141,16 @@ def cli() -> None:
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write findings and tables as JSON here.")
 @click.option("--ranks", metavar="LIST", help="Only these ranks, e.g. 0,2,4-7.")
 @click.option("-o", "--out", type=click.Path(path_type=Path), help="Also store the imported events as a run directory.")
-@click.option("--rows", default=15, show_default=True, type=click.IntRange(1, 10_000), help="Rows per table.")
+@click.option("--rows", default=10, show_default=True, type=click.IntRange(1, 10_000),
+              help="Rows per table in the terminal (JSON has them all).")
+@click.option("--wide", is_flag=True, help="Full names and every column, one line per row however long.")
 @click.option("-q", "--quiet", is_flag=True, help="No terminal tables (use with --json).")
 @click.option("--uvm-plan", "uvm_plan", type=click.Path(path_type=Path), help="Write the uvm_advisor plan (JSON) here.")
 @click.option("--access-run", "access_run", type=click.Path(path_type=Path),
               help="uvm_advisor: an access run of the same program (pastaprof run -t working_set), to choose "
                    "between migrating an allocation and pinning it on the CPU.")
 def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path | None, ranks: str | None,
-            out: Path | None, rows: int, quiet: bool, uvm_plan: Path | None, access_run: Path | None) -> None:
+            out: Path | None, rows: int, wide: bool, quiet: bool, uvm_plan: Path | None, access_run: Path | None) -> None:
     """Run analysis tools on a trace file, a folder of per-rank traces, or a run directory."""
     from pastaprof.api import analyze as run_analyze
     from pastaprof.api import example_path
@@ -184,7 +186,8 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
         with _progress(source, quiet) as progress:
             reports = run_analyze(source, tools=tool_list, ranks=rank_list, progress=progress, out=out)
         if not quiet:  # with --json on stdout, stdout carries the JSON alone
-            print_reports(reports, max_rows=rows, stderr=is_stdout(json_out) or is_stdout(uvm_plan))
+            print_reports(reports, max_rows=rows, stderr=is_stdout(json_out) or is_stdout(uvm_plan),
+                          wide=wide)
         if json_out is not None:
             write_json(reports, json_out, source=str(source))
         if uvm_plan is not None:
@@ -228,17 +231,17 @@ def tools() -> None:
 @click.option("--ranks", metavar="LIST", help="Only these ranks.")
 def info(path: Path, ranks: str | None) -> None:
     """What a run or trace holds: manifest, ranks, devices, event counts per kind."""
-    from rich.console import Console
     from rich.table import Table
 
     from pastaprof.api import load
+    from pastaprof.report.terminal import make_console
     from pastaprof.report.terminal import markup_safe as ms
 
     def work() -> None:
         with _progress(path, False) as progress:
             run = load(path, ranks=_parse_ranks(ranks), progress=progress)
         m = run.manifest
-        console = Console(emoji=False)
+        console = make_console()
         console.print(f"[bold]{ms(path)}[/]  format={ms(m.get('format', 'pastaprof'))}"
                       f"  schema={ms(m.get('schema_version', '-'))}  ranks={ms(run.ranks)}")
         for d in m.get("devices", []):

@@ -1,5 +1,11 @@
 """Rendering reports as rich tables in the terminal.
 
+Findings come first (largest time at stake first), one line each plus an indented evidence
+line; then each tool's summary and tables.  Everything fits the width (``COLUMNS``, else the
+terminal's, else 100 when piped): one line per row, kernel names shortened by
+``names.short_names`` and clipped, columns that do not fit dropped from the right; ``wide``
+shows full names and every column.  Rows per table are capped; JSON keeps every row.
+
 Every string a report carries (tool, table and column names, cells, summary keys
 and values, finding titles, locations, evidence) goes through :func:`markup_safe`
 here, so no tool's names can send control sequences to the terminal or be read as
@@ -9,21 +15,26 @@ rich markup; a new tool gets that without doing anything.
 from __future__ import annotations
 
 import datetime as _dt
+import os
 from typing import Any
 
 import pyarrow as pa
+from rich import box
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pastaprof.report.names import short_kernel_name, terminal_safe
-from pastaprof.tools.base import Report
+from pastaprof.report.names import short_kernel_name, short_names, terminal_safe
+from pastaprof.tools.base import Finding, Report, ordered_findings
 
-MAX_ROWS = 15
+MAX_ROWS = 10
 EPOCH_NS_MIN = 10**17  # a *_ns value this large is a timestamp (after 1973), not a duration
 MAX_NAME = 70
 NAME_COLUMNS = {"name", "kernel", "dominant_kernel", "location"}
-MIN_WIDTH = 150  # when not on a terminal (piped, CI logs), don't squeeze tables into 80 columns
+PIPED_WIDTH = 100  # not on a terminal (piped, CI logs) and no COLUMNS: this many columns
+WIDE_WIDTH = 100_000  # --wide: a row is one line however long
+MIN_NAME = 32  # a name column is squeezed no narrower than this while other columns can go
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 
@@ -85,40 +96,149 @@ def format_value(column: str, v: Any) -> str:
     return s if len(s) <= MAX_NAME else s[: MAX_NAME - 1] + "…"
 
 
-def render_table(title: str, table: pa.Table, max_rows: int = MAX_ROWS) -> Table:
-    out = Table(title=markup_safe(title), title_justify="left", show_lines=False, header_style="bold")
-    numeric = {f.name for f in table.schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
-               or pa.types.is_decimal(f.type)}
-    for name in table.column_names:
-        out.add_column(markup_safe(name), justify="right" if name in numeric else "left", overflow="fold")
-    for row in table.slice(0, max_rows).to_pylist():
-        out.add_row(*(markup_safe(format_value(c, row[c])) for c in table.column_names))
-    if table.num_rows > max_rows:
-        out.caption = f"{table.num_rows - max_rows} more rows (use --json for all)"
+def clip(text: str, width: int) -> str:
+    """``text`` made terminal-safe and cut to ``width`` cells (``…`` marks the cut)."""
+    safe = terminal_safe(text)
+    if cell_len(safe) <= width:
+        return safe
+    return set_cell_size(safe, max(width - 1, 0)) + "…"
+
+
+def _width_from_env() -> int | None:
+    try:
+        n = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        return None
+    return n if 20 <= n <= WIDE_WIDTH else None
+
+
+def make_console(stderr: bool = False, wide: bool = False) -> Console:
+    """A console as wide as ``COLUMNS`` says, else the terminal, else ``PIPED_WIDTH``; with ``wide``
+    unbounded.  No emoji: names like "cpu:-1:" are not emoji codes."""
+    probe = Console(stderr=stderr, emoji=False)
+    width = WIDE_WIDTH if wide else _width_from_env() or (probe.width if probe.is_terminal else PIPED_WIDTH)
+    return Console(stderr=stderr, width=width, emoji=False, highlight=False, soft_wrap=False)
+
+
+def _cells(table: pa.Table, rows: list[dict[str, Any]], wide: bool) -> dict[str, list[str]]:
+    """Each column's shown text: name columns shortened together (distinct names stay distinct)."""
+    out: dict[str, list[str]] = {}
+    for c in table.column_names:
+        values = [row[c] for row in rows]
+        if c in NAME_COLUMNS and not wide:
+            texts = [v if isinstance(v, str) else None for v in values]
+            shorts = short_names([t for t in texts if t is not None])
+            it = iter(shorts)
+            out[c] = [terminal_safe(next(it)) if t is not None else format_value(c, v) for t, v in zip(texts, values)]
+        elif c in NAME_COLUMNS:
+            out[c] = [terminal_safe(str(v)) if v is not None else "-" for v in values]
+        else:
+            out[c] = [terminal_safe(format_value(c, v)) for v in values]
     return out
 
 
+def _fit(columns: list[str], cells: dict[str, list[str]], width: int) -> dict[str, int]:
+    """Column -> width: natural widths, name columns squeezed (not below ``MIN_NAME``) and
+    columns dropped from the right until a row fits ``width`` (two cells of padding per column)."""
+    natural = {c: max([cell_len(c), *(cell_len(x) for x in cells[c])]) for c in columns}
+    kept = list(columns)
+    # first to go: columns whose shown rows all hold one value (rank 0, device cuda), from the right
+    drops = [c for c in reversed(columns) if c not in NAME_COLUMNS and len(set(cells[c])) <= 1 and len(cells[c]) > 1]
+    drops += [c for c in reversed(columns) if c not in NAME_COLUMNS and c not in drops]
+    while True:
+        fixed = sum(natural[c] + 2 for c in kept if c not in NAME_COLUMNS)
+        names = [c for c in kept if c in NAME_COLUMNS]
+        room = width - fixed - 2 * len(names)
+        if not names and fixed <= width or names and room >= MIN_NAME * len(names) or len(kept) == 1:
+            break
+        kept.remove(next((c for c in drops if c in kept), kept[-1]))
+    names = [c for c in kept if c in NAME_COLUMNS]
+    out = {c: natural[c] for c in kept}
+    if names:
+        room = width - sum(natural[c] + 2 for c in kept if c not in NAME_COLUMNS) - 2 * len(names)
+        share = max(room // len(names), 1)
+        for c in names:
+            out[c] = max(min(natural[c], share), 1)
+    if len(kept) == 1:
+        out[kept[0]] = min(out[kept[0]], max(width - 2, 1))
+    return out
+
+
+def render_table(title: str, table: pa.Table, max_rows: int = MAX_ROWS, width: int = PIPED_WIDTH,
+                 wide: bool = False) -> Table:
+    """One rich table, every row one line within ``width`` (see ``_fit``); ``wide``: all of it."""
+    rows = table.slice(0, max_rows).to_pylist()
+    cells = _cells(table, rows, wide)
+    widths = {c: max(cell_len(c), *(cell_len(x) for x in cells[c])) for c in table.column_names} if wide \
+        else _fit(table.column_names, cells, width)
+    numeric = {f.name for f in table.schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+               or pa.types.is_decimal(f.type)}
+    out = Table(title=markup_safe(clip(title, width)), title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
+                show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)
+    for name, w in widths.items():
+        out.add_column(markup_safe(clip(name, w)), justify="right" if name in numeric else "left",
+                       no_wrap=True, overflow="ellipsis", width=w)
+    for i in range(len(rows)):
+        out.add_row(*(markup_safe(clip(cells[c][i], w)) for c, w in widths.items()))
+    notes = []
+    if table.num_rows > max_rows:
+        notes.append(f"{table.num_rows - max_rows} more rows (--rows, --json)")
+    if len(widths) < table.num_columns:
+        notes.append(f"{table.num_columns - len(widths)} columns not shown (--wide, --json)")
+    if notes:
+        out.caption = markup_safe(", ".join(notes))
+        out.caption_justify = "left"
+    return out
+
+
+def _summary_lines(summary: dict[str, Any], width: int) -> list[str]:
+    """``key=value`` items packed into lines of ``width`` (an item is never split)."""
+    items = [clip(f"{k}={format_value(k, v)}", width) for k, v in summary.items() if not isinstance(v, (dict, list))]
+    lines: list[str] = []
+    for item in items:
+        if lines and cell_len(lines[-1]) + 2 + cell_len(item) <= width:
+            lines[-1] += "  " + item
+        else:
+            lines.append(item)
+    return lines
+
+
+def _finding_lines(f: Finding, width: int) -> tuple[str, str]:
+    """The finding's line (severity, time at stake, title, location) and its evidence line."""
+    impact = _fmt_ns(f.impact_ns) if f.impact_ns is not None else "-"
+    loc = f" @ {format_value('location', f.location)}" if f.location else ""
+    head = clip(f"{f.severity.upper():<8} {impact:>10}  {f.title}{loc}", width)
+    ev = ", ".join(f"{k}={format_value(k, v)}" for k, v in f.evidence.items()
+                   if k != "impact_ns" and not isinstance(v, (dict, list)))
+    return head, clip(f"{'':20}{f.tool}: {ev}" if ev else f"{'':20}{f.tool}", width)
+
+
+def print_findings(reports: list[Report], console: Console) -> None:
+    """Every tool's findings, largest time at stake first (``ordered_findings``)."""
+    findings = ordered_findings(reports)
+    console.rule(f"[bold]findings[/] ({len(findings)}, largest time at stake first)")
+    for f in findings:
+        head, ev = _finding_lines(f, console.width)
+        style = SEVERITY_STYLE.get(f.severity, "none")
+        console.print(f"[{style}]{markup_safe(head)}[/]", no_wrap=True, overflow="ignore")
+        console.print(f"[dim]{markup_safe(ev)}[/]", no_wrap=True, overflow="ignore")
+
+
 def print_reports(reports: list[Report], console: Console | None = None, max_rows: int = MAX_ROWS,
-                  stderr: bool = False) -> None:
+                  stderr: bool = False, wide: bool = False) -> None:
+    """Findings first, then each tool's summary and tables, fitted to the console's width."""
     if console is None:
-        console = Console(stderr=stderr, emoji=False)  # names like "cpu:-1:" are not emoji codes
-        if not console.is_terminal:
-            console = Console(stderr=stderr, width=max(console.width, MIN_WIDTH), emoji=False)
+        console = make_console(stderr=stderr, wide=wide)
+    width = console.width
+    if any(r.findings for r in reports):
+        print_findings(reports, console)
     for rep in reports:
         console.rule(f"[bold]{markup_safe(rep.tool)}")
-        if rep.summary:
-            flat = {k: v for k, v in rep.summary.items() if not isinstance(v, (dict, list))}
-            console.print("  ".join(f"[bold]{markup_safe(k)}[/]={markup_safe(format_value(k, v))}"
-                                    for k, v in flat.items()))
+        for line in _summary_lines(rep.summary, width):
+            console.print(markup_safe(line), no_wrap=True, overflow="ignore")
         shown = rep.display or {name: [] for name in rep.tables}
         for title, columns in shown.items():
             table = rep.tables.get(title)
             if table is not None and table.num_rows:
                 cols = [c for c in columns if c in table.column_names] or table.column_names
-                console.print(render_table(title, table.select(cols), max_rows))
-        for f in rep.findings:
-            style = SEVERITY_STYLE.get(f.severity, "none")
-            ev = ", ".join(f"{k}={format_value(k, v)}" for k, v in f.evidence.items())
-            loc = f" @ {format_value('location', f.location)}" if f.location else ""
-            console.print(f"[{style}]{markup_safe(f.severity.upper())}[/] {markup_safe(f.title)}{markup_safe(loc)}"
-                          f"  [dim]{markup_safe(ev)}[/]")
+                console.print(render_table(title, table.select(cols), max_rows, width, wide))

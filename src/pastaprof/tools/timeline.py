@@ -365,8 +365,8 @@ class Timeline(Tool):
                         "host_wait_share_of_stream_idle": round(share, 4)}
             host_pct = 100 * host_idle / r["span_ns"] if r["span_ns"] else 0.0
             if r["idle_pct"] <= STARVED_IDLE_PCT and host_pct >= HOST_WAIT_PCT:
-                out.append(Finding("warning", f"GPU waits for the host {host_pct:.1f}% of its span: kernels finish "
-                                              "before the next launch arrives (launch overhead)",
+                out.append(Finding("warning", f"GPU waits for the host {host_pct:.1f}% of its span "
+                                              "(launch overhead: kernels end before the next launch)",
                                    {**evidence, "host_wait_pct": round(host_pct, 2)}, where,
                                    impact_ns=host_idle, kind="host wait"))
             if r["idle_pct"] > STARVED_IDLE_PCT:
