@@ -70,7 +70,10 @@ def evil_run(evil, tmp_path_factory) -> Path:
 
 def test_analyze_prints_no_control_bytes_and_json_keeps_the_names(evil, tmp_path):
     out = tmp_path / "f.json"
-    r = cli("analyze", evil, "--rows", "50", "--json", out)
+    narrow = cli("analyze", evil, "--rows", "50")  # names clipped to 100 columns: no escape cut into a control
+    assert narrow.returncode == 0 and b"pwned" in narrow.stdout, narrow.stderr
+    assert_clean(narrow.stdout + narrow.stderr)
+    r = cli("analyze", evil, "--rows", "50", "--wide", "--json", out)  # --wide: names whole
     assert r.returncode == 0, r.stderr
     assert_clean(r.stdout)
     assert_clean(r.stderr)

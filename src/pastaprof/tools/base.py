@@ -29,7 +29,10 @@ Severity = Literal["info", "warning", "critical"]
 
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
-_NUMBERS = re.compile(r"[-+]?\d[\d,.]*%?")
+#: Numbers that name something (rank 1, cuda:0, stream 7) stay in a finding's kind key;
+#: the others are measurements, which change from run to run.
+_NAMING = r"(?:\b(?:rank|device|stream|gpu|node) |\b[a-z]+:)-?\d+\b"
+_NUMBERS = re.compile(rf"({_NAMING})|[-+]?\d[\d,.]*%?")
 
 
 @dataclass
@@ -58,7 +61,8 @@ class Finding:
 
     @property
     def id(self) -> str:
-        key = self.kind if self.kind is not None else " ".join(_NUMBERS.sub("#", self.title).split())
+        key = self.kind if self.kind is not None else \
+            " ".join(_NUMBERS.sub(lambda m: m.group(1) or "#", self.title).split())
         text = "\x1f".join((self.tool, key, self.location or ""))
         return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 

@@ -1,0 +1,217 @@
+"""The terminal report as a user reads it: real CLI subprocesses on real traces, piped.
+
+Findings come first, largest time at stake first; everything fits the width (``COLUMNS``,
+also when piped); kernel names are shortened to what identifies them, never to a bare
+namespace; finding ids are stable; JSON keeps every finding and row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import DATA
+from rich.cells import cell_len
+
+import pastaprof
+from pastaprof.report.names import short_kernel_name, short_names
+from pastaprof.tools.base import Finding, Report
+
+PY = [sys.executable, "-m", "pastaprof.cli"]
+SEVERITIES = ("CRITICAL", "WARNING", "INFO")
+TRACES = sorted([*DATA.glob("*.json.gz"), *(DATA / "recorded").glob("*.json.gz"), *(DATA / "foreign").glob("*.json"),
+                 DATA / "ddp_mlp_2ranks", pastaprof.example_path()])
+
+
+def cli(*args: str | Path, columns: str | None = "100") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    if columns is not None:
+        env["COLUMNS"] = columns
+    return subprocess.run([*PY, *map(str, args)], capture_output=True, text=True, env=env)  # piped: not a terminal
+
+
+def json_of(*args: str | Path) -> dict:
+    r = cli("analyze", *args, "-q", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def finding_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(SEVERITIES)]
+
+
+@pytest.fixture(scope="module")
+def example() -> tuple[str, dict]:
+    r = cli("analyze", "--example")
+    assert r.returncode == 0, r.stderr
+    return r.stdout, json_of("--example")
+
+
+def test_example_fits_100_columns_when_piped(example):
+    text, doc = example
+    lines = text.splitlines()
+    assert len(lines) <= 220, len(lines)
+    assert max(cell_len(line) for line in lines) <= 100
+    # rows are capped in the terminal, counted in a caption; JSON keeps every row
+    kernels = doc["tools"]["kernels"]["tables"]["kernels"]
+    assert len(kernels) == doc["tools"]["kernels"]["summary"]["distinct_kernels"] == 74
+    assert f"{len(kernels) - 10} more rows (--rows, --json)" in text
+    assert sum(row["launches"] for row in kernels) == doc["tools"]["kernels"]["summary"]["kernels"]
+
+
+@pytest.mark.parametrize("columns", ["60", "80", "137"])
+def test_other_widths_fit_too(columns):
+    r = cli("analyze", str(DATA / "two_streams_copies.pt.trace.json.gz"), columns=columns)
+    assert r.returncode == 0, r.stderr
+    assert max(cell_len(line) for line in r.stdout.splitlines()) <= int(columns)
+
+
+def test_piped_without_columns_is_100_and_bad_columns_ignored():
+    for columns in (None, "wide", "3"):
+        r = cli("analyze", str(DATA / "mlp_train_3steps.pt.trace.json.gz"), columns=columns)
+        assert r.returncode == 0, r.stderr
+        assert max(cell_len(line) for line in r.stdout.splitlines()) <= 100, columns
+
+
+def test_example_host_wait_finding_first_with_its_time(example):
+    text, doc = example
+    assert text.splitlines()[0].lstrip("─ ").startswith("findings")
+    first = doc["findings"][0]
+    assert first["tool"] == "timeline" and first["title"].startswith("GPU waits for the host")
+    streams = doc["tools"]["timeline"]["tables"]["streams"]
+    host_wait = sum(s["host_wait_ns"] for s in streams)
+    assert first["impact_ns"] == min(host_wait, doc["tools"]["timeline"]["tables"]["temporal"][0]["idle_ns"])
+    assert first["impact_ns"] == 82_979_465  # 45.8% of the 181.16 ms span
+    assert finding_lines(text)[0].startswith("WARNING    82.98 ms  GPU waits for the host 45.8%")
+
+
+@pytest.mark.parametrize("trace", ["two_streams_copies.pt.trace.json.gz", "leak_5steps.pt.trace.json.gz",
+                                   "ddp_mlp_2ranks"])
+def test_findings_first_and_ordered_by_impact(trace):
+    doc = json_of(DATA / trace)
+    r = cli("analyze", DATA / trace)
+    assert r.returncode == 0, r.stderr
+    impacts = [f["impact_ns"] for f in doc["findings"]]
+    known = [i for i in impacts if i is not None]
+    assert len(known) >= 3 and known == sorted(known, reverse=True)
+    assert impacts == known + [None] * (len(impacts) - len(known))  # None last
+    rank = {"critical": 0, "warning": 1, "info": 2}
+    unknown = [rank[f["severity"]] for f in doc["findings"] if f["impact_ns"] is None]
+    assert unknown == sorted(unknown)
+    lines = r.stdout.splitlines()
+    shown = finding_lines(r.stdout)
+    assert len(shown) == len(doc["findings"])
+    first_table = next(i for i, line in enumerate(lines) if line.startswith("─") and "findings" not in line)
+    assert lines.index(shown[-1]) < first_table  # every finding before the first tool
+    for line, f in zip(shown, doc["findings"]):
+        assert line.startswith(f["severity"].upper())
+        assert f["title"][:30] in line
+
+
+def test_evidence_impact_is_lifted_to_the_field():
+    doc = json_of(DATA / "two_streams_copies.pt.trace.json.gz")
+    with_evidence = [f for f in doc["findings"] if "impact_ns" in f["evidence"]]
+    assert {f["tool"] for f in with_evidence} >= {"cuda_api", "copies", "steps"}
+    assert all(f["impact_ns"] == f["evidence"]["impact_ns"] for f in with_evidence)
+
+
+def test_launch_bound_finding_carries_the_launch_excess():
+    doc = json_of(DATA / "bert4_infer_2iters.pt.trace.json.gz", "-t", "timeline")
+    lb = next(f for f in doc["findings"] if "launch call" in f["title"])
+    table = doc["tools"]["timeline"]["tables"]["launch_bound"]
+    excess = sum(r["launch_bound_launch_ns"] - r["launch_bound_kernel_ns"] for r in table)
+    assert lb["impact_ns"] == doc["tools"]["timeline"]["summary"]["launch_bound_excess_ns"] > 0
+    assert lb["impact_ns"] <= excess  # per kernel the excess is clipped at 0
+
+
+def test_ids_stable_across_runs_and_sources(tmp_path):
+    trace = DATA / "two_streams_copies.pt.trace.json.gz"
+    a, b = json_of(trace), json_of(trace)
+    run_dir = tmp_path / "run"
+    assert cli("import", trace, "-o", run_dir).returncode == 0
+    c = json_of(run_dir)
+    ids = [f["id"] for f in a["findings"]]
+    assert len(ids) >= 5 and len(set(ids)) == len(ids)
+    assert ids == [f["id"] for f in b["findings"]] == [f["id"] for f in c["findings"]]
+    assert all(re.fullmatch(r"[0-9a-f]{12}", i) for i in ids)
+
+
+def test_ids_unique_per_trace_and_independent_of_measurements():
+    doc = json_of(DATA / "ddp_mlp_2ranks")
+    ids = [f["id"] for f in doc["findings"]]
+    assert len(set(ids)) == len(ids)  # rank 0 / rank 1, cuda:0 / cuda:1 findings stay apart
+    one = Finding("warning", "step 3 of rank 1 took 5.26x the median (+9.4 ms)", location="x", tool="steps")
+    two = Finding("warning", "step 4 of rank 1 took 2.01x the median (+1.2 ms)", location="x", tool="steps")
+    other = Finding("warning", "step 3 of rank 2 took 5.26x the median (+9.4 ms)", location="x", tool="steps")
+    assert one.id == two.id != other.id
+    assert Finding("info", "a 1", kind="k", tool="t").id == Finding("info", "b 2", kind="k", tool="t").id
+
+
+def test_finding_and_report_api():
+    f = Finding("warning", "t", {"impact_ns": 12.0, "x": 1})
+    assert f.impact_ns == 12 and f.to_dict()["impact_ns"] == 12 and f.evidence["impact_ns"] == 12.0
+    assert Finding("info", "t", {"impact_ns": "soon"}).impact_ns is None
+    assert Finding("info", "t", {"impact_ns": 5}, impact_ns=7).impact_ns == 7
+    import pyarrow as pa
+
+    rep = Report("kernels", tables={"kernels": pa.table({"a": [1, 2, 3]})}, findings=[f], summary={"n": 1})
+    assert repr(rep) == "Report(tool='kernels', tables=1 [kernels: 3 rows], findings=1, summary keys=['n'])"
+    assert f.tool == "kernels" and pastaprof.print_reports.__module__ == "pastaprof.report.terminal"
+
+
+def _kernel_names(path: Path) -> list[str]:
+    return [r[0] for r in pastaprof.load(path).sql("select distinct name from kernel").fetchall()]
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name)
+def test_short_names_are_never_a_bare_namespace_and_stay_distinct(trace):
+    names = _kernel_names(trace)
+    assert names
+    shorts = short_names(names)
+    for full, short in zip(names, shorts):
+        assert re.match(r"[A-Za-z_~]", short), (full, short)
+        assert not short.endswith("::") and not re.fullmatch(r"[\w:]*::", short), (full, short)
+        assert "(anonymous namespace)" not in short and len(short) <= len(full)
+    assert len(set(shorts)) == len(set(names))
+
+
+def test_short_names_of_real_kernels():
+    soft = ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+            "at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>(float*, float const*, int)")
+    assert short_kernel_name(soft) == "cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>"
+    copy = ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda("
+            "at::TensorIteratorBase&)::{lambda(float)#1}, std::array<char*, 2ul> >(int, at::native::bfloat16_copy"
+            "_kernel_cuda(at::TensorIteratorBase&)::{lambda(float)#1}, std::array<char*, 2ul>)")
+    assert short_kernel_name(copy) == "vectorized_elementwise_kernel<8, bfloat16_copy_kernel_cuda, array<…>>"
+    pow2 = ("void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::pow_tensor_scalar"
+            "_kernel_impl<float, float>(at::TensorIteratorBase&, float)::{lambda(float)#2}, std::array<char*, 2ul> >"
+            "(int, at::native::(anonymous namespace)::pow_tensor_scalar_kernel_impl<float, float>("
+            "at::TensorIteratorBase&, float)::{lambda(float)#2}, std::array<char*, 2ul>)")
+    pow1 = pow2.replace("#2}", "#1}")
+    a, b = short_names([pow2, pow1])
+    assert a != b and "{lambda#2}" in a and "{lambda#1}" in b
+    # not C++ symbols: unchanged
+    for name in ("aten::mm", "Memcpy HtoD (Pageable -> Device)", "train.py(42): forward", "nvjet_sm90_tst_x"):
+        assert short_kernel_name(name) == name
+
+
+def test_example_terminal_shows_no_bare_namespace(example):
+    text, _ = example
+    assert "at::native:: " not in text and not re.search(r"^\s*[\w:]+::\s", text, re.M)
+    assert "cunn_SoftMaxForward<4, float" in text
+
+
+def test_wide_shows_full_names():
+    r = cli("analyze", "--example", "-t", "kernels", "--wide")
+    assert r.returncode == 0, r.stderr
+    full = ("void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_tn_align1>"
+            "(cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_tn_align1::Params)")
+    assert full in r.stdout
+    assert "columns not shown" not in r.stdout
+    narrow = cli("analyze", "--example", "-t", "kernels")
+    assert full not in narrow.stdout and "Kernel2<cutlass_75_tensorop" in narrow.stdout
