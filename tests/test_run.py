@@ -79,7 +79,8 @@ def test_exit_code_output_and_flushed_events(tmp_path, app, mode, code):
         assert "RuntimeError: boom" in r.stderr
     m = json.loads((tmp_path / "run" / "run.json").read_text())
     assert m["exit_code"] == code and m["command"][-1] == mode
-    assert _ranges(tmp_path / "run") == ["step0", "step1", "step2"]
+    # the program's ranges, and the two steps its three pastaprof.step() calls delimit
+    assert _ranges(tmp_path / "run") == ["pastaprof.step#0", "pastaprof.step#1", "step0", "step1", "step2"]
     assert not list(tmp_path.glob(".run.partial*"))
 
 
@@ -183,7 +184,7 @@ def test_python_api_profile_writes_a_run(tmp_path):
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "3"
+    assert r.stdout.strip() == "5"  # 3 ranges and 2 steps (the three step() calls delimit two)
     assert json.loads((tmp_path / "api" / "run.json").read_text())["processes"][0]["steps_seen"] == 3
 
 

@@ -348,13 +348,13 @@ class Session(OptionalHandlers, Linking, FlushScheduler):
 
     def _mark_user_step(self) -> None:
         """A ``pastaprof.step()`` call ends the step that the previous call began: it becomes a
-        range ``step#N`` (N counts the calls before it), which the steps tool reads like a
-        ProfilerStep.  The work before the first call is in no step: it holds the program's
+        range ``pastaprof.step#N`` (N counts the calls before it), which the steps tool reads like
+        a ProfilerStep.  The work before the first call is in no step: it holds the program's
         setup as often as its first iteration."""
         now = time.time_ns()
         start, self._last_user_step_ns = self._last_user_step_ns, now
         if start is not None:
-            self.range_end(f"step#{self._user_steps - 1}", start)
+            self.range_end(f"pastaprof.step#{self._user_steps - 1}", start)
 
     # -- flushing ------------------------------------------------------------
     def flush(self, final: bool = False) -> None:

@@ -56,6 +56,8 @@ FRAG_MIN_BYTES = 256 << 20  # reserved-but-unallocated at the peak worth a findi
 FRAG_SHARE = 0.2            # ... when it is also this share of what is reserved
 PROFILER_STEP_RE = r"^ProfilerStep#\d+$"
 USER_STEP_RE = r"^(train_?|iter(ation)?_?)?step[\s#_-]*\d+$"
+#: The ranges a live run records for ``pastaprof.step()`` calls (handlers/session.py).
+PASTAPROF_STEP_RE = r"^pastaprof\.step#\d+$"
 OPTIMIZER_STEP = "Optimizer.step#"
 GPU_TYPES = ("cuda", "hip")
 NEVER = np.iinfo(np.int64).max
@@ -332,7 +334,8 @@ class Memory(Tool):
         ops = ops.filter(pc.equal(ops["rank"], r))
         named = pa.concat_tables([x.select(["name", "start_ns", "end_ns"]).cast(
             pa.schema([("name", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])) for x in (rng, ops)])
-        for pattern, source in ((PROFILER_STEP_RE, "ProfilerStep"), (USER_STEP_RE, "step ranges")):
+        for pattern, source in ((PROFILER_STEP_RE, "ProfilerStep"), (PASTAPROF_STEP_RE, "pastaprof.step()"),
+                                (USER_STEP_RE, "step ranges")):
             hit = named.filter(pc.match_substring_regex(named["name"], pattern, ignore_case=True))
             if hit.num_rows:
                 g = hit.group_by("name").aggregate([("start_ns", "min"), ("end_ns", "max")]).sort_by("start_ns_min")

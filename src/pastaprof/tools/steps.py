@@ -4,6 +4,9 @@ Step rules, per rank, the first that applies (summary ``rule``, table column ``r
 
 ``ProfilerStep``
     ranges (or ops) named ``ProfilerStep#N`` (torch.profiler's schedule): each is a step.
+``pastaprof.step()``
+    in a live run, each ``pastaprof.step()`` call ends the step the previous call began (ranges
+    ``pastaprof.step#N``); the work before the first call is in no step.
 ``step ranges``
     user ranges named like ``step3``, ``train_step 3``, ``iteration_3`` (``record_function``).
 ``optimizer steps``
@@ -65,7 +68,7 @@ from pastaprof.tools._timeline_math import (
     to_np,
 )
 from pastaprof.tools.base import Finding, Report, Tool, sql
-from pastaprof.tools.memory import OPTIMIZER_STEP, PROFILER_STEP_RE, USER_STEP_RE
+from pastaprof.tools.memory import OPTIMIZER_STEP, PASTAPROF_STEP_RE, PROFILER_STEP_RE, USER_STEP_RE
 from pastaprof.tools.timeline import CONSECUTIVE_KERNEL_DELAY_NS
 
 OUTLIER_EXCESS = 0.25          # a step more than 25% slower than the median step is an outlier ...
@@ -200,7 +203,8 @@ class Steps(Tool):
         rng = host_ranges(rng)
         ops = ops.filter(pc.equal(ops["rank"], rank))
         coded = [(x, *name_codes(x["name"])) for x in (rng, ops)]
-        for pattern, rule in ((PROFILER_STEP_RE, "ProfilerStep"), (USER_STEP_RE, "step ranges")):
+        for pattern, rule in ((PROFILER_STEP_RE, "ProfilerStep"), (PASTAPROF_STEP_RE, "pastaprof.step()"),
+                              (USER_STEP_RE, "step ranges")):
             regex = re.compile(pattern, re.IGNORECASE)
             hits = []
             for t, codes, names in coded:  # the regex runs once per distinct name, never per event
