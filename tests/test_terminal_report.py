@@ -88,6 +88,11 @@ def test_example_host_wait_finding_first_with_its_time(example):
     assert first["impact_ns"] == min(host_wait, doc["tools"]["timeline"]["tables"]["temporal"][0]["idle_ns"])
     assert first["impact_ns"] == 82_979_465  # 45.8% of the 181.16 ms span
     assert finding_lines(text)[0].startswith("WARNING    82.98 ms  GPU waits for the host 45.8%")
+    # where: the Python call site of the ops whose launches the GPU waited for longest
+    assert first["location"] == "rank 0: transformers/pytorch_utils.py(117): forward"
+    sites = {row["call_site"] for row in doc["tools"]["ops"]["tables"]["call sites"]}
+    assert first["location"].removeprefix("rank 0: ") in sites
+    assert 0 < first["evidence"]["top_call_site_host_wait_ns"] <= host_wait
 
 
 @pytest.mark.parametrize("trace", ["two_streams_copies.pt.trace.json.gz", "leak_5steps.pt.trace.json.gz",

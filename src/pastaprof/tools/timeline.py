@@ -71,6 +71,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pastaprof.tools._timeline_math import (
     COMMUNICATION,
@@ -97,7 +98,7 @@ LAUNCH_BOUND_MIN = 100                 # ... and at least this many: a finding
 NON_COMPUTE_PCT = 25.0                 # exposed communication or memory above 25% of the span: a finding
 TOP_N = 20
 _NO_LAUNCH = np.iinfo(np.int64).max
-_COLUMNS = ("start", "end", "rank", "device", "stream", "lag", "cls")
+_COLUMNS = ("start", "end", "rank", "device", "stream", "lag", "cls", "launch")
 
 
 _NO_UNITS = (0, 0, 0, 0)
@@ -161,7 +162,8 @@ class Timeline(Tool):
     name = "timeline"
     description = ("GPU busy/idle per device and stream, idle causes (host/kernel wait), "
                    "HTA temporal breakdown, launch-bound kernels")
-    consumes = ("kernel", "memcpy", "memset", "api", "sync")
+    consumes = ("kernel", "memcpy", "memset", "api", "sync", "op")
+    optional = ("op",)  # the call sites of the launches the GPU waits for, where ops are recorded
 
     # ------------------------------------------------------------------ inputs
 
@@ -194,10 +196,10 @@ class Timeline(Tool):
             else:
                 cls = np.full(len(start), MEMORY, dtype=np.int8)
             parts.append({"start": start, "end": end, "rank": rank, "device": to_np(t["device"], dtype=np.int32),
-                          "stream": to_np(t["stream"]), "lag": lag, "cls": cls})
+                          "stream": to_np(t["stream"]), "lag": lag, "cls": cls, "launch": launch})
         if not parts:
             empty = {"start": np.int64, "end": np.int64, "rank": np.int32, "device": np.int32,
-                     "stream": np.int64, "lag": np.int64, "cls": np.int8}
+                     "stream": np.int64, "lag": np.int64, "cls": np.int8, "launch": np.int64}
             return {k: np.zeros(0, dtype=d) for k, d in empty.items()}
         if len(parts) == 1:
             return parts[0]
@@ -248,6 +250,7 @@ class Timeline(Tool):
         other = pos & ~host & ~kern
         _, _, span = sw.spans()
         np.maximum(gap, 0, out=gap)
+        self._host_gaps = (act["launch"][o][host], gap[host])  # the launch call each host wait waited for
         idle = sw.per_segment(gap)
         cols: dict[str, Any] = {
             "rank": _rep(code, n, act["rank"]), "device": _rep(code, n, act["device"]),
@@ -350,6 +353,38 @@ class Timeline(Tool):
 
     # ------------------------------------------------------------------ findings
 
+    def _host_wait_site(self, rank: int, evidence: dict[str, Any]) -> str | None:
+        """'rank R: <call site>' of the ops whose launches rank R's GPU waited for longest (summed
+        host-wait gaps; the share goes to ``evidence``), or None where no launch is linked to an op
+        with a call site."""
+        launch, gap = getattr(self, "_host_gaps", (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+        api, op = self.table("api"), self.table("op")
+        keep = launch >= 0
+        if not keep.any() or op.num_rows == 0:
+            return None
+        launch, gap = launch[keep], gap[keep]
+        mine = to_np(api["rank"], dtype=np.int32)[launch] == rank
+        launch, gap = launch[mine], gap[mine]
+        row = KeyIndex(to_np(op["rank"], dtype=np.int32), to_np(op["id"])).find(
+            np.full(len(launch), rank, np.int32), to_np(api["op_id"])[launch])
+        linked = row >= 0
+        if not linked.any():
+            return None
+        from pastaprof.tools.cuda_api import root_ops  # not at import: cuda_api imports steps, steps this module
+
+        row, gap = row[linked], gap[linked]
+        site = pc.coalesce(op["call_site"].take(pa.array(row)).cast(pa.string()),
+                           op["call_site"].take(pa.array(root_ops(op)[row])).cast(pa.string()))
+        valid = pc.is_valid(site).to_numpy(zero_copy_only=False)
+        if not valid.any():
+            return None
+        site = site.filter(pa.array(valid))
+        codes, sites = name_codes(site if isinstance(site, pa.ChunkedArray) else pa.chunked_array([site]))
+        per_site = np.bincount(codes, weights=gap[valid], minlength=len(sites))
+        top = int(np.argmax(per_site))
+        evidence["top_call_site_host_wait_ns"] = int(round(per_site[top]))
+        return f"rank {rank}: {sites[top]}"
+
     def _findings(self, temporal: pa.Table, streams: pa.Table, lb: dict[str, Any], lb_table: pa.Table) -> list[Finding]:
         out: list[Finding] = []
         st = streams.to_pydict()
@@ -364,16 +399,18 @@ class Timeline(Tool):
                         **{f"streams_{c}_ns": v for c, v in waits.items()},
                         "host_wait_share_of_stream_idle": round(share, 4)}
             host_pct = 100 * host_idle / r["span_ns"] if r["span_ns"] else 0.0
+            site = self._host_wait_site(rank, evidence) if host_pct >= HOST_WAIT_PCT else None
             if r["idle_pct"] <= STARVED_IDLE_PCT and host_pct >= HOST_WAIT_PCT:
                 out.append(Finding("warning", f"GPU waits for the host {host_pct:.1f}% of its span "
                                               "(launch overhead: kernels end before the next launch)",
-                                   {**evidence, "host_wait_pct": round(host_pct, 2)}, where,
+                                   {**evidence, "host_wait_pct": round(host_pct, 2)}, site or where,
                                    impact_ns=host_idle, kind="host wait"))
             if r["idle_pct"] > STARVED_IDLE_PCT:
                 if share >= HOST_WAIT_DOMINANT:
                     sev = "critical" if r["idle_pct"] >= CRITICAL_IDLE_PCT else "warning"
                     out.append(Finding(sev, f"GPU starved by the host: idle {r['idle_pct']:.1f}% of its span, "
-                                            f"{share:.0%} of stream idle time waiting for launches", evidence, where,
+                                            f"{share:.0%} of stream idle time waiting for launches", evidence,
+                                       site or where,
                                        impact_ns=host_idle, kind="host wait"))
                 else:
                     top = max(waits, key=waits.get) if total_wait else "other"
