@@ -155,6 +155,10 @@ def test_ids_unique_per_trace_and_independent_of_measurements():
     other = Finding("warning", "step 3 of rank 2 took 5.26x the median (+9.4 ms)", location="x", tool="steps")
     assert one.id == two.id != other.id
     assert Finding("info", "a 1", kind="k", tool="t").id == Finding("info", "b 2", kind="k", tool="t").id
+    moved = [Finding("info", "2 steps (iteration 0, iteration 1) took 3x", location=f"train.py({n}): step")
+             for n in (12, 40)]
+    fewer = Finding("info", "1 steps (iteration 4) took 2.5x", location="train.py(7): step")
+    assert moved[0].id == moved[1].id == fewer.id != Finding("info", "x", location="train.py(7): step").id
 
 
 def test_finding_and_report_api():

@@ -33,6 +33,8 @@ SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 #: the others are measurements, which change from run to run.
 _NAMING = r"(?:\b(?:rank|device|stream|gpu|node) |\b[a-z]+:)-?\d+\b"
 _NUMBERS = re.compile(rf"({_NAMING})|[-+]?\d[\d,.]*%?")
+_MEASURED_LIST = re.compile(r"\([^()]*#[^()]*\)")  # "(iteration #, iteration #)": how many varies
+_LINE_OR_ADDRESS = re.compile(r"\(\d+\)(?=:)|(?:[_@+.$]|\b)0x[0-9a-fA-F]+\b")  # train.py(12): step, 0x7f..
 
 
 @dataclass
@@ -42,7 +44,8 @@ class Finding:
     ``impact_ns`` is the time at stake (computed from events; None when a finding has no
     time attached), which orders findings across tools.  ``id`` names the finding's kind
     and location, stable across runs of the same program: a short hash of the tool, the
-    ``kind`` key (by default the title with its numbers taken out) and the location.
+    ``kind`` key (by default the title with its measured numbers and lists taken out) and
+    the location (without line numbers and addresses, which move between versions).
     """
 
     severity: Severity
@@ -61,9 +64,13 @@ class Finding:
 
     @property
     def id(self) -> str:
-        key = self.kind if self.kind is not None else \
-            " ".join(_NUMBERS.sub(lambda m: m.group(1) or "#", self.title).split())
-        text = "\x1f".join((self.tool, key, self.location or ""))
+        if self.kind is not None:
+            key = self.kind
+        else:
+            key = _MEASURED_LIST.sub("(…)", _NUMBERS.sub(lambda m: m.group(1) or "#", self.title))
+            key = " ".join(key.split())
+        where = _LINE_OR_ADDRESS.sub("", self.location or "")  # the same site after edits moved its line
+        text = "\x1f".join((self.tool, key, where))
         return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
     def sort_key(self) -> tuple[int, int, int]:
