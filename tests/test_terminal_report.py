@@ -224,3 +224,15 @@ def test_wide_shows_full_names():
     assert "columns not shown" not in r.stdout
     narrow = cli("analyze", "--example", "-t", "kernels")
     assert full not in narrow.stdout and "Kernel2<cutlass_75_tensorop" in narrow.stdout
+
+
+def test_units_are_the_same_everywhere():
+    from pastaprof.report.terminal import format_value
+
+    assert format_value("median_gbps", 1.2345) == "1.23 GB/s" and format_value("gbps", 51.4) == "51.40 GB/s"
+    assert format_value("total_ns", 1_500_000) == "1.50 ms" and format_value("impact_ns", 999) == "999 ns"
+    assert format_value("peak_bytes", 3 << 30) == "3.00 GiB"
+    assert format_value("share_of_span", 0.0149) == format_value("sync_share_of_span", 0.0149) == "1.5%"
+    r = cli("analyze", DATA / "two_streams_copies.pt.trace.json.gz", "-t", "copies")
+    assert r.returncode == 0, r.stderr
+    assert " GB/s" in r.stdout and "gbps=" in r.stdout and not re.search(r"gbps=\d+(\.\d+)?(,|$)", r.stdout, re.M)

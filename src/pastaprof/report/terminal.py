@@ -71,7 +71,8 @@ def _fmt_bytes(v: int | float) -> str:
 
 
 def format_value(column: str, v: Any) -> str:
-    """Human formatting chosen by column name (``*_ns`` durations, ``*bytes*`` sizes, shares)."""
+    """Human formatting chosen by column name (``*_ns`` durations, ``*bytes*`` sizes, ``*gbps``
+    bandwidths, shares), the same units in tables, summaries and findings."""
     if v is None:
         return "-"
     if isinstance(v, bool):
@@ -83,7 +84,9 @@ def format_value(column: str, v: Any) -> str:
             return _fmt_ns(v)
         if "bytes" in column:
             return _fmt_bytes(v)
-        if column in ("share",) or column.endswith("_share") or column.endswith("_frac"):
+        if column.endswith("gbps"):  # bytes per ns
+            return f"{v:,.2f} GB/s"
+        if column == "share" or column.startswith("share_") or "_share" in column or column.endswith("_frac"):
             return f"{100 * v:.1f}%"
         if column.endswith("_pct"):
             return f"{v:.2f}%"
