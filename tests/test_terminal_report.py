@@ -236,3 +236,29 @@ def test_units_are_the_same_everywhere():
     r = cli("analyze", DATA / "two_streams_copies.pt.trace.json.gz", "-t", "copies")
     assert r.returncode == 0, r.stderr
     assert " GB/s" in r.stdout and "gbps=" in r.stdout and not re.search(r"gbps=\d+(\.\d+)?(,|$)", r.stdout, re.M)
+
+
+def test_every_width_holds_for_real_reports_and_hostile_tables():
+    import io
+
+    import pyarrow as pa
+    from rich.console import Console
+
+    from pastaprof.report.terminal import print_reports
+
+    reports = pastaprof.analyze(DATA / "ddp_mlp_2ranks")
+    long = "void " + "::".join(["ns"] * 40) + "::k<" + ", ".join(["T"] * 60) + ">(int)"
+    hostile = Report("hostile", tables={
+        "names only": pa.table({"name": [long, "中" * 90], "kernel": ["x" * 300, "y"]}),
+        "many numbers": pa.table({f"column_{i}_ns": [10**i, 2 * 10**i] for i in range(14)}),
+        "empty": pa.table({"name": pa.array([], pa.string())})},
+        summary={"k" * 150: "v" * 150, "n": 3}, findings=[Finding("critical", "t" * 300, {"e": "v" * 300})])
+    for width in (20, 40, 60, 80, 100, 137, 200):
+        buf = io.StringIO()
+        print_reports([*reports, hostile], console=Console(file=buf, width=width, emoji=False), max_rows=5)
+        lines = buf.getvalue().splitlines()
+        assert lines and max(cell_len(line) for line in lines) <= width, width
+        assert sum(line.startswith(SEVERITIES) for line in lines) == sum(len(r.findings) for r in [*reports, hostile])
+    buf = io.StringIO()
+    print_reports([hostile], console=Console(file=buf, width=100_000, emoji=False), wide=True)
+    assert long in buf.getvalue() and "x" * 300 in buf.getvalue()

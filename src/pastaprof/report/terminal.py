@@ -172,7 +172,7 @@ def render_table(title: str, table: pa.Table, max_rows: int = MAX_ROWS, width: i
     """One rich table, every row one line within ``width`` (see ``_fit``); ``wide``: all of it."""
     rows = table.slice(0, max_rows).to_pylist()
     cells = _cells(table, rows, wide)
-    widths = {c: max(cell_len(c), *(cell_len(x) for x in cells[c])) for c in table.column_names} if wide \
+    widths = {c: max([cell_len(c), *(cell_len(x) for x in cells[c])]) for c in table.column_names} if wide \
         else _fit(table.column_names, cells, width)
     numeric = {f.name for f in table.schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
                or pa.types.is_decimal(f.type)}
