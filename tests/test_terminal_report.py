@@ -165,6 +165,11 @@ def test_finding_and_report_api():
     f = Finding("warning", "t", {"impact_ns": 12.0, "x": 1})
     assert f.impact_ns == 12 and f.to_dict()["impact_ns"] == 12 and f.evidence["impact_ns"] == 12.0
     assert Finding("info", "t", {"impact_ns": "soon"}).impact_ns is None
+    import numpy as np
+
+    assert Finding("info", "t", {"impact_ns": np.int64(9)}).impact_ns == 9
+    assert Finding("info", "t", {"impact_ns": float("nan")}).impact_ns is None
+    assert type(Finding("info", "t", {"impact_ns": np.float32(2.5)}).to_dict()["impact_ns"]) is int
     assert Finding("info", "t", {"impact_ns": 5}, impact_ns=7).impact_ns == 7
     import pyarrow as pa
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -59,7 +60,7 @@ class Finding:
     def __post_init__(self) -> None:
         if self.impact_ns is None:  # tools that put the time at stake in their evidence
             v = self.evidence.get("impact_ns")
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v):  # NumPy too
                 self.impact_ns = int(v)
 
     @property
