@@ -82,12 +82,13 @@ def test_example_host_wait_finding_first_with_its_time(example):
     text, doc = example
     assert text.splitlines()[0].lstrip("─ ").startswith("findings")
     first = doc["findings"][0]
-    assert first["tool"] == "timeline" and first["title"].startswith("GPU waits for the host")
+    assert first["tool"] == "timeline" and first["title"] == "GPU idle 45.8% waiting for launches"
     streams = doc["tools"]["timeline"]["tables"]["streams"]
     host_wait = sum(s["host_wait_ns"] for s in streams)
     assert first["impact_ns"] == min(host_wait, doc["tools"]["timeline"]["tables"]["temporal"][0]["idle_ns"])
     assert first["impact_ns"] == 82_979_465  # 45.8% of the 181.16 ms span
-    assert finding_lines(text)[0].startswith("WARNING    82.98 ms  GPU waits for the host 45.8%")
+    assert finding_lines(text)[0] == ("WARNING    82.98 ms  GPU idle 45.8% waiting for launches @ "
+                                      "rank 0: pytorch_utils.py(117): forward")
     # where: the Python call site of the ops whose launches the GPU waited for longest
     assert first["location"] == "rank 0: transformers/pytorch_utils.py(117): forward"
     sites = {row["call_site"] for row in doc["tools"]["ops"]["tables"]["call sites"]}

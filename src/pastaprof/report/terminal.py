@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -206,11 +207,20 @@ def _summary_lines(summary: dict[str, Any], width: int) -> list[str]:
     return lines
 
 
+_DIRS = re.compile(r"(?<![\w/.])[\w.\-]*(?:/[\w.\-]+)*/(?=[\w.\-]+\.py\(\d+\))")  # a/b/c.py(1) -> c.py(1)
+
+
 def _finding_lines(f: Finding, width: int) -> tuple[str, str]:
     """The finding's line (severity, time at stake, title, location) and its evidence line."""
     impact = _fmt_ns(f.impact_ns) if f.impact_ns is not None else "-"
-    loc = f" @ {format_value('location', f.location)}" if f.location else ""
-    head = clip(f"{f.severity.upper():<8} {impact:>10}  {f.title}{loc}", width)
+    prefix = f"{f.severity.upper():<8} {impact:>10}  "
+    title = terminal_safe(f.title)
+    loc = terminal_safe(f" @ {_DIRS.sub('', format_value('location', f.location))}") if f.location else ""
+    room = width - cell_len(prefix)
+    if cell_len(title) + cell_len(loc) > room:  # both clipped, the location keeping up to 3/5 of the room
+        loc_room = min(cell_len(loc), max(room * 3 // 5, room - cell_len(title)))
+        title, loc = clip(title, room - loc_room), clip(loc, loc_room)
+    head = clip(prefix + title + loc, width)
     ev = ", ".join(f"{k}={format_value(k, v)}" for k, v in f.evidence.items()
                    if k != "impact_ns" and not isinstance(v, (dict, list)))
     return head, clip(f"{'':20}{f.tool}: {ev}" if ev else f"{'':20}{f.tool}", width)

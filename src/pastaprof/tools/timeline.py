@@ -401,8 +401,7 @@ class Timeline(Tool):
             host_pct = 100 * host_idle / r["span_ns"] if r["span_ns"] else 0.0
             site = self._host_wait_site(rank, evidence) if host_pct >= HOST_WAIT_PCT else None
             if r["idle_pct"] <= STARVED_IDLE_PCT and host_pct >= HOST_WAIT_PCT:
-                out.append(Finding("warning", f"GPU waits for the host {host_pct:.1f}% of its span "
-                                              "(launch overhead: kernels end before the next launch)",
+                out.append(Finding("warning", f"GPU idle {host_pct:.1f}% waiting for launches",
                                    {**evidence, "host_wait_pct": round(host_pct, 2)}, site or where,
                                    impact_ns=host_idle, kind="host wait"))
             if r["idle_pct"] > STARVED_IDLE_PCT:
