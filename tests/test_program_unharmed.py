@@ -432,7 +432,8 @@ def test_pastaprof_verbs_start_capture_without_a_gpu_framework(tmp_path):
             "print('ok')\n")
     run = _captured(tmp_path / "run", [sys.executable, "-c", code], tmp_path)
     assert run.returncode == 0 and run.stdout == "ok\n", run.stderr
-    assert sorted(pastaprof.load(tmp_path / "run").table("range")["name"].to_pylist()) == ["r0", "r1", "r2"]
+    assert sorted(pastaprof.load(tmp_path / "run").table("range")["name"].to_pylist()) == [
+        "pastaprof.step#0", "pastaprof.step#1", "r0", "r1", "r2"]  # the three step() calls delimit two steps
     assert json.loads((tmp_path / "run" / "run.json").read_text())["processes"][0]["steps_seen"] == 3
 
 
