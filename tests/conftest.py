@@ -30,6 +30,19 @@ def dur_ns(e: dict) -> int:
     return round(float(e["dur"]) * 1000)
 
 
+def exact_ns(x: float) -> int:
+    """Kineto's decimal microseconds as exact integer ns (repr round-trips the decimal text)."""
+    from decimal import Decimal
+
+    return int(Decimal(repr(x)) * 1000)
+
+
+def interval_ns(e: dict) -> tuple[int, int]:
+    """An event's [start, end) in exact ns."""
+    s = exact_ns(e["ts"])
+    return s, s + exact_ns(e.get("dur", 0))
+
+
 @pytest.fixture(params=TRACES, ids=lambda p: p.name.split(".")[0])
 def trace(request) -> Path:
     return request.param

@@ -4,14 +4,13 @@ cudaMemcpy, unnamed live copies, no pinned copy to compare with)."""
 
 from __future__ import annotations
 
-import gzip
 import re
-from decimal import Decimal
 from pathlib import Path
 
-import orjson
 import pyarrow as pa
 import pytest
+from conftest import interval_ns as ival
+from conftest import raw_events as load
 
 import pastaprof
 from pastaprof.events.schema import conform
@@ -20,20 +19,6 @@ from pastaprof.tools.copies import PAGEABLE_MIN_BYTES, REFERENCE_PINNED_GBPS, Co
 DATA = Path(__file__).parent / "data"
 TWO = DATA / "two_streams_copies.pt.trace.json.gz"
 NAME_RE = re.compile(r"^Memcpy (\w+) \((\w+) -> (\w+)\)$")
-
-
-def load(path: Path) -> list[dict]:
-    doc = orjson.loads(gzip.open(path).read())
-    return doc["traceEvents"] if isinstance(doc, dict) else doc
-
-
-def ns(x) -> int:
-    return int(Decimal(repr(x)) * 1000)
-
-
-def ival(e: dict) -> tuple[int, int]:
-    s = ns(e["ts"])
-    return s, s + ns(e.get("dur", 0))
 
 
 def report(path: Path):

@@ -4,14 +4,14 @@ rules no recorded trace exercises (blocking cudaMemcpy, .item())."""
 
 from __future__ import annotations
 
-import gzip
 import math
-from decimal import Decimal
 from pathlib import Path
 
-import orjson
 import pyarrow as pa
 import pytest
+from conftest import exact_ns as ns
+from conftest import interval_ns as ival
+from conftest import raw_events as load
 
 import pastaprof
 from pastaprof.events.schema import conform
@@ -21,20 +21,6 @@ DATA = Path(__file__).parent / "data"
 EXAMPLE = Path(pastaprof.__file__).parent / "data" / "example_gpt2_train_3steps.pt.trace.json.gz"
 API_CATS = ("cuda_runtime", "cuda_driver")
 LIB_PREFIXES = ("torch/", "pastaprof/", "<", "threading.py", "contextlib.py", "functools.py", "runpy.py")
-
-
-def load(path: Path) -> list[dict]:
-    doc = orjson.loads(gzip.open(path).read())
-    return doc["traceEvents"] if isinstance(doc, dict) else doc
-
-
-def ns(x) -> int:
-    return int(Decimal(repr(x)) * 1000)
-
-
-def ival(e: dict) -> tuple[int, int]:
-    s = ns(e["ts"])
-    return s, s + ns(e.get("dur", 0))
 
 
 def report(path: Path):

@@ -6,17 +6,16 @@ The tallies below parse the Kineto JSON with orjson and walk the events in plain
 
 from __future__ import annotations
 
-import gzip
 import math
 import statistics
 import subprocess
 import sys
-from decimal import Decimal
 from pathlib import Path
 
-import orjson
 import pyarrow as pa
 import pytest
+from conftest import interval_ns as ival
+from conftest import raw_events as load
 
 import pastaprof
 from pastaprof.events.schema import schema
@@ -28,22 +27,6 @@ REPO = Path(__file__).resolve().parents[1]
 HOST_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"}
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 DELAY = 30_000
-
-
-def load(path: Path) -> list[dict]:
-    raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
-    doc = orjson.loads(raw)
-    return doc["traceEvents"] if isinstance(doc, dict) else doc
-
-
-def ns(x) -> int:
-    """Kineto's decimal microseconds as exact integer ns (repr round-trips the decimal text)."""
-    return int(Decimal(repr(x)) * 1000)
-
-
-def ival(e: dict) -> tuple[int, int]:
-    s = ns(e["ts"])
-    return s, s + ns(e.get("dur", 0))
 
 
 def steps_of(path: Path) -> list[dict]:
