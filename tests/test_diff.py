@@ -391,6 +391,7 @@ record(sys.argv[2], 2048, 5)
 
 @pytest.fixture(scope="module")
 def cpu_traces(tmp_path_factory):
+    pytest.importorskip("torch")  # the README's test command runs without torch
     d = tmp_path_factory.mktemp("cpu")
     a, b = d / "narrow.json", d / "wide.json"
     r = subprocess.run([sys.executable, "-c", RECORD, str(a), str(b)], capture_output=True, text=True, timeout=300)
