@@ -72,6 +72,14 @@ def _start_import(out: Path, *extra: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _wait_until_writing(p: subprocess.Popen, parent: Path) -> None:
+    """Until the import ``p`` has created its hidden partial run beside ``out`` in ``parent``."""
+    deadline = time.monotonic() + 60
+    while not any(n.startswith(".out.partial") for n in os.listdir(parent)):
+        assert time.monotonic() < deadline and p.poll() is None, "the import never started writing"
+        time.sleep(0.005)
+
+
 def test_two_concurrent_imports_to_one_out_exactly_one_wins(tmp_path):
     for attempt in range(3):
         out = tmp_path / f"run{attempt}"
@@ -93,10 +101,7 @@ def test_two_concurrent_imports_to_one_out_exactly_one_wins(tmp_path):
 def test_a_directory_that_appears_during_an_import_survives(tmp_path):
     out = tmp_path / "out"
     p = _start_import(out)
-    deadline = time.monotonic() + 60
-    while not any(n.startswith(".out.partial") for n in os.listdir(tmp_path)):
-        assert time.monotonic() < deadline and p.poll() is None, "the import never started writing"
-        time.sleep(0.005)
+    _wait_until_writing(p, tmp_path)
     out.mkdir()
     (out / "mine.txt").write_text("precious")
     code = p.wait(timeout=300)
@@ -110,10 +115,7 @@ def test_a_directory_that_appears_during_an_import_survives(tmp_path):
 def test_a_signal_during_an_import_leaves_nothing_half_written(tmp_path, sig):
     out = tmp_path / "out"
     p = _start_import(out)
-    deadline = time.monotonic() + 60
-    while not any(n.startswith(".out.partial") for n in os.listdir(tmp_path)):
-        assert time.monotonic() < deadline and p.poll() is None, "the import never started writing"
-        time.sleep(0.005)
+    _wait_until_writing(p, tmp_path)
     p.send_signal(sig)
     assert p.wait(timeout=120) == -sig  # died of the signal, as the sender expects
     assert os.listdir(tmp_path) == []  # no hidden partial run, no run
