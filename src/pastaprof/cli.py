@@ -108,9 +108,15 @@ def _run_guarded(fn: Callable[[], Any], signals: bool = True) -> Any:
     except PastaprofError as e:
         _fail(str(e))
     except KeyboardInterrupt:
+        from pastaprof.store.outputs import discard_unpublished
+
+        discard_unpublished()
         click.echo("pastaprof: interrupted", err=True)
         sys.exit(130)
     except _Terminated as e:
+        from pastaprof.store.outputs import discard_unpublished
+
+        discard_unpublished()
         sys.stdout.flush()
         signal.signal(e.signum, signal.SIG_DFL)  # die of it, as the sender expects
         signal.raise_signal(e.signum)

@@ -36,6 +36,7 @@ import errno
 import os
 import re
 import shutil
+import signal
 import stat
 import sys
 import tempfile
@@ -49,6 +50,10 @@ from pastaprof.errors import OutputError, UsageError
 _FD_NAME = re.compile(r"^/(?:dev/fd|proc/self/fd|proc/thread-self/fd|proc/(?P<pid>\d+)/fd)/(?P<fd>\d+)$")
 _STD_NAMES = {"-": 1, "/dev/stdout": 1, "/dev/stderr": 2}
 _RENAME_NOREPLACE = 1
+#: Hidden run directories of this process not yet published or discarded: what a signal's
+#: cleanup removes, whichever frame it interrupted (even one before a ``with`` was entered).
+_UNPUBLISHED: set[str] = set()
+_HELD_SIGNALS = {getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGINT") if hasattr(signal, n)}
 _AT_FDCWD = -100
 _PROBLEMS = {
     errno.EFBIG: "file too large (the file size limit, ulimit -f, was reached)",
@@ -336,7 +341,9 @@ class OutputDir:
         check_output_dir(self.dest, force)
         _ensure_dir(self.dest.parent, self.dest)
         try:
-            self.tmp = Path(tempfile.mkdtemp(prefix=_hidden(self.dest.name, "partial-"), dir=self.dest.parent))
+            with _signals_held():  # created and registered for cleanup as one step
+                self.tmp = Path(tempfile.mkdtemp(prefix=_hidden(self.dest.name, "partial-"), dir=self.dest.parent))
+                _UNPUBLISHED.add(str(self.tmp))
             os.chmod(self.tmp, 0o777 & ~_umask())
         except OSError as e:
             raise OutputError(self.dest, problem(e)) from None
@@ -359,7 +366,9 @@ class OutputDir:
                 check_output_dir(dst, force=True)  # what is there now, not what was at the start
                 aside = self._move_aside()
             try:
-                rename_noreplace(src, dst)
+                with _signals_held():  # published and unregistered as one step
+                    rename_noreplace(src, dst)
+                    _UNPUBLISHED.discard(src)
             except FileExistsError:
                 if aside is not None:
                     _remove(aside)  # it was replaced on request; what appeared since is the next one
@@ -393,6 +402,30 @@ class OutputDir:
 
     def discard(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+        _UNPUBLISHED.discard(str(self.tmp))
+
+
+def discard_unpublished() -> None:
+    """Remove every run directory this process claimed and has not published: the cleanup of
+    a SIGTERM/SIGHUP/Ctrl-C that may have interrupted a writer anywhere."""
+    for tmp in list(_UNPUBLISHED):
+        shutil.rmtree(tmp, ignore_errors=True)
+        _UNPUBLISHED.discard(tmp)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGTERM, SIGHUP and SIGINT (delivered when the block ends), so that a signal never
+    falls between creating a hidden directory and registering it, or publishing and unregistering."""
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def check_output_dir(dest: Path | str, force: bool = False) -> None:
