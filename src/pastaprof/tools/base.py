@@ -169,3 +169,34 @@ class Tool:
 
     def report(self) -> Report:
         raise NotImplementedError
+
+
+class PerRankTool(Tool):
+    """A tool whose work splits by rank: :meth:`map_rank` sees one rank's events and returns
+    small summary tables; :meth:`combine` turns every rank's summaries into the Report.
+
+    Why: a job of 1,024 ranks must analyze in bounded memory, and on a cluster each rank's map
+    runs on the worker that holds its shard (``analyze --engine dask``).  Because the map sees
+    nothing but its rank's tables and the combine nothing but the summaries, the local and the
+    distributed engine give the same answer.  The default ``report`` here maps the ranks of
+    the batches received so far, one at a time, then combines.
+    """
+
+    def map_rank(self, rank: int, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        """Summaries of one rank (tables of a few rows per step, kernel or collective)."""
+        raise NotImplementedError
+
+    def combine(self, summaries: dict[int, dict[str, pa.Table]]) -> Report:
+        """The Report, from ``{rank: map_rank(rank, ...)}`` of every rank."""
+        raise NotImplementedError
+
+    def report(self) -> Report:
+        import pyarrow.compute as pc
+
+        tables = {kind: self.table(kind) for kind in self.consumes}
+        ranks = sorted({int(r) for t in tables.values() if t.num_rows for r in pc.unique(t["rank"]).to_pylist()})
+        summaries = {}
+        for rank in ranks:
+            mine = {k: t.filter(pc.equal(t["rank"], rank)) for k, t in tables.items()}
+            summaries[rank] = self.map_rank(rank, mine)
+        return self.combine(summaries)
