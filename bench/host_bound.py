@@ -31,10 +31,17 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PP_FLAGS = {"pastaprof": [], "pastaprof_all": ["--shapes", "all"], "pastaprof_none": ["--no-shapes"],
-            "pastaprof_noflush": []}
+            "pastaprof_noflush": [], "pastaprof_nomodules": [], "pastaprof_nosites": ["--no-call-sites"],
+            "pastaprof_noops": [], "pastaprof_nocupti": [], "pastaprof_nothing": []}
 # the default capture with no flush before the program ends (buffer large enough): what the
 # background flushes (drain, link, Parquet writes; the GIL) cost the program's steps
-PP_ENV = {"pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000", "PASTAPROF_BUFFER_MB": "4096"}}
+PP_ENV = {"pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000", "PASTAPROF_BUFFER_MB": "4096"},
+          # the default capture less one part (PASTAPROF_OFF), to locate the cost under `pastaprof run`
+          "pastaprof_nomodules": {"PASTAPROF_OFF": "modules"},
+          "pastaprof_noops": {"PASTAPROF_OFF": "ops,modules"},
+          "pastaprof_nocupti": {"PASTAPROF_OFF": "kernels,api,ext,memory"},
+          # every mechanism off: what the bootstrap, the session and the supervising parent cost alone
+          "pastaprof_nothing": {"PASTAPROF_OFF": "kernels,api,ext,ops,modules,tensors,memory"}}
 TP = ("tp_default", "tp_full")
 ALL = ("bare", *PP_FLAGS, *TP)
 
