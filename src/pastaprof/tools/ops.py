@@ -1,9 +1,15 @@
 """ops -- DL workload characterization: framework ops and the GPU work they cause.
 
-Per op name (and rolled up per module where the trace knows it): calls, CPU
-time (inclusive), GPU time of the kernels/copies the op itself launched
-(``self_gpu_ns``) and of everything launched inside it (``gpu_ns``), kernels
-per call, dominant kernel, the most common input shapes.
+Per op name (and rolled up per module and per call site where the trace knows
+them): calls, CPU time inclusive (``cpu_ns``) and self (``self_cpu_ns``: the op's
+time minus that of the ops directly nested in it on its thread, so summing
+``self_cpu_ns`` over ops never counts a nanosecond twice), GPU time of the
+kernels/copies the op itself launched (``self_gpu_ns``) and of everything
+launched inside it (``gpu_ns``), kernels per call, dominant kernel, the most
+common input shapes, and the launch-to-start delay of the GPU work the op
+launched (``launch_delay_ns``: mean of activity start minus the start of its
+launching runtime call, matched by correlation; large values mean the work
+queued behind earlier work, small ones that the GPU was waiting for the host).
 
 GPU work is attributed to the innermost op that launched it (``op_id``), so
 summing ``self_gpu_ns`` over all ops gives exactly the linked GPU time; the
@@ -39,14 +45,47 @@ def _inclusive(op: pa.Table, self_gpu: np.ndarray) -> np.ndarray:
     return total
 
 
+def _self_cpu(op: pa.Table, cpu: np.ndarray) -> np.ndarray:
+    """Per op: its CPU time minus that of the ops directly nested in it (never below 0)."""
+    n = op.num_rows
+    if n == 0:
+        return cpu.copy()
+    from pastaprof.processor.link import map_keys
+
+    ranks = np.asarray(op["rank"].to_numpy(zero_copy_only=False), dtype=np.int64)
+    child = np.zeros(n, np.int64)
+    parent = np.asarray(op["parent_id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    ids = np.asarray(op["id"].to_numpy(zero_copy_only=False), dtype=np.int64)
+    for r in np.unique(ranks):
+        rows = np.flatnonzero(ranks == r)
+        ppos = map_keys(parent[rows], ids[rows], rows)  # by search: ids are data
+        ok = ppos >= 0
+        np.add.at(child, ppos[ok], cpu[rows[ok]])
+    return np.maximum(cpu - child, 0)
+
+
+def _launch_delays(kernel: pa.Table, api: pa.Table) -> pa.Table:
+    """Per kernel launch with a known runtime call: rank, op_id, start minus the call's start."""
+    from pastaprof.tools._timeline_math import KeyIndex, to_np
+
+    row = KeyIndex(to_np(api["rank"], dtype=np.int32), to_np(api["correlation"])).find(
+        to_np(kernel["rank"], dtype=np.int32), to_np(kernel["correlation"]))
+    ok = row >= 0
+    start = to_np(kernel["start_ns"])[ok]
+    delay = start - to_np(api["start_ns"])[row[ok]]
+    return pa.table({"rank": to_np(kernel["rank"], dtype=np.int32)[ok], "op_id": to_np(kernel["op_id"])[ok],
+                     "delay": delay})
+
+
 class Ops(Tool):
     name = "ops"
     description = "Per framework op and module: calls, CPU time, GPU time of launched kernels, dominant kernel, shapes"
-    consumes = ("op", "kernel", "memcpy", "memset")
+    consumes = ("op", "kernel", "memcpy", "memset", "api")
 
     def report(self) -> Report:
         op = self.table("op")
-        con = sql(k=self.table("kernel"), c=self.table("memcpy"), s=self.table("memset"))
+        con = sql(k=self.table("kernel"), c=self.table("memcpy"), s=self.table("memset"),
+                  lag=_launch_delays(self.table("kernel"), self.table("api")))
         con.execute("""
             CREATE TEMP TABLE gpu AS
             SELECT rank, op_id, CAST(name AS VARCHAR) AS kname, end_ns - start_ns AS d FROM k
@@ -56,9 +95,16 @@ class Ops(Tool):
         per_op = con.sql(
             "SELECT rank, op_id, sum(d)::BIGINT AS gpu_ns, count(*) AS launches FROM gpu WHERE op_id IS NOT NULL GROUP BY ALL"
         ).to_arrow_table()
+        per_op_lag = con.sql(
+            "SELECT rank, op_id, sum(delay)::BIGINT AS d, count(*) AS n, max(delay)::BIGINT AS mx FROM lag "
+            "WHERE op_id >= 0 GROUP BY ALL"
+        ).to_arrow_table()
         self_gpu = np.zeros(op.num_rows, dtype=np.int64)
         self_launch = np.zeros(op.num_rows, dtype=np.int64)
         incl = np.zeros(op.num_rows, dtype=np.int64)
+        lag_sum = np.zeros(op.num_rows, dtype=np.int64)
+        lag_n = np.zeros(op.num_rows, dtype=np.int64)
+        lag_max = np.full(op.num_rows, -1, dtype=np.int64)
         if op.num_rows:
             ranks = np.asarray(op["rank"].to_numpy(zero_copy_only=False))
             for r in np.unique(ranks):
@@ -77,12 +123,23 @@ class Ops(Tool):
                 self_gpu[at] = np.asarray(per_op["gpu_ns"].to_numpy(zero_copy_only=False))[m][ok]
                 self_launch[at] = np.asarray(per_op["launches"].to_numpy(zero_copy_only=False))[m][ok]
                 incl[rows] = _inclusive(sub, self_gpu[rows])
+                m = np.asarray(per_op_lag["rank"].to_numpy(zero_copy_only=False)) == r
+                oid = np.asarray(per_op_lag["op_id"].to_numpy(zero_copy_only=False), dtype=np.int64)[m]
+                pos = map_keys(oid, ids, np.arange(len(rows), dtype=np.int64))
+                ok = pos >= 0
+                at = rows[pos[ok]]
+                for arr, col in ((lag_sum, "d"), (lag_n, "n"), (lag_max, "mx")):
+                    arr[at] = np.asarray(per_op_lag[col].to_numpy(zero_copy_only=False))[m][ok]
+        cpu = (np.asarray(op["end_ns"]) - np.asarray(op["start_ns"])).astype(np.int64) if op.num_rows \
+            else np.zeros(0, np.int64)
         ops = pa.table({
             "rank": op["rank"], "id": op["id"], "name": op["name"].cast(pa.string()),
             "module": op["module"].cast(pa.string()), "call_site": op["call_site"].cast(pa.string()),
             "is_backward": op["is_backward"], "depth": op["depth"], "input_shapes": op["input_shapes"],
-            "cpu_ns": pa.array(np.asarray(op["end_ns"]) - np.asarray(op["start_ns"]) if op.num_rows else [], pa.int64()),
+            "cpu_ns": pa.array(cpu, pa.int64()), "self_cpu_ns": pa.array(_self_cpu(op, cpu), pa.int64()),
             "self_gpu_ns": pa.array(self_gpu), "gpu_ns": pa.array(incl), "self_launches": pa.array(self_launch),
+            "launch_delay_sum_ns": pa.array(lag_sum), "delayed_launches": pa.array(lag_n),
+            "max_launch_delay_ns": pa.array(lag_max, mask=lag_max < 0),
         })
         con.register("ops", ops)
         dominant = """
@@ -96,17 +153,20 @@ class Ops(Tool):
                              WHERE input_shapes IS NOT NULL GROUP BY ALL),
             shapes AS (SELECT name, first(input_shapes ORDER BY c DESC, input_shapes) AS shapes
                        FROM shape_counts GROUP BY 1)
-            SELECT o.name, count(*) AS calls, sum(cpu_ns)::BIGINT AS cpu_ns,
+            SELECT o.name, count(*) AS calls, sum(cpu_ns)::BIGINT AS cpu_ns, sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
                    sum(self_gpu_ns)::BIGINT AS self_gpu_ns, sum(gpu_ns)::BIGINT AS gpu_ns,
                    sum(self_launches)::BIGINT AS kernels, round(sum(self_launches) / count(*), 2) AS kernels_per_call,
                    any_value(domk.dominant_kernel) AS dominant_kernel, any_value(shapes.shapes) AS input_shapes,
-                   bool_or(is_backward) AS backward
+                   bool_or(is_backward) AS backward,
+                   (sum(launch_delay_sum_ns) / NULLIF(sum(delayed_launches), 0))::BIGINT AS launch_delay_ns,
+                   max(max_launch_delay_ns) AS max_launch_delay_ns
             FROM ops o LEFT JOIN domk ON domk.op_name = o.name LEFT JOIN shapes ON shapes.name = o.name
             GROUP BY o.name ORDER BY self_gpu_ns DESC, cpu_ns DESC
         """).to_arrow_table()
         by_module = con.sql("""
             SELECT coalesce(module, '(no module)') AS module, count(*) AS ops,
                    sum(self_gpu_ns)::BIGINT AS gpu_ns, sum(CASE WHEN depth = 0 THEN cpu_ns ELSE 0 END)::BIGINT AS cpu_ns,
+                   sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
                    sum(CASE WHEN is_backward THEN self_gpu_ns ELSE 0 END)::BIGINT AS backward_gpu_ns
             FROM ops GROUP BY 1 ORDER BY gpu_ns DESC
         """).to_arrow_table()
@@ -120,8 +180,9 @@ class Ops(Tool):
             FROM ops GROUP BY 1 ORDER BY gpu_ns DESC
         """).to_arrow_table()
         by_site = con.sql("""
-            SELECT call_site, count(*) AS ops, sum(self_gpu_ns)::BIGINT AS gpu_ns
-            FROM ops WHERE call_site IS NOT NULL GROUP BY 1 ORDER BY gpu_ns DESC LIMIT 50
+            SELECT call_site, count(*) AS ops, sum(self_gpu_ns)::BIGINT AS gpu_ns, sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
+                   (sum(launch_delay_sum_ns) / NULLIF(sum(delayed_launches), 0))::BIGINT AS launch_delay_ns
+            FROM ops WHERE call_site IS NOT NULL GROUP BY 1 ORDER BY gpu_ns DESC, self_cpu_ns DESC, call_site LIMIT 50
         """).to_arrow_table()
         totals = con.execute("""
             SELECT (SELECT coalesce(sum(d), 0) FROM gpu)::BIGINT,
