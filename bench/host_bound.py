@@ -43,7 +43,13 @@ PP_ENV = {"pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000", "PASTAPROF_BUFFE
           # every mechanism off: what the bootstrap, the session and the supervising parent cost alone
           "pastaprof_nothing": {"PASTAPROF_OFF": "kernels,api,ext,ops,modules,tensors,memory"}}
 TP = ("tp_default", "tp_full")
-ALL = ("bare", *PP_FLAGS, *TP)
+# Floors without capture: the supervising `pastaprof run` parent with the child's session never
+# started (PASTAPROF_OUT unset in the child), and a bare process that first imports what the
+# session imports (pyarrow, numpy, duckdb-free parts) before the script runs.
+PRELOAD = ("import pyarrow, pyarrow.parquet, numpy, runpy, sys; sys.argv = sys.argv[1:]; "
+           "runpy.run_path(sys.argv[0], run_name='__main__')")
+FLOORS = ("pastaprof_nosession", "bare_preload")
+ALL = ("bare", *PP_FLAGS, *TP, *FLOORS)
 
 
 def one(workload: str, variant: str, out: Path, steps: int, warmup: int) -> dict:
@@ -53,6 +59,11 @@ def one(workload: str, variant: str, out: Path, steps: int, warmup: int) -> dict
     cmd = [sys.executable, str(HERE / "user_steps.py"), workload, "--mode", mode, "--steps", str(steps),
            "--warmup", str(warmup), "--json", str(js)]
     run_dir = None
+    if variant == "bare_preload":
+        cmd = [sys.executable, "-c", PRELOAD, *cmd[1:]]
+    elif variant == "pastaprof_nosession":
+        cmd = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(out / f"run-nosession-{time.time_ns()}"),
+               "--", "env", "-u", "PASTAPROF_OUT", *cmd]
     if variant in PP_FLAGS:
         run_dir = out / f"run-{workload}-{variant}-{time.time_ns()}"
         cmd = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(run_dir), *PP_FLAGS[variant], "--", *cmd]
