@@ -1,12 +1,14 @@
 """Native capture helpers, compiled on first use and cached.
 
-Two small shared libraries, loaded with ctypes (no Python extension ABI, so no
+Small shared libraries, loaded with ctypes (no Python extension ABI, so no
 pybind11 and a short build):
 
 * ``cupti_drain.c``: CUPTI's activity buffers are decoded in C into columns,
   instead of cupti-python building a Python object per record (capture.md section 1:
   ~1-2 us per record on a thread that competes for the GIL).  Needs only the
   CUPTI headers; it calls the libcupti already in the process (never a second one).
+* ``inject.c``: the injection library for native CUDA programs (``CUDA_INJECTION64_PATH``),
+  which writes CUPTI's records to raw files that handlers/native_program.py reads.
 * ``torch_observer.cpp`` (op rows), ``torch_sampling.cpp`` (which ops' inputs are boxed),
   ``torch_inputs.cpp`` (shapes, dtypes, input pointers,
   call sites) and ``torch_memory.cpp`` (with CUDA, a caching-allocator trace tracker): one
@@ -249,6 +251,42 @@ def build_sanitizer() -> tuple[Path, Path]:
     return lib, patch
 
 
+# ---- native programs (CUDA_INJECTION64_PATH) -------------------------------------------
+
+def build_inject() -> Path:
+    """The injection library for native CUDA programs (inject.c): CUPTI headers only, no
+    link-time libcupti (it dlopens the one ``system_libcupti`` finds, at run time)."""
+    inc = cupti_include_dirs()
+    if not inc:
+        raise RuntimeError("CUPTI headers not found (CUDA toolkit or the nvidia-cuda-cupti wheel)")
+    return _build("pastaprof_inject", [HERE / "inject.c"],
+                  [f"-I{i}" for i in inc] + [f"-I{HERE}", "-fvisibility=hidden", "-ldl", "-lpthread",
+                                             f"-DPP_INJECT_HASH={_hash(HERE / 'inject.h')}"], cpp=False)
+
+
+def system_libcupti() -> str | None:
+    """The libcupti a native program's capture uses: ``$PASTAPROF_NATIVE_CUPTI``, else the CUDA
+    toolkit's (``$CUDA_HOME``, the nvcc on PATH, /usr/local/cuda*), else the nvidia-cuda-cupti
+    wheel's.  Native programs have no torch, so no copy is loaded yet to reuse."""
+    if os.environ.get("PASTAPROF_NATIVE_CUPTI"):
+        p = Path(os.environ["PASTAPROF_NATIVE_CUPTI"])
+        return str(p) if p.is_file() else None
+    homes = [Path(os.environ[e]) for e in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(e)]
+    nvcc = _nvcc()
+    if nvcc:
+        homes.append(Path(nvcc).resolve().parent.parent)
+    homes += [Path("/usr/local/cuda"), *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
+    dirs = [d for h in homes for d in (h / "extras" / "CUPTI" / "lib64", h / "lib64", h / "lib",
+                                       h / "targets" / "x86_64-linux" / "lib")]
+    for sp in sys.path:
+        dirs += [Path(sp) / "nvidia" / "cu13" / "lib", Path(sp) / "nvidia" / "cuda_cupti" / "lib"]
+    for d in dirs:
+        for name in ("libcupti.so.13", "libcupti.so.12", "libcupti.so"):
+            if (d / name).is_file():
+                return str(d / name)
+    return None
+
+
 def _hash(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()[:12]
 
@@ -269,6 +307,11 @@ def build_all() -> dict[str, str]:
         out["torch"] = "not built: torch is not installed"
     except (OSError, RuntimeError) as e:
         out["torch"] = f"not built: {e}"
+    try:
+        out["inject"] = str(build_inject()) + (f" (libcupti {system_libcupti()})" if system_libcupti()
+                                              else " (no libcupti found for native programs)")
+    except (OSError, RuntimeError) as e:
+        out["inject"] = f"not built: {e}"
     try:
         lib, patch = build_sanitizer()
         out["sanitizer"] = f"{lib} (patches {patch})"

@@ -1,0 +1,338 @@
+"""Native CUDA programs under ``pastaprof run``: the injection library's side in Python.
+
+A program with no Python in it (``pastaprof run -- ./vecadd``, ``mpirun -np 2 ./app``) is
+captured by native/inject.c, which CUDA loads through ``CUDA_INJECTION64_PATH`` at cuInit
+and which writes CUPTI's records as fixed 128-byte records to
+``<run>/native/rank-R-pid-P.{rec,str,json}`` (layout: native/inject.h).  This module
+
+* prepares the program's environment before it starts (``prepare``): builds the library
+  (once, cached), finds the system CUDA's libcupti, sets the injection variables; where that
+  cannot be done it says so in one line and the program runs unchanged, uncaptured;
+* turns each process's files into the run's Parquet parts and shard JSON (``convert``),
+  before the run is compacted, so every tool reads a native program's run as any other:
+  kernels (grid, block, registers, shared memory), copies, memsets, synchronizations, launch,
+  copy, sync and allocation API calls, NVTX ranges (``range``, domain ``nvtx`` or
+  ``nvtx:<domain>``) and cudaMalloc-level allocations (``alloc`` / ``free``).
+
+Decoding is columnar: one ``numpy.frombuffer`` over a process's records, then per-kind
+column slices.  The files are the program's output, read as untrusted: a truncated or
+damaged file loses its bad tail (or the process, with one status line), never the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pastaprof.events.schema import SCHEMA_VERSION, conform
+from pastaprof.handlers.cupti_memory import lookup_names, memory_tables
+from pastaprof.handlers.cupti_records import _MEMCPY_KIND, _SYNC_KIND
+
+NATIVE = "native"
+MAGIC = 0x31564954414E5050  # "PPNATIV1", native/inject.h
+FORMAT_VERSION = 1
+WORDS = 16
+MAX_STRING = 4096
+K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_API, K_MEMORY, K_MARKER = range(1, 8)
+_FILE_RE = re.compile(r"^rank-(\d+)-pid-(\d+)\.json$")
+_PYTHON_RE = re.compile(r"^(python|pypy)[0-9.]*(-dbg)?$")
+MARKER_INSTANT, MARKER_START, MARKER_END = 1, 2, 4
+
+
+# ---- before the program starts ------------------------------------------------------------
+
+def is_python_command(command: list[str]) -> bool:
+    """Whether the program is a Python interpreter or a script run by one (its shebang): those
+    are captured by the Python bootstrap, not by injection."""
+    if not command:
+        return False
+    exe = shutil.which(command[0]) or command[0]
+    if _PYTHON_RE.match(os.path.basename(exe)) or _PYTHON_RE.match(os.path.basename(os.path.realpath(exe))):
+        return True
+    try:
+        with open(exe, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first
+
+
+def prepare(env: dict[str, str], command: list[str]) -> str | None:
+    """Set ``env`` up so that native CUDA processes of ``command`` are captured.  Returns None,
+    or one line saying why native capture is off (the program then runs unchanged)."""
+    if env.get("PASTAPROF_NATIVE_INJECT") == "0":
+        return None
+    from pastaprof import native
+
+    if env.get("CUDA_INJECTION64_PATH"):
+        return ("native capture off: CUDA_INJECTION64_PATH is already set (another tool injects into "
+                "this program)")
+    libcupti = native.system_libcupti()
+    if libcupti is None:
+        return "native capture off: no libcupti found (CUDA toolkit's extras/CUPTI, or PASTAPROF_NATIVE_CUPTI)"
+    try:
+        if shutil.which(native._compiler(False)) is None:
+            raise RuntimeError(f"no C compiler ({native._compiler(False)}) to build it")
+        lib = native.build_inject()
+    except (OSError, RuntimeError) as e:
+        return f"native capture off: the injection library could not be built: {e}"
+    env["CUDA_INJECTION64_PATH"] = str(lib)
+    env["PASTAPROF_NATIVE_CUPTI"] = libcupti
+    env.setdefault("NVTX_INJECTION64_PATH", str(lib))  # a user's own NVTX tool (nsys) keeps its place
+    return None
+
+
+# ---- after the program ended: files -> parts -------------------------------------------------
+
+def convert(run_dir: Path, kernels: str | None = None) -> dict[str, int]:
+    """Every native process's files in ``run_dir/native`` -> Parquet parts and a shard JSON of
+    the run (what a Python process's session writes), then the files are removed.  ``kernels``:
+    the PASTAPROF_KERNELS regex, applied here where the library's POSIX regex could not take
+    it.  Returns rows per kind."""
+    from pastaprof.store.parts import write_part
+
+    d = run_dir / NATIVE
+    rows: dict[str, int] = {}
+    if not d.is_dir() or d.is_symlink():
+        return rows
+    for meta_path in sorted(d.iterdir()):
+        m = _FILE_RE.match(meta_path.name)
+        if not m:
+            continue
+        base = meta_path.with_suffix("")
+        meta, tables, status = read_process(base, kernels)
+        rank, pid = _int(meta.get("rank"), int(m.group(1))), _int(meta.get("pid"), int(m.group(2)))
+        events: dict[str, int] = {}
+        for kind, t in tables.items():
+            write_part(run_dir / kind / f"rank-{rank}-pid-{pid}-part-{0:05d}.parquet", t)
+            events[kind] = t.num_rows
+            rows[kind] = rows.get(kind, 0) + t.num_rows
+        _write_shard(run_dir, rank, pid, meta, events, status)
+    shutil.rmtree(d, ignore_errors=True)
+    return rows
+
+
+def _int(v: Any, default: int) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 31 else default
+
+
+def _write_shard(run_dir: Path, rank: int, pid: int, meta: dict[str, Any], events: dict[str, int],
+                 status: dict[str, str]) -> None:
+    stats = meta.get("stats") if isinstance(meta.get("stats"), dict) else {}
+    stat = {k: _int(v, 0) for k, v in stats.items()}
+    shard = {
+        "schema_version": SCHEMA_VERSION, "rank": rank, "pid": pid,
+        "argv": [a for a in meta.get("argv", []) if isinstance(a, str)] if isinstance(meta.get("argv"), list)
+        else None,
+        "started_ns": _int(meta.get("started_ns"), 0) if isinstance(meta.get("started_ns"), int) else None,
+        "status": status, "events": events, "filtered_out": stat.get("sampled_out", 0),
+        "handlers": {"native": {"records": stat.get("records", 0), "dropped": stat.get("dropped", 0),
+                                "sampled_out": stat.get("sampled_out", 0),
+                                "kernels_seen": stat.get("kernels_seen", 0),
+                                "mechanism": str(meta.get("mode", "cuda_injection"))[:40],
+                                "buffers": {"completed": stat.get("buffers", 0)}}},
+        "dropped_events": stat.get("dropped", 0), "relink_needed": False,
+        "capture_overhead": {"flush_seconds": 0.0, "stop_seconds": 0.0},
+    }
+    (run_dir / "shards").mkdir(exist_ok=True)
+    path = run_dir / "shards" / f"rank-{rank}-pid-{pid}.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(shard))
+    os.replace(tmp, path)
+
+
+def read_process(base: Path, kernels: str | None = None) -> tuple[dict[str, Any], dict[str, pa.Table], dict[str, str]]:
+    """One process's files (``base`` + .json/.rec/.str) -> (its JSON, event tables, status)."""
+    status: dict[str, str] = {}
+    meta = _read_meta(base.with_suffix(".json"))
+    if meta is None:
+        status["native"] = "its native capture header is unreadable: nothing of it was stored"
+        return {}, {}, status
+    if meta.get("status") not in (None, "ok"):
+        status["native"] = f"native capture: {str(meta['status'])[:300]}"
+    records, trouble = _read_records(base.with_suffix(".rec"))
+    if trouble:
+        status["native_records"] = trouble
+    strings = _read_strings(base.with_suffix(".str"))
+    rank = _int(meta.get("rank"), 0)
+    pid = _int(meta.get("pid"), 0)
+    ended = str(meta.get("ended", ""))
+    if meta.get("complete") is not True and not status.get("native"):
+        status["native_end"] = (f"ended by {ended}: events up to then are in the run" if ended.startswith("signal")
+                                else "ended without its final flush (SIGKILL, a crash, or _exit): the events of "
+                                     "its last CUPTI buffer are not in the run")
+    pattern = kernels if meta.get("kernel_filter") == "python" else None
+    tables = decode(records, strings, rank, pid, pattern)
+    return meta, tables, status
+
+
+def _read_meta(path: Path) -> dict[str, Any] | None:
+    try:
+        if path.is_symlink() or path.stat().st_size > 1 << 20:
+            return None
+        meta = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("format") != "pastaprof-native" or meta.get("version") != FORMAT_VERSION:
+        return None
+    return meta
+
+
+def _read_records(path: Path) -> tuple[np.ndarray, str | None]:
+    empty = np.zeros((0, WORDS), np.int64)
+    try:
+        if path.is_symlink():
+            return empty, "its record file is a symbolic link: not read"
+        raw = np.fromfile(path, dtype="<i8")
+    except (OSError, ValueError):
+        return empty, "its record file is missing or unreadable"
+    n = len(raw) // WORDS
+    if n == 0 or raw[0] != MAGIC or raw[1] != FORMAT_VERSION or raw[2] != WORDS * 8:
+        return empty, "its record file is not one this pastaprof reads (header)"
+    trouble = None
+    if len(raw) % WORDS:
+        trouble = "its record file ends in a partial record (cut short): that record is left out"
+    return raw[:n * WORDS].reshape(n, WORDS)[1:], trouble
+
+
+def _read_strings(path: Path) -> dict[int, str]:
+    out: dict[int, str] = {}
+    try:
+        data = b"" if path.is_symlink() else path.read_bytes()
+    except OSError:
+        return out
+    pos = 0
+    while pos + 8 <= len(data):
+        sid, n = struct.unpack_from("<ii", data, pos)
+        if sid < 0 or n < 0 or n > MAX_STRING or pos + 8 + n > len(data):
+            break  # damaged or cut short: what came before is kept
+        out[sid] = data[pos + 8:pos + 8 + n].decode("utf-8", "replace")
+        pos += 8 + n
+    return out
+
+
+def _names(ids: np.ndarray, strings: dict[int, str]) -> pa.DictionaryArray:
+    """String ids -> a dictionary-encoded name column (an unknown id: null)."""
+    ids = np.asarray(ids, np.int64)
+    uniq, inv = np.unique(ids, return_inverse=True)
+    labels = [strings.get(int(u)) for u in uniq]
+    known = np.array([s is not None for s in labels], dtype=bool)
+    indices = pa.array(inv.astype(np.int32), mask=~known[inv] if len(inv) else None)
+    return pa.DictionaryArray.from_arrays(indices, pa.array([s if s is not None else "" for s in labels], pa.string()))
+
+
+def decode(records: np.ndarray, strings: dict[int, str], rank: int, pid: int,
+           kernels: str | None = None) -> dict[str, pa.Table]:
+    """Fixed records (one row each, word 0 the kind) -> event tables of the run's schema."""
+    out: dict[str, pa.Table] = {}
+    if not len(records):
+        return out
+    kind = records[:, 0]
+
+    def cols(k: int, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+        r = records[kind == k]
+        return {n: r[:, i + 1] for i, n in enumerate(names)}
+
+    def i32(a: np.ndarray) -> np.ndarray:
+        return a.astype(np.int32)
+
+    def common(c: dict[str, np.ndarray], n: int) -> dict[str, Any]:
+        return {"rank": np.full(n, rank, np.int32), "pid": np.full(n, pid, np.int64)}
+
+    k = cols(K_KERNEL, ("start_ns", "end_ns", "device", "stream", "correlation", "name", "grid_x", "grid_y",
+                        "grid_z", "block_x", "block_y", "block_z", "registers", "shared_bytes"))
+    if len(k["name"]) and kernels:
+        rx = re.compile(kernels)
+        uniq = np.unique(k["name"])
+        ok = [int(u) for u in uniq if rx.search(strings.get(int(u), "")) is not None]
+        keep = np.isin(k["name"], ok)
+        k = {c: v[keep] for c, v in k.items()}
+    if len(k["name"]):
+        n = len(k["name"])
+        t = {c: (i32(v) if c in ("device", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
+                                 "registers") else v) for c, v in k.items() if c != "name"}
+        out["kernel"] = pa.table({**t, "name": _names(k["name"], strings), **common(k, n)})
+    m = cols(K_MEMCPY, ("start_ns", "end_ns", "device", "stream", "correlation", "bytes", "copy_kind"))
+    if len(m["bytes"]):
+        ck = m.pop("copy_kind")
+        out["memcpy"] = pa.table({**m, "device": i32(m["device"]), "direction": lookup_names(ck, _MEMCPY_KIND),
+                                  **common(m, len(ck))})
+    s = cols(K_MEMSET, ("start_ns", "end_ns", "device", "stream", "correlation", "bytes"))
+    if len(s["bytes"]):
+        out["memset"] = pa.table({**s, "device": i32(s["device"]), **common(s, len(s["bytes"]))})
+    y = cols(K_SYNC, ("start_ns", "end_ns", "stream", "correlation", "sync_type"))
+    if len(y["stream"]):
+        st = y.pop("sync_type")
+        out["sync"] = pa.table({**y, "sync_kind": lookup_names(st, _SYNC_KIND),
+                                **common(y, len(st))})
+    a = cols(K_API, ("start_ns", "end_ns", "pid", "tid", "correlation", "cbid", "is_driver", "name"))
+    if len(a["cbid"]):
+        driver = (a["is_driver"] != 0).astype(np.int32)
+        out["api"] = pa.table({
+            "start_ns": a["start_ns"], "end_ns": a["end_ns"], "pid": np.full(len(driver), pid, np.int64),
+            "tid": a["tid"], "correlation": a["correlation"], "name": _names(a["name"], strings),
+            "api_kind": pa.DictionaryArray.from_arrays(pa.array(driver), pa.array(["runtime", "driver"])),
+            "rank": np.full(len(driver), rank, np.int32)})
+    mem = cols(K_MEMORY, ("start_ns", "device", "stream", "correlation", "address", "bytes", "memory_kind",
+                          "operation", "pid", "is_async"))
+    if len(mem["bytes"]):
+        out.update(memory_tables("memory", mem, rank))
+    rng = _ranges(cols(K_MARKER, ("start_ns", "flags", "id", "object_kind", "pid", "tid", "name", "domain")),
+                  strings, rank, pid, _last_ns(records))
+    if rng is not None:
+        out["range"] = rng
+    return {kind: _sorted(conform(kind, t)) for kind, t in out.items()}
+
+
+def _last_ns(records: np.ndarray) -> int:
+    """The process's last event time: word 1 is every kind's start, word 2 the end of the
+    kinds with one (kernel, memcpy, memset, sync, api)."""
+    timed = records[(records[:, 0] >= K_KERNEL) & (records[:, 0] <= K_API)]
+    return int(max(records[:, 1].max(), timed[:, 2].max() if len(timed) else 0))
+
+
+def _ranges(c: dict[str, np.ndarray], strings: dict[int, str], rank: int, pid: int, last_ns: int) -> pa.Table | None:
+    """NVTX markers -> ranges: a start record and the end record of the same id make one; an
+    instant marker is a range of no length; a range never ended ends at the process's last event."""
+    flags = c["flags"]
+    if not len(flags):
+        return None
+    starts = np.flatnonzero((flags & (MARKER_START | MARKER_INSTANT)) != 0)
+    ends = np.flatnonzero((flags & MARKER_END) != 0)
+    order = np.argsort(c["id"][ends], kind="stable")
+    end_ids, end_t = c["id"][ends][order], c["start_ns"][ends][order]
+    pos = np.searchsorted(end_ids, c["id"][starts])
+    found = (pos < len(end_ids)) & (end_ids[np.minimum(pos, max(len(end_ids) - 1, 0))] == c["id"][starts]) \
+        if len(end_ids) else np.zeros(len(starts), bool)
+    t0 = c["start_ns"][starts]
+    end = np.where(found, end_t[np.minimum(pos, max(len(end_ids) - 1, 0))] if len(end_ids) else 0, max(last_ns, 0))
+    end = np.where((flags[starts] & MARKER_INSTANT) != 0, t0, np.maximum(end, t0))
+    dom_ids = c["domain"][starts]
+    dom_names = {int(u): ("nvtx" if u < 0 or int(u) not in strings else f"nvtx:{strings[int(u)]}")
+                 for u in np.unique(dom_ids)}
+    n = len(starts)
+    return pa.table({"start_ns": t0, "end_ns": end, "rank": np.full(n, rank, np.int32),
+                     "pid": np.full(n, pid, np.int64), "tid": c["tid"][starts],
+                     "name": _names(c["name"][starts], strings), "domain": lookup_names(dom_ids, dom_names),
+                     "id": c["id"][starts]})
+
+
+def _sorted(t: pa.Table) -> pa.Table:
+    start = t["start_ns"].to_numpy()
+    if len(start) > 1 and (np.diff(start) < 0).any():
+        return t.take(pa.array(np.argsort(start, kind="stable")))
+    return t
+
+
+def note(line: str) -> None:
+    """One line on stderr, as the launcher's other notes."""
+    sys.stderr.write(f"pastaprof: {line}\n")

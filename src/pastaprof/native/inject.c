@@ -1,0 +1,849 @@
+/* pastaprof's injection library for native CUDA programs (no Python in the process).
+ *
+ * `pastaprof run -- ./app` sets CUDA_INJECTION64_PATH (and NVTX_INJECTION64_PATH) to this
+ * library: the CUDA driver calls InitializeInjection() at cuInit, NVTX calls
+ * InitializeInjectionNvtx2() at the first NVTX call.  Either starts capture once: the system
+ * CUDA's libcupti is dlopen'ed (PASTAPROF_NATIVE_CUPTI, found by pastaprof; no link-time
+ * dependency, so the library builds from headers alone), CUPTI's activity API records kernels,
+ * copies, memsets, synchronizations, launch/copy/sync/alloc API calls, NVTX markers and
+ * cudaMalloc-level allocations, and every completed buffer is written, as fixed 128-byte
+ * records (inject.h), to the process's files in $PASTAPROF_OUT/native/.  pastaprof turns them
+ * into the run's event tables when the run is stored (handlers/native_program.py).
+ *
+ * The program is never harmed: in a Python process (pastaprof's own session captures there:
+ * never two CUPTI clients) or when anything fails, the library does nothing but say so in one
+ * line.  Records reach the files when a CUPTI buffer fills, every PASTAPROF_FLUSH_MS, at exit
+ * (atexit) and on SIGTERM/SIGINT/SIGHUP/SIGABRT (abort()): the program's own handler runs
+ * after the flush, and a default action is repeated, so exit codes and signals are unchanged.
+ */
+#define _GNU_SOURCE
+#include <cupti.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <regex.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "inject.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- libcupti, bound at run time ---------------------------------------------------- */
+static __typeof__(cuptiActivityRegisterCallbacks)* p_register;
+static __typeof__(cuptiActivityEnable)* p_enable;
+static __typeof__(cuptiActivityGetNextRecord)* p_next;
+static __typeof__(cuptiActivityFlushAll)* p_flush;
+static __typeof__(cuptiActivityFlushPeriod)* p_flush_period;
+static __typeof__(cuptiActivityGetNumDroppedRecords)* p_dropped;
+static __typeof__(cuptiGetCallbackName)* p_cb_name;
+static __typeof__(cuptiActivityEnableRuntimeApi)* p_enable_rt;
+static __typeof__(cuptiActivityEnableDriverApi)* p_enable_drv;
+static __typeof__(cuptiGetResultString)* p_result;
+typedef int (*nvtx_init_t)(void*);
+static void* g_cupti;
+
+/* ---- state ---------------------------------------------------------------------------- */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_state;  /* 0 not started, 1 capturing, 2 off (declined or failed) */
+static int g_rec_fd = -1, g_str_fd = -1;
+static char g_dir[4096], g_base[4200];
+static int g_rank;
+static int64_t g_started_ns;
+static int64_t g_stat[PP_NSTATS];
+static char g_status[512];
+static char g_ended[32] = "running";
+static size_t g_buffer_bytes = 8u << 20;
+static const char* g_mode = "cuda_injection";
+
+/* kernel selection: PASTAPROF_SAMPLE (every Nth launch), PASTAPROF_KERNELS (POSIX ERE on the
+ * readable name; a pattern POSIX cannot compile is left to the reader's Python regex) */
+static int64_t g_sample = 1, g_launch_seq;
+static regex_t g_kernel_re;
+static int g_kernel_filter; /* 0 none, 1 posix here, 2 python (reader) */
+static int g_off_kernels, g_off_api, g_off_memory;
+
+/* staged output, written with write(2) at the end of each buffer */
+#define STAGE_RECORDS 4096
+static int64_t (*g_stage)[PP_RECORD_WORDS];
+static int g_nstage;
+static char* g_strstage;
+static size_t g_nstrstage, g_capstrstage;
+
+/* ---- strings: interned, each written once to the .str file -------------------------- */
+#define STR_SLOTS (1u << 18)
+typedef struct {
+  uint64_t hash;
+  int32_t id;
+} StrSlot;
+static StrSlot* g_str;
+static char** g_strings;
+static int32_t g_nstrings;
+/* kernel name pointers (stable per function in CUPTI) -> string id */
+#define PTR_SLOTS (1u << 16)
+static const char** g_ptr_key;
+static int32_t* g_ptr_id;
+static signed char* g_selected; /* per string id: -1 unknown, 0 no, 1 yes (kernel filter) */
+static int32_t g_capselected;
+static int32_t g_api_name[2][PP_MAX_CBID]; /* string id + 1 of (driver?, cbid) */
+
+static uint64_t fnv(const char* s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (; *s; ++s) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+  return h | 1;
+}
+
+static void stage_string(int32_t id, const char* s, uint32_t len) {
+  size_t need = g_nstrstage + 8 + len;
+  if (need > g_capstrstage) {
+    size_t cap = g_capstrstage ? g_capstrstage : 65536;
+    while (cap < need) cap *= 2;
+    char* p = (char*)realloc(g_strstage, cap);
+    if (!p) return;
+    g_strstage = p;
+    g_capstrstage = cap;
+  }
+  memcpy(g_strstage + g_nstrstage, &id, 4);
+  memcpy(g_strstage + g_nstrstage + 4, &len, 4);
+  memcpy(g_strstage + g_nstrstage + 8, s, len);
+  g_nstrstage = need;
+}
+
+/* id of string s (copied), or -1 when s is NULL or the table is full */
+static int32_t intern(const char* s) {
+  if (!s || !g_str) return -1;
+  uint64_t h = fnv(s);
+  for (uint32_t i = 0; i < STR_SLOTS; ++i) {
+    StrSlot* slot = &g_str[(h + i) & (STR_SLOTS - 1)];
+    if (slot->hash == h && strcmp(g_strings[slot->id], s) == 0) return slot->id;
+    if (slot->hash == 0) {
+      if (g_nstrings >= (int32_t)(STR_SLOTS / 2)) return -1;
+      size_t len = strlen(s);
+      if (len > PP_MAX_STRING) len = PP_MAX_STRING;
+      char* copy = (char*)malloc(len + 1);
+      if (!copy) return -1;
+      memcpy(copy, s, len);
+      copy[len] = 0;
+      g_strings[g_nstrings] = copy;
+      slot->hash = h;
+      slot->id = g_nstrings;
+      stage_string(g_nstrings, copy, (uint32_t)len);
+      return g_nstrings++;
+    }
+  }
+  return -1;
+}
+
+/* __cxa_demangle from the program's libstdc++, where it has one (nvcc programs do) */
+typedef char* (*demangle_t)(const char*, char*, size_t*, int*);
+static demangle_t p_demangle;
+
+static int32_t kernel_name(const char* name) {
+  if (!name) return -1;
+  uint64_t h = (uint64_t)(uintptr_t)name * 0x9e3779b97f4a7c15ULL;
+  for (uint32_t i = 0; i < PTR_SLOTS; ++i) {
+    uint32_t s = (uint32_t)((h + i) & (PTR_SLOTS - 1));
+    if (g_ptr_key[s] == name) return g_ptr_id[s];
+    if (g_ptr_key[s] == NULL) {
+      int status = -1;
+      char* readable = (p_demangle && name[0] == '_' && name[1] == 'Z') ? p_demangle(name, NULL, NULL, &status) : NULL;
+      int32_t id = intern(status == 0 && readable ? readable : name);
+      free(readable);
+      g_ptr_key[s] = name;
+      g_ptr_id[s] = id;
+      return id;
+    }
+  }
+  return intern(name);
+}
+
+static int kernel_selected(int32_t id) {
+  if (g_kernel_filter != 1 || id < 0) return 1;
+  if (id >= g_capselected) {
+    int32_t cap = g_capselected ? g_capselected : 1024;
+    while (cap <= id) cap *= 2;
+    signed char* p = (signed char*)realloc(g_selected, (size_t)cap);
+    if (!p) return 1;
+    memset(p + g_capselected, -1, (size_t)(cap - g_capselected));
+    g_selected = p;
+    g_capselected = cap;
+  }
+  if (g_selected[id] < 0) g_selected[id] = regexec(&g_kernel_re, g_strings[id], 0, NULL, 0) == 0;
+  return g_selected[id];
+}
+
+static int32_t api_name(int driver, uint32_t cbid) {
+  if (cbid >= PP_MAX_CBID) return -1;
+  if (g_api_name[driver][cbid]) return g_api_name[driver][cbid] - 1;
+  const char* name = NULL;
+  if (p_cb_name) p_cb_name(driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &name);
+  char fallback[32];
+  if (!name) {
+    snprintf(fallback, sizeof fallback, "cbid_%u", cbid);
+    name = fallback;
+  }
+  int32_t id = intern(name);
+  g_api_name[driver][cbid] = id + 1;
+  return id;
+}
+
+/* ---- records ---------------------------------------------------------------------------- */
+static void write_all(int fd, const void* p, size_t n) {
+  const char* c = (const char*)p;
+  while (n > 0 && fd >= 0) {
+    ssize_t w = write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      g_stat[PP_STAT_WRITE_ERRORS]++;
+      return;
+    }
+    c += w;
+    n -= (size_t)w;
+  }
+}
+
+static void stage_flush(void) {
+  if (g_nstrstage) write_all(g_str_fd, g_strstage, g_nstrstage); /* strings before the records naming them */
+  g_nstrstage = 0;
+  if (g_nstage) write_all(g_rec_fd, g_stage, (size_t)g_nstage * PP_RECORD_BYTES);
+  g_stat[PP_STAT_WRITTEN] += g_nstage;
+  g_nstage = 0;
+}
+
+static int64_t* row(int kind) {
+  if (!g_stage) return NULL;
+  if (g_nstage == STAGE_RECORDS) stage_flush();
+  int64_t* r = g_stage[g_nstage++];
+  memset(r, 0, PP_RECORD_BYTES);
+  r[0] = kind;
+  return r;
+}
+
+#define PUT(...)                                                   \
+  do {                                                             \
+    int64_t v_[] = {__VA_ARGS__};                                  \
+    memcpy(r + 1, v_, sizeof v_);                                  \
+  } while (0)
+
+static void decode(const CUpti_Activity* a) {
+  int64_t* r;
+  g_stat[PP_STAT_RECORDS]++;
+  switch (a->kind) {
+    case CUPTI_ACTIVITY_KIND_KERNEL:
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+      const CUpti_ActivityKernel10* k = (const CUpti_ActivityKernel10*)a;
+      g_stat[PP_STAT_KERNELS_SEEN]++;
+      int32_t name = kernel_name(k->name);
+      ++g_launch_seq;
+      if ((g_sample > 1 && g_launch_seq % g_sample) || !kernel_selected(name)) {
+        g_stat[PP_STAT_SAMPLED_OUT]++;
+        return;
+      }
+      if (!(r = row(PP_KERNEL))) return;
+      PUT((int64_t)k->start, (int64_t)k->end, k->deviceId, k->streamId, k->correlationId, name, k->gridX, k->gridY,
+          k->gridZ, k->blockX, k->blockY, k->blockZ, k->registersPerThread,
+          (int64_t)k->staticSharedMemory + (int64_t)k->dynamicSharedMemory);
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_MEMCPY: {
+      const CUpti_ActivityMemcpy6* m = (const CUpti_ActivityMemcpy6*)a;
+      if (!(r = row(PP_MEMCPY))) return;
+      PUT((int64_t)m->start, (int64_t)m->end, m->deviceId, m->streamId, m->correlationId, (int64_t)m->bytes,
+          m->copyKind);
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_MEMSET: {
+      const CUpti_ActivityMemset4* m = (const CUpti_ActivityMemset4*)a;
+      if (!(r = row(PP_MEMSET))) return;
+      PUT((int64_t)m->start, (int64_t)m->end, m->deviceId, m->streamId, m->correlationId, (int64_t)m->bytes);
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: {
+      const CUpti_ActivitySynchronization2* s = (const CUpti_ActivitySynchronization2*)a;
+      if (!(r = row(PP_SYNC))) return;
+      PUT((int64_t)s->start, (int64_t)s->end, (int64_t)(int32_t)s->streamId, s->correlationId, s->type);
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_RUNTIME:
+    case CUPTI_ACTIVITY_KIND_DRIVER: {
+      const CUpti_ActivityAPI* c = (const CUpti_ActivityAPI*)a;
+      int driver = a->kind == CUPTI_ACTIVITY_KIND_DRIVER;
+      if (!(r = row(PP_API))) return;
+      PUT((int64_t)c->start, (int64_t)c->end, c->processId, c->threadId, c->correlationId, c->cbid, driver,
+          api_name(driver, c->cbid));
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_MEMORY2: {
+      const CUpti_ActivityMemory4* m = (const CUpti_ActivityMemory4*)a;
+      if (!(r = row(PP_MEMORY))) return;
+      PUT((int64_t)m->timestamp, m->deviceId, m->streamId, m->correlationId, (int64_t)m->address, (int64_t)m->bytes,
+          m->memoryKind, m->memoryOperationType, m->processId, m->isAsync);
+      break;
+    }
+    case CUPTI_ACTIVITY_KIND_MARKER: {
+      const CUpti_ActivityMarker2* m = (const CUpti_ActivityMarker2*)a;
+      if (!(r = row(PP_MARKER))) return;
+      int thread = m->objectKind == CUPTI_ACTIVITY_OBJECT_THREAD;
+      PUT((int64_t)m->timestamp, m->flags, m->id, m->objectKind, thread ? (int64_t)m->objectId.pt.processId : -1,
+          thread ? (int64_t)m->objectId.pt.threadId : -1, intern(m->name), intern(m->domain));
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+/* ---- CUPTI buffers ------------------------------------------------------------------------ */
+static void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  void* p = NULL;
+  if (posix_memalign(&p, 8, g_buffer_bytes) != 0) p = NULL;
+  *buffer = (uint8_t*)p;
+  *size = p ? g_buffer_bytes : 0;
+  *max_records = 0;
+}
+
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* buffer, size_t size, size_t valid) {
+  (void)size;
+  pthread_mutex_lock(&g_mu);
+  if (g_state == 1 && valid > 0) {
+    CUpti_Activity* a = NULL;
+    while (p_next(buffer, valid, &a) == CUPTI_SUCCESS) decode(a);
+  }
+  size_t dropped = 0;
+  if (p_dropped && p_dropped(ctx, stream, &dropped) == CUPTI_SUCCESS) g_stat[PP_STAT_DROPPED] += (int64_t)dropped;
+  g_stat[PP_STAT_BUFFERS]++;
+  if (g_state == 1) stage_flush();
+  pthread_mutex_unlock(&g_mu);
+  free(buffer);
+}
+
+/* ---- the process's files -------------------------------------------------------------------- */
+static int64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static void json_string(FILE* f, const char* s, size_t n) {
+  fputc('"', f);
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char c = (unsigned char)s[i];
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c < 0x20 || c >= 0x7f) fprintf(f, "\\u%04x", c); /* bytes as code points: never invalid JSON */
+    else fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+static void write_meta(int complete) {
+  char path[4300], tmp[4300];
+  snprintf(path, sizeof path, "%s.json", g_base);
+  snprintf(tmp, sizeof tmp, "%s.json.tmp", g_base);
+  FILE* f = fopen(tmp, "w");
+  if (!f) return;
+  fprintf(f, "{\"format\": \"pastaprof-native\", \"version\": %d, \"record_bytes\": %d, \"pid\": %d, \"rank\": %d, ",
+          PP_FORMAT_VERSION, PP_RECORD_BYTES, (int)getpid(), g_rank);
+  fprintf(f, "\"started_ns\": %lld, \"updated_ns\": %lld, \"complete\": %s, \"ended\": ", (long long)g_started_ns,
+          (long long)now_ns(), complete ? "true" : "false");
+  json_string(f, g_ended, strlen(g_ended));
+  fprintf(f, ", \"mode\": \"%s\", \"sample\": %lld, \"kernel_filter\": \"%s\", \"status\": ", g_mode,
+          (long long)g_sample, g_kernel_filter == 1 ? "posix" : g_kernel_filter == 2 ? "python" : "none");
+  json_string(f, g_status, strlen(g_status));
+  static const char* names[PP_NSTATS] = PP_STAT_NAMES;
+  fprintf(f, ", \"stats\": {");
+  for (int i = 0; i < PP_NSTATS; ++i) fprintf(f, "%s\"%s\": %lld", i ? ", " : "", names[i], (long long)g_stat[i]);
+  fprintf(f, "}, \"argv\": [");
+  int fd = open("/proc/self/cmdline", O_RDONLY);
+  if (fd >= 0) {
+    char buf[8192];
+    ssize_t n = read(fd, buf, sizeof buf);
+    close(fd);
+    for (ssize_t i = 0, first = 1; n > 0 && i < n; first = 0) {
+      size_t len = strnlen(buf + i, (size_t)(n - i));
+      if (!first) fputs(", ", f);
+      json_string(f, buf + i, len);
+      i += (ssize_t)len + 1;
+    }
+  }
+  fputs("]}\n", f);
+  if (fclose(f) == 0) rename(tmp, path);
+  else unlink(tmp);
+}
+
+static int open_files(void) {
+  const char* out = getenv("PASTAPROF_OUT");
+  if (!out || !*out) {
+    snprintf(g_status, sizeof g_status, "PASTAPROF_OUT is not set");
+    return -1;
+  }
+  snprintf(g_dir, sizeof g_dir, "%s/native", out);
+  mkdir(out, 0777);
+  if (mkdir(g_dir, 0777) != 0 && errno != EEXIST) {
+    snprintf(g_status, sizeof g_status, "cannot create %.400s: %s", g_dir, strerror(errno));
+    return -1;
+  }
+  snprintf(g_base, sizeof g_base, "%s/rank-%d-pid-%d", g_dir, g_rank, (int)getpid());
+  char path[4300];
+  snprintf(path, sizeof path, "%s.rec", g_base);
+  g_rec_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0666);
+  snprintf(path, sizeof path, "%s.str", g_base);
+  g_str_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0666);
+  if (g_rec_fd < 0 || g_str_fd < 0) {
+    snprintf(g_status, sizeof g_status, "cannot write in %.400s: %s", g_dir, strerror(errno));
+    return -1;
+  }
+  int64_t header[PP_RECORD_WORDS] = {PP_MAGIC, PP_FORMAT_VERSION, PP_RECORD_BYTES, getpid(), 0};
+  header[4] = g_rank;
+  write_all(g_rec_fd, header, sizeof header);
+  return 0;
+}
+
+static int alloc_tables(void) {
+  g_stage = calloc(STAGE_RECORDS, PP_RECORD_BYTES);
+  g_str = (StrSlot*)calloc(STR_SLOTS, sizeof(StrSlot));
+  g_strings = (char**)calloc(STR_SLOTS / 2, sizeof(char*));
+  g_ptr_key = (const char**)calloc(PTR_SLOTS, sizeof(char*));
+  g_ptr_id = (int32_t*)calloc(PTR_SLOTS, sizeof(int32_t));
+  return (g_stage && g_str && g_strings && g_ptr_key && g_ptr_id) ? 0 : -1;
+}
+
+/* ---- settings (the PASTAPROF_* vocabulary of `pastaprof run`) -------------------------------- */
+static int env_rank(void) {
+  static const char* vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; ++i) {
+    const char* v = getenv(vars[i]);
+    if (v && *v && strspn(v, "0123456789") == strlen(v)) return atoi(v);
+  }
+  return 0;
+}
+
+/* PASTAPROF_RANKS "0,2-3": 1 when rank is listed (or nothing is set) */
+static int rank_selected(int rank) {
+  const char* s = getenv("PASTAPROF_RANKS");
+  if (!s || !*s) return 1;
+  while (*s) {
+    char* end;
+    long lo = strtol(s, &end, 10), hi = lo;
+    if (end == s) return 1; /* the launcher validated it; a bad value selects everything */
+    if (*end == '-') {
+      s = end + 1;
+      hi = strtol(s, &end, 10);
+    }
+    if (rank >= lo && rank <= hi) return 1;
+    s = *end == ',' ? end + 1 : end;
+    if (*end && *end != ',') break;
+  }
+  return 0;
+}
+
+static int off(const char* part) {
+  const char* s = getenv("PASTAPROF_OFF");
+  size_t n = strlen(part);
+  while (s && *s) {
+    while (*s == ',' || *s == ' ') ++s;
+    size_t len = strcspn(s, ",");
+    while (len && s[len - 1] == ' ') --len;
+    if (len == n && strncmp(s, part, n) == 0) return 1;
+    s += len;
+  }
+  return 0;
+}
+
+static void read_settings(void) {
+  const char* v = getenv("PASTAPROF_SAMPLE");
+  if (v && atoll(v) > 1) g_sample = atoll(v);
+  v = getenv("PASTAPROF_KERNELS");
+  if (v && *v) g_kernel_filter = regcomp(&g_kernel_re, v, REG_EXTENDED | REG_NOSUB) == 0 ? 1 : 2;
+  v = getenv("PASTAPROF_NATIVE_BUFFER");
+  if (v && atoll(v) >= 4096) g_buffer_bytes = (size_t)atoll(v);
+  g_off_kernels = off("kernels");
+  g_off_api = off("api");
+  g_off_memory = off("memory");
+}
+
+/* ---- exits and signals ---------------------------------------------------------------------- */
+static const int SIGNALS[] = {SIGTERM, SIGINT, SIGHUP, SIGABRT};
+#define NSIG_OURS 4
+static struct sigaction g_prev[NSIG_OURS];
+static volatile sig_atomic_t g_finishing;
+
+/* Everything recorded so far into the files; `how` says why (exit, signal N). */
+static void finish(const char* how, int final, int from_signal) {
+  if (g_state != 1) return;
+  if (from_signal) {
+    /* the signal may have interrupted this very thread inside our lock (a buffer being
+     * written): then waiting for it would never end; wait a bounded time for another thread */
+    int got = 0;
+    for (int i = 0; i < 200 && !(got = pthread_mutex_trylock(&g_mu) == 0); ++i) {
+      struct timespec ms = {0, 1000000};
+      nanosleep(&ms, NULL);
+    }
+    if (!got) return;
+    pthread_mutex_unlock(&g_mu);
+  }
+  if (p_flush) p_flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED); /* completes the buffers: buffer_completed writes */
+  pthread_mutex_lock(&g_mu);
+  stage_flush();
+  snprintf(g_ended, sizeof g_ended, "%s", how);
+  write_meta(final);
+  pthread_mutex_unlock(&g_mu);
+}
+
+static void at_exit(void) {
+  if (getpid() != g_stat[PP_STAT_PID]) return; /* a forked child's exit: the files are the parent's */
+  finish("exit", 1, 0);
+  g_state = 2;
+}
+
+static void on_signal(int sig, siginfo_t* info, void* uc) {
+  int i = 0;
+  while (i < NSIG_OURS && SIGNALS[i] != sig) ++i;
+  if (i == NSIG_OURS) return;
+  if (!g_finishing && getpid() == g_stat[PP_STAT_PID]) {
+    g_finishing = 1;
+    char how[32];
+    snprintf(how, sizeof how, "signal %d", sig);
+    finish(how, 0, 1); /* not final: the program's handler may go on running (and exit later) */
+    g_finishing = 0;
+  }
+  struct sigaction* prev = &g_prev[i];
+  if (prev->sa_flags & SA_SIGINFO) {
+    if (prev->sa_sigaction) prev->sa_sigaction(sig, info, uc);
+    return;
+  }
+  if (prev->sa_handler == SIG_IGN) return;
+  if (prev->sa_handler == SIG_DFL) { /* the default action, as without pastaprof */
+    sigaction(sig, prev, NULL);
+    raise(sig); /* delivered when this handler returns (the signal is blocked in it) */
+    return;
+  }
+  prev->sa_handler(sig);
+}
+
+static void install_signals(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_signal;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  for (int i = 0; i < NSIG_OURS; ++i) {
+    struct sigaction cur;
+    if (sigaction(SIGNALS[i], NULL, &cur) != 0) continue;
+    if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN) continue; /* ignored stays ignored */
+    g_prev[i] = cur;
+    sigaction(SIGNALS[i], &sa, NULL);
+  }
+}
+
+static void fork_prepare(void) { pthread_mutex_lock(&g_mu); }
+static void fork_parent(void) { pthread_mutex_unlock(&g_mu); }
+static void fork_child(void) {
+  /* CUDA is unusable in a forked child; a child that execs a CUDA program is injected anew */
+  g_state = 2;
+  if (g_rec_fd >= 0) close(g_rec_fd);
+  if (g_str_fd >= 0) close(g_str_fd);
+  g_rec_fd = g_str_fd = -1;
+  g_nstage = 0;
+  g_nstrstage = 0;
+  pthread_mutex_unlock(&g_mu);
+}
+
+/* ---- start ------------------------------------------------------------------------------------ */
+/* One line on stderr -- unless `pastaprof run` started the program: the run's status then
+ * carries the line, which the launcher prints once the run is stored. */
+static void warn(const char* what) {
+  const char* parent = getenv("PASTAPROF_RUN_PARENT");
+  if (parent && strcmp(parent, "1") == 0) return;
+  char line[700];
+  int n = snprintf(line, sizeof line, "pastaprof: warning: native capture not started: %s\n", what);
+  if (n > 0) write_all(2, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1));
+}
+
+static int bind_cupti(void) {
+  const char* path = getenv("PASTAPROF_NATIVE_CUPTI");
+  const char* tries[] = {path, "libcupti.so.13", "libcupti.so.12", "libcupti.so"};
+  for (size_t i = 0; i < sizeof tries / sizeof tries[0] && !g_cupti; ++i)
+    if (tries[i] && *tries[i]) g_cupti = dlopen(tries[i], RTLD_NOW | RTLD_GLOBAL);
+  if (!g_cupti) {
+    snprintf(g_status, sizeof g_status, "libcupti not loadable (%s)", path && *path ? path : "libcupti.so");
+    return -1;
+  }
+#define BIND(p, name) p = (__typeof__(p))dlsym(g_cupti, #name)
+  BIND(p_register, cuptiActivityRegisterCallbacks);
+  BIND(p_enable, cuptiActivityEnable);
+  BIND(p_next, cuptiActivityGetNextRecord);
+  BIND(p_flush, cuptiActivityFlushAll);
+  BIND(p_flush_period, cuptiActivityFlushPeriod);
+  BIND(p_dropped, cuptiActivityGetNumDroppedRecords);
+  BIND(p_cb_name, cuptiGetCallbackName);
+  BIND(p_enable_rt, cuptiActivityEnableRuntimeApi);
+  BIND(p_enable_drv, cuptiActivityEnableDriverApi);
+  BIND(p_result, cuptiGetResultString);
+#undef BIND
+  if (!p_register || !p_enable || !p_next || !p_flush) {
+    snprintf(g_status, sizeof g_status, "libcupti lacks the activity API");
+    return -1;
+  }
+  return 0;
+}
+
+static const char* cupti_error(CUptiResult r) {
+  const char* s = NULL;
+  if (p_result) p_result(r, &s);
+  return s ? s : "CUPTI error";
+}
+
+/* The API calls kept: what correlation, the timeline and the tools use (as the Python path). */
+static int api_kept(const char* name) {
+  static const char* keep[] = {"Launch", "Memcpy", "Memset", "Synchronize", "Graph", "Malloc", "Free",
+                               "StreamWaitEvent", "EventSynchronize", "EventRecord"};
+  for (size_t i = 0; i < sizeof keep / sizeof keep[0]; ++i)
+    if (strstr(name, keep[i])) return 1;
+  return 0;
+}
+
+static int enable_api(void) {
+  int n = 0;
+  if (!p_enable_rt || !p_enable_drv || !p_cb_name) { /* an old libcupti: every call */
+    return (p_enable(CUPTI_ACTIVITY_KIND_RUNTIME) == CUPTI_SUCCESS) + (p_enable(CUPTI_ACTIVITY_KIND_DRIVER) == 0);
+  }
+  for (int driver = 0; driver < 2; ++driver) {
+    int size = driver ? CUPTI_DRIVER_TRACE_CBID_SIZE : CUPTI_RUNTIME_TRACE_CBID_SIZE;
+    for (int cbid = 1; cbid < size; ++cbid) {
+      const char* name = NULL;
+      if (p_cb_name(driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, (uint32_t)cbid, &name) !=
+              CUPTI_SUCCESS || !name || !api_kept(name))
+        continue;
+      n += (driver ? p_enable_drv : p_enable_rt)((CUpti_CallbackId)cbid, 1) == CUPTI_SUCCESS;
+    }
+  }
+  return n;
+}
+
+static int start_capture(const char* mode) {
+  g_mode = mode;
+  g_stat[PP_STAT_PID] = getpid();
+  g_started_ns = now_ns();
+  g_rank = env_rank();
+  const char* env = getenv("PASTAPROF_NATIVE_INJECT");
+  if (env && strcmp(env, "0") == 0) return -1; /* switched off: silent */
+  if (dlsym(RTLD_DEFAULT, "Py_IsInitialized")) return -1; /* Python: pastaprof's own session captures */
+  if (!getenv("PASTAPROF_OUT")) return -1; /* not under `pastaprof run` */
+  read_settings();
+  if (alloc_tables() != 0) {
+    warn("out of memory");
+    return -1;
+  }
+  p_demangle = (demangle_t)dlsym(RTLD_DEFAULT, "__cxa_demangle");
+  if (!rank_selected(g_rank)) {
+    snprintf(g_status, sizeof g_status, "rank %d not selected (PASTAPROF_RANKS): nothing recorded", g_rank);
+    if (open_files() == 0) write_meta(1);
+    return -1;
+  }
+  if (open_files() != 0) {
+    warn(g_status);
+    return -1;
+  }
+  if (strcmp(mode, "preload") == 0 && !dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD) &&
+      !dlopen("libcuda.so.1", RTLD_LAZY)) { /* injected by CUDA itself, libcuda is there */
+    snprintf(g_status, sizeof g_status, "no CUDA driver (libcuda.so.1 not found): no GPU on this machine?");
+    snprintf(g_ended, sizeof g_ended, "not started");
+    warn(g_status);
+    write_meta(1);
+    return -1;
+  }
+  if (bind_cupti() != 0) {
+    snprintf(g_ended, sizeof g_ended, "not started");
+    warn(g_status);
+    write_meta(1);
+    return -1;
+  }
+  CUptiResult r = p_register(buffer_requested, buffer_completed);
+  if (r != CUPTI_SUCCESS) {
+    snprintf(g_status, sizeof g_status, "cuptiActivityRegisterCallbacks: %s (%d)", cupti_error(r), (int)r);
+    snprintf(g_ended, sizeof g_ended, "not started");
+    warn(g_status);
+    write_meta(1);
+    return -1;
+  }
+  CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                                CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,
+                                CUPTI_ACTIVITY_KIND_MEMORY2, CUPTI_ACTIVITY_KIND_MARKER};
+  int enabled = 0;
+  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; ++i) {
+    if ((g_off_kernels && kinds[i] == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) ||
+        (g_off_memory && kinds[i] == CUPTI_ACTIVITY_KIND_MEMORY2))
+      continue;
+    r = p_enable(kinds[i]);
+    if (r == CUPTI_SUCCESS) enabled++;
+    else if (kinds[i] == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+      snprintf(g_status, sizeof g_status, "cuptiActivityEnable(kernels): %s (%d)", cupti_error(r), (int)r);
+      snprintf(g_ended, sizeof g_ended, "not started");
+      warn(g_status);
+      write_meta(1);
+      return -1;
+    }
+  }
+  if (!g_off_api) enabled += enable_api() > 0;
+  const char* flush_ms = getenv("PASTAPROF_FLUSH_MS");
+  if (p_flush_period) p_flush_period(flush_ms && atoi(flush_ms) > 0 ? (uint32_t)atoi(flush_ms) : 2000);
+  snprintf(g_status, sizeof g_status, "ok");
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+  g_state = 1;
+  atexit(at_exit);
+  install_signals();
+  write_meta(0);
+  return 0;
+}
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static const char* g_start_mode = "cuda_injection";
+static void start_once(void) {
+  if (start_capture(g_start_mode) != 0) g_state = 2;
+}
+
+/* The CUDA driver's injection entry point (CUDA_INJECTION64_PATH), called at cuInit. */
+EXPORT int InitializeInjection(void) {
+  pthread_once(&g_once, start_once);
+  return 1; /* never fail the program's cuInit */
+}
+
+/* NVTX's (NVTX_INJECTION64_PATH): capture starts (if it has not), then CUPTI's own NVTX
+ * injection takes the calls, which become MARKER records.  0 (NVTX stays a no-op) where
+ * capture is off, as without pastaprof. */
+EXPORT int InitializeInjectionNvtx2(void* get_export_table) {
+  g_start_mode = "nvtx_injection";
+  pthread_once(&g_once, start_once);
+  if (g_state != 1 || !g_cupti) return 0;
+  nvtx_init_t init = (nvtx_init_t)dlsym(g_cupti, "InitializeInjectionNvtx2");
+  return init ? init(get_export_table) : 0;
+}
+
+/* LD_PRELOAD with PASTAPROF_NATIVE_EAGER=1: capture starts when the program loads. */
+__attribute__((constructor)) static void preload(void) {
+  const char* eager = getenv("PASTAPROF_NATIVE_EAGER");
+  if (eager && strcmp(eager, "1") == 0) {
+    g_start_mode = "preload";
+    pthread_once(&g_once, start_once);
+  }
+}
+
+/* ---- test-only entry point: synthetic CUPTI records through decode() and the writer ----------- */
+/* Writes into $PASTAPROF_OUT/native as a capture would: `kernels` kernel records (names
+ * "kernel_<i % names>" mangled as _Z..v where `mangled`), one runtime cudaLaunchKernel record per
+ * kernel (cbid 211 unless the libcupti knows names), `copies` HtoD memcpy records of 4096*(i+1)
+ * bytes, one NVTX range per 10 kernels (domain "pp"), and one alloc + one free.  Installs the
+ * exit and signal handlers as a capture does; returns 0, or -1 when the files cannot be made. */
+EXPORT int pp_inject_selftest(int kernels, int names, int copies, int mangled) {
+  pthread_mutex_lock(&g_mu);
+  g_stat[PP_STAT_PID] = getpid();
+  g_started_ns = now_ns();
+  g_rank = env_rank();
+  g_mode = "selftest";
+  read_settings();
+  if (alloc_tables() != 0 || open_files() != 0) {
+    pthread_mutex_unlock(&g_mu);
+    return -1;
+  }
+  p_demangle = (demangle_t)dlsym(RTLD_DEFAULT, "__cxa_demangle");
+  if (!p_demangle) {
+    void* cxx = dlopen("libstdc++.so.6", RTLD_NOW | RTLD_GLOBAL);
+    if (cxx) p_demangle = (demangle_t)dlsym(cxx, "__cxa_demangle");
+  }
+  if (getenv("PASTAPROF_NATIVE_CUPTI")) bind_cupti(); /* API names through cuptiGetCallbackName, if it loads */
+  snprintf(g_status, sizeof g_status, "ok");
+  g_state = 1;
+  static char namebuf[256][64];
+  int64_t t = 1700000000000000000LL;
+  for (int i = 0; i < kernels; ++i) {
+    CUpti_ActivityKernel10 k;
+    memset(&k, 0, sizeof k);
+    k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+    int n = i % (names > 0 && names <= 256 ? names : 1);
+    if (mangled) snprintf(namebuf[n], sizeof namebuf[n], "_Z8kernel_%dv", n);
+    else snprintf(namebuf[n], sizeof namebuf[n], "kernel_%d", n);
+    k.name = namebuf[n];
+    k.start = (uint64_t)(t + 1000LL * i);
+    k.end = k.start + 500;
+    k.deviceId = 0;
+    k.streamId = 7;
+    k.correlationId = (uint32_t)(2 * i + 1);
+    k.gridX = (int32_t)(i + 1); k.gridY = 1; k.gridZ = 1;
+    k.blockX = 256; k.blockY = 1; k.blockZ = 1;
+    k.registersPerThread = 32;
+    k.staticSharedMemory = 1024;
+    k.dynamicSharedMemory = (uint32_t)i;
+    decode((CUpti_Activity*)&k);
+    CUpti_ActivityAPI a;
+    memset(&a, 0, sizeof a);
+    a.kind = CUPTI_ACTIVITY_KIND_RUNTIME;
+    a.cbid = CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000;
+    a.start = k.start - 300;
+    a.end = k.start - 100;
+    a.processId = (uint32_t)getpid();
+    a.threadId = 42;
+    a.correlationId = k.correlationId;
+    decode((CUpti_Activity*)&a);
+    if (i % 10 == 0) {
+      CUpti_ActivityMarker2 m;
+      memset(&m, 0, sizeof m);
+      m.kind = CUPTI_ACTIVITY_KIND_MARKER;
+      m.flags = CUPTI_ACTIVITY_FLAG_MARKER_START;
+      m.timestamp = (uint64_t)(k.start - 400);
+      m.id = (uint32_t)(i / 10 + 1);
+      m.objectKind = CUPTI_ACTIVITY_OBJECT_THREAD;
+      m.objectId.pt.processId = (uint32_t)getpid();
+      m.objectId.pt.threadId = 42;
+      char rn[32];
+      snprintf(rn, sizeof rn, "step %d", i / 10);
+      m.name = rn;
+      m.domain = "pp";
+      decode((CUpti_Activity*)&m);
+      m.flags = CUPTI_ACTIVITY_FLAG_MARKER_END;
+      m.timestamp = (uint64_t)(k.end + 50);
+      m.name = NULL;
+      m.domain = NULL;
+      decode((CUpti_Activity*)&m);
+    }
+  }
+  for (int i = 0; i < copies; ++i) {
+    CUpti_ActivityMemcpy6 m;
+    memset(&m, 0, sizeof m);
+    m.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
+    m.copyKind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOD;
+    m.bytes = 4096ull * (uint64_t)(i + 1);
+    m.start = (uint64_t)(t - 100000 + 1000LL * i);
+    m.end = m.start + 700;
+    m.streamId = 7;
+    m.correlationId = (uint32_t)(1000000 + i);
+    decode((CUpti_Activity*)&m);
+  }
+  for (int op = 1; op <= 2; ++op) {
+    CUpti_ActivityMemory4 m;
+    memset(&m, 0, sizeof m);
+    m.kind = CUPTI_ACTIVITY_KIND_MEMORY2;
+    m.memoryOperationType = op == 1 ? CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION
+                                    : CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE;
+    m.memoryKind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE;
+    m.address = 0x7f0000000000ull;
+    m.bytes = 1 << 20;
+    m.timestamp = (uint64_t)(t - 200000 + op * 150000000LL);
+    m.processId = (uint32_t)getpid();
+    decode((CUpti_Activity*)&m);
+  }
+  stage_flush();
+  write_meta(0);
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+  atexit(at_exit);
+  install_signals();
+  pthread_mutex_unlock(&g_mu);
+  return 0;
+}

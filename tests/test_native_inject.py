@@ -1,0 +1,379 @@
+"""The injection library for native CUDA programs (native/inject.c) and its reader
+(handlers/native_program.py), on a machine without a GPU: the library is built from source,
+loaded into real C programs built here, and its own writer (``pp_inject_selftest``: synthetic
+CUPTI records through the same decode and write path a capture takes) makes the files the
+reader turns into event tables.  The GPU half is scripts/gpu-native."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pastaprof import native
+from pastaprof.handlers import native_program as npg
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or not native.cupti_include_dirs(),
+                                reason="needs gcc and the CUPTI headers")
+
+SELFTEST = r"""
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+static void on_term(int s) { printf("program handler %d\n", s); fflush(stdout); _exit(7); }
+int main(int argc, char** argv) {
+  void* h = dlopen(argv[1], RTLD_NOW);
+  if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 3; }
+  int (*st)(int, int, int, int) = (int (*)(int, int, int, int))dlsym(h, "pp_inject_selftest");
+  const char* how = argc > 2 ? argv[2] : "exit";
+  int kernels = argc > 3 ? atoi(argv[3]) : 25;
+  if (!strcmp(how, "own")) signal(SIGTERM, on_term);
+  int r = st(kernels, 3, 4, 1);
+  printf("selftest %d\n", r);
+  fflush(stdout);
+  if (!strcmp(how, "abort")) abort();
+  if (!strcmp(how, "term") || !strcmp(how, "own")) raise(SIGTERM);
+  if (!strcmp(how, "kill")) raise(SIGKILL);
+  if (!strcmp(how, "child")) { if (fork() == 0) _exit(0); }
+  return 5;
+}
+"""
+
+PLAIN = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+int main(int argc, char** argv) {
+  printf("hello %d\n", argc);
+  fflush(stdout);
+  if (argc > 1) {
+    void* h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) { fprintf(stderr, "app: no libcuda\n"); return 4; }
+    int (*init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
+    int r = init(0);
+    printf("cuInit %d\n", r);
+    return r ? 6 : 0;
+  }
+  return 3;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory) -> Path:
+    os.environ.setdefault("PASTAPROF_CACHE", str(tmp_path_factory.mktemp("cache")))
+    return native.build_inject()
+
+
+def _cc(tmp: Path, name: str, source: str) -> Path:
+    src = tmp / f"{name}.c"
+    src.write_text(source)
+    exe = tmp / name
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(src), "-ldl"], check=True, capture_output=True)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("programs")
+    return {"selftest": _cc(d, "selftest", SELFTEST), "plain": _cc(d, "plain", PLAIN)}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PASTAPROF_", "CUDA_INJECTION", "NVTX_INJ"))}
+    env.update(extra)
+    return env
+
+
+def _selftest(programs, lib, out: Path, how: str = "exit", kernels: int = 25, **extra: str):
+    return subprocess.run([str(programs["selftest"]), str(lib), how, str(kernels)], capture_output=True, text=True,
+                          env=_env(PASTAPROF_OUT=str(out), **extra), timeout=60)
+
+
+def _one(out: Path, kernels: str | None = None):
+    metas = sorted((out / "native").glob("rank-*-pid-*.json"))
+    assert len(metas) == 1, metas
+    return npg.read_process(metas[0].with_suffix(""), kernels)
+
+
+# ---- the library -----------------------------------------------------------------------------
+
+def test_library_exports_entry_points_and_needs_no_libcupti(lib):
+    so = ctypes.CDLL(str(lib))
+    for sym in ("InitializeInjection", "InitializeInjectionNvtx2", "pp_inject_selftest"):
+        assert hasattr(so, sym)
+    # only the C library's own dependencies: libcupti is dlopen'ed at run time
+    needed = subprocess.run(["ldd", str(lib)], capture_output=True, text=True).stdout
+    assert "cupti" not in needed and "libcuda" not in needed and "libstdc++" not in needed
+    assert not hasattr(so, "decode") and not hasattr(so, "intern")  # -fvisibility=hidden
+
+
+def test_python_process_is_left_to_the_python_session(lib, tmp_path):
+    """The driver calls InitializeInjection in every CUDA process, Python ones too: there the
+    library does nothing (pastaprof's Python session captures; never two CUPTI clients)."""
+    code = (f"import ctypes; so = ctypes.CDLL({str(lib)!r}); print(so.InitializeInjection()); "
+            f"print(so.InitializeInjectionNvtx2(None))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=_env(PASTAPROF_OUT=str(tmp_path)), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "0"]  # cuInit never fails; NVTX stays a no-op
+    assert r.stderr == ""
+    assert not (tmp_path / "native").exists()
+    maps = subprocess.run([sys.executable, "-c", code + "; print(open('/proc/self/maps').read())"],
+                          capture_output=True, text=True, env=_env(PASTAPROF_OUT=str(tmp_path))).stdout
+    assert "libcupti" not in maps
+
+
+@pytest.mark.parametrize("args", [[], ["cuda"]])
+def test_program_unchanged_by_the_injection_variables(lib, programs, tmp_path, args):
+    """CUDA_INJECTION64_PATH / NVTX_INJECTION64_PATH as `pastaprof run` sets them, on a program
+    with no CUDA and on one whose libcuda load fails (no driver here): same output and exit code."""
+    bare = subprocess.run([str(programs["plain"]), *args], capture_output=True, text=True, env=_env())
+    inj = subprocess.run([str(programs["plain"]), *args], capture_output=True, text=True,
+                         env=_env(PASTAPROF_OUT=str(tmp_path), CUDA_INJECTION64_PATH=str(lib),
+                                  NVTX_INJECTION64_PATH=str(lib), PASTAPROF_RUN_PARENT="1"))
+    assert (inj.returncode, inj.stdout, inj.stderr) == (bare.returncode, bare.stdout, bare.stderr)
+    assert bare.returncode == (4 if args else 3)
+
+
+def test_no_gpu_is_one_line_and_the_program_goes_on(lib, programs, tmp_path):
+    """Loaded eagerly (LD_PRELOAD) where there is no CUDA driver: one warning line, the program's
+    own output and exit code as without it; the process's header says why."""
+    env = _env(PASTAPROF_OUT=str(tmp_path), LD_PRELOAD=str(lib), PASTAPROF_NATIVE_EAGER="1")
+    for args, code in (([], 3), (["cuda"], 4)):
+        bare = subprocess.run([str(programs["plain"]), *args], capture_output=True, text=True, env=_env())
+        r = subprocess.run([str(programs["plain"]), *args], capture_output=True, text=True, env=env)
+        assert (r.returncode, r.stdout) == (bare.returncode, bare.stdout) == (code, bare.stdout)
+        ours = [ln for ln in r.stderr.splitlines() if ln.startswith("pastaprof:")]
+        assert len(ours) == 1 and "no CUDA driver" in ours[0], r.stderr
+        assert [ln for ln in r.stderr.splitlines() if not ln.startswith("pastaprof:")] == bare.stderr.splitlines()
+    # under `pastaprof run` the line is the run's (printed once by the launcher), not the library's
+    r = subprocess.run([str(programs["plain"])], capture_output=True, text=True,
+                       env={**env, "PASTAPROF_RUN_PARENT": "1"})
+    assert r.stderr == "" and r.returncode == 3
+    meta, tables, status = _one_latest(tmp_path)
+    assert tables == {} and "no CUDA driver" in status["native"] and meta["ended"] == "not started"
+
+
+def _one_latest(out: Path):
+    metas = sorted((out / "native").glob("rank-*-pid-*.json"), key=lambda p: p.stat().st_mtime_ns)
+    return npg.read_process(metas[-1].with_suffix(""))
+
+
+# ---- the writer and the reader -----------------------------------------------------------------
+
+def test_records_become_the_right_columns(lib, programs, tmp_path):
+    r = _selftest(programs, lib, tmp_path, "exit", 25)
+    assert (r.returncode, r.stdout) == (5, "selftest 0\n") and r.stderr == ""
+    meta, t, status = _one(tmp_path)
+    assert status == {} and meta["complete"] is True and meta["ended"] == "exit"
+    assert meta["stats"]["kernels_seen"] == 25 and meta["stats"]["records"] == 25 + 25 + 6 + 4 + 2
+    assert {k: v.num_rows for k, v in t.items()} == {"kernel": 25, "api": 25, "range": 3, "memcpy": 4, "alloc": 1,
+                                                     "free": 1}
+    k = t["kernel"].to_pydict()
+    i = np.arange(25)
+    t0 = 1700000000000000000
+    assert k["start_ns"] == (t0 + 1000 * i).tolist() and k["end_ns"] == (t0 + 1000 * i + 500).tolist()
+    assert k["name"] == [f"kernel_{j % 3}()" for j in range(25)]  # demangled _Z8kernel_Nv
+    assert k["grid_x"] == (i + 1).tolist() and set(k["block_x"]) == {256} and set(k["registers"]) == {32}
+    assert k["shared_bytes"] == (1024 + i).tolist() and k["correlation"] == (2 * i + 1).tolist()
+    assert set(k["stream"]) == {7} and set(k["device"]) == {0} and set(k["pid"]) == {meta["pid"]}
+    a = t["api"].to_pydict()
+    assert a["correlation"] == k["correlation"] and set(a["api_kind"]) == {"runtime"} and set(a["tid"]) == {42}
+    assert (np.array(a["end_ns"]) < np.array(k["start_ns"])).all()
+    rg = t["range"].to_pydict()
+    assert rg["name"] == ["step 0", "step 1", "step 2"] and set(rg["domain"]) == {"nvtx:pp"}
+    assert rg["start_ns"] == [t0 + 10000 * j - 400 for j in range(3)]
+    assert rg["end_ns"] == [t0 + 10000 * j + 550 for j in range(3)]
+    m = t["memcpy"].to_pydict()
+    assert sorted(m["bytes"]) == [4096, 8192, 12288, 16384] and set(m["direction"]) == {"HtoD"}
+    assert t["alloc"]["bytes"].to_pylist() == [1 << 20] and t["free"]["memory_kind"].to_pylist() == ["device"]
+    assert t["alloc"]["address"].to_pylist() == t["free"]["address"].to_pylist() == [0x7F0000000000]
+
+
+def test_sample_and_kernel_regex(lib, programs, tmp_path):
+    r = _selftest(programs, lib, tmp_path / "s", PASTAPROF_SAMPLE="4")
+    meta, t, _ = _one(tmp_path / "s")
+    assert t["kernel"]["grid_x"].to_pylist() == [4, 8, 12, 16, 20, 24]  # every 4th launch (grid_x = launch)
+    assert meta["stats"]["sampled_out"] == 19 and r.returncode == 5
+    # a POSIX ERE: applied in the library
+    _selftest(programs, lib, tmp_path / "p", PASTAPROF_KERNELS="kernel_[02]")
+    meta, t, _ = _one(tmp_path / "p")
+    assert meta["kernel_filter"] == "posix"
+    assert t["kernel"].num_rows == sum(1 for j in range(25) if j % 3 != 1)
+    assert set(t["kernel"]["name"].to_pylist()) == {"kernel_0()", "kernel_2()"}
+    # Python-only syntax (a lookahead): recorded in full, filtered by the reader with Python's re
+    _selftest(programs, lib, tmp_path / "y", PASTAPROF_KERNELS=r"kernel_(?!1)\d")
+    meta, t, _ = _one(tmp_path / "y", kernels=r"kernel_(?!1)\d")
+    assert meta["kernel_filter"] == "python"
+    assert set(t["kernel"]["name"].to_pylist()) == {"kernel_0()", "kernel_2()"} and t["kernel"].num_rows == 17
+
+
+@pytest.mark.parametrize("how,code,ended,line", [
+    ("abort", -signal.SIGABRT, "signal 6", ""),
+    ("term", -signal.SIGTERM, "signal 15", ""),
+    ("own", 7, "signal 15", "program handler 15\n"),
+    ("kill", -signal.SIGKILL, "running", ""),
+])
+def test_exits_and_signals(lib, programs, tmp_path, how, code, ended, line):
+    """Flushed on abort() and signals, the program's own handler chained (its output and exit
+    code), a default action repeated (the death by signal unchanged); after SIGKILL, what was
+    written before it is still read, with one status line."""
+    r = _selftest(programs, lib, tmp_path, how)
+    assert r.returncode == code and r.stdout == "selftest 0\n" + line
+    meta, t, status = _one(tmp_path)
+    assert meta["ended"] == ended and t["kernel"].num_rows == 25 and t["range"].num_rows == 3
+    if how == "kill":
+        assert meta["complete"] is False and "final flush" in status["native_end"]
+    else:
+        assert f"ended by {ended}" in status.get("native_end", f"ended by {ended}")
+
+
+def test_forked_child_leaves_the_parents_files(lib, programs, tmp_path):
+    r = _selftest(programs, lib, tmp_path, "child")
+    assert r.returncode == 5
+    meta, t, status = _one(tmp_path)  # one process's files: the child's exit did not rewrite them
+    assert meta["complete"] is True and meta["pid"] != 0 and t["kernel"].num_rows == 25
+
+
+def test_ranks_and_processes_each_write_their_files(lib, programs, tmp_path):
+    for rank_var, rank in (("OMPI_COMM_WORLD_RANK", "1"), ("SLURM_PROCID", "3"), ("RANK", "2")):
+        _selftest(programs, lib, tmp_path, "exit", 5, **{rank_var: rank})
+    names = sorted(p.name.split("-pid-")[0] for p in (tmp_path / "native").glob("*.json"))
+    assert names == ["rank-1", "rank-2", "rank-3"]
+    # PASTAPROF_RANKS: a rank not selected records nothing, and says so
+    _selftest(programs, lib, tmp_path / "r", "exit", 5, RANK="2", PASTAPROF_RANKS="0-1,3")
+    meta = json.loads(next((tmp_path / "r" / "native").glob("*.json")).read_text())
+    assert meta["rank"] == 2
+
+
+def test_convert_makes_a_run_every_tool_reads(lib, programs, tmp_path):
+    run = tmp_path / "run"
+    _selftest(programs, lib, run, "exit", 25, RANK="1")
+    _selftest(programs, lib, run, "exit", 7, RANK="0")
+    rows = npg.convert(run)
+    assert rows == {"kernel": 32, "api": 32, "range": 3 + 1, "memcpy": 8, "alloc": 2, "free": 2}
+    assert not (run / "native").exists() and len(list((run / "shards").glob("*.json"))) == 2
+    from pastaprof.store.compact import compact
+
+    manifest = compact(run, command=["./app"], exit_code=5)
+    assert manifest["rows"]["kernel"] == 32 and manifest["ranks"] == [0, 1]
+    import duckdb
+
+    con = duckdb.connect()
+    n = con.execute(f"select count(*), count(distinct name) from '{run}/kernel/*.parquet'").fetchone()
+    assert n == (32, 3)
+    from pastaprof.api import analyze
+
+    reports = analyze(run, tools=["kernels"])
+    assert reports and reports[0].tables  # a native program's run through a real tool
+
+
+# ---- hostile files ---------------------------------------------------------------------------
+
+def test_damaged_files_lose_only_their_damage(lib, programs, tmp_path):
+    _selftest(programs, lib, tmp_path, "exit", 25)
+    base = next((tmp_path / "native").glob("*.json")).with_suffix("")
+    rec = base.with_suffix(".rec")
+    data = rec.read_bytes()
+    rec.write_bytes(data[:-200])  # cut inside the second-to-last record
+    _, t, status = npg.read_process(base)
+    total = sum(x.num_rows for x in t.values())
+    assert total == 25 + 25 + 3 + 4 + 2 - 2 and "partial record" in status["native_records"]  # 6 markers: 3 ranges
+    s = base.with_suffix(".str")
+    s.write_bytes(s.read_bytes()[:-3])  # the last string cut: its rows keep a null name
+    _, t, _ = npg.read_process(base)
+    assert sum(x.num_rows for x in t.values()) == 57
+    rec.write_bytes(b"\0" * 128 + data[128:])  # a header that is not ours
+    _, t, status = npg.read_process(base)
+    assert t == {} and "header" in status["native_records"]
+    base.with_suffix(".json").write_text("{not json")
+    _, t, status = npg.read_process(base)
+    assert t == {} and "unreadable" in status["native"]
+
+
+def test_reader_fuzz_never_raises(lib, programs, tmp_path):
+    """Fixed-seed fuzzing of the record and string files: flipped words, random kinds and ids,
+    random string entries; the reader returns tables or a status, never an exception."""
+    _selftest(programs, lib, tmp_path, "exit", 40)
+    base = next((tmp_path / "native").glob("*.json")).with_suffix("")
+    rec0 = base.with_suffix(".rec").read_bytes()
+    str0 = base.with_suffix(".str").read_bytes()
+    rng = np.random.default_rng(1234)
+    for _ in range(150):
+        words = np.frombuffer(rec0, "<i8").copy()
+        body = words[16:]
+        idx = rng.integers(0, len(body), size=rng.integers(1, 40))
+        body[idx] = rng.choice([-1, 0, 1, 7, 8, 2**31, -(2**62), 2**62], size=len(idx))
+        body[rng.integers(0, len(body) // 16, 5) * 16] = rng.integers(-2, 10, 5)  # kinds
+        raw = words.tobytes()[: rng.integers(128, len(rec0) + 1)]
+        sb = bytearray(str0)
+        for j in rng.integers(0, len(sb), size=rng.integers(0, 8)):
+            sb[j] = int(rng.integers(0, 256))
+        base.with_suffix(".rec").write_bytes(raw)
+        base.with_suffix(".str").write_bytes(bytes(sb[: rng.integers(0, len(sb) + 1)]))
+        meta, tables, status = npg.read_process(base)
+        for tb in tables.values():
+            tb.validate(full=True)
+
+
+def test_convert_ignores_foreign_names_and_links(tmp_path):
+    d = tmp_path / "native"
+    d.mkdir()
+    (d / "notes.txt").write_text("x")
+    (d / "rank-0-pid-1.json").symlink_to("/etc/passwd")
+    assert npg.convert(tmp_path) == {}
+    assert not d.exists()
+    link_run = tmp_path / "r2"
+    link_run.mkdir()
+    (link_run / "native").symlink_to(tmp_path)  # a link is never followed (nor removed through)
+    assert npg.convert(link_run) == {} and tmp_path.exists()
+
+
+# ---- before the program starts ------------------------------------------------------------
+
+def test_prepare_sets_the_injection_and_says_why_not(lib, tmp_path, monkeypatch):
+    cupti = native.system_libcupti()
+    if cupti is None:
+        pytest.skip("no libcupti on this machine")
+    env: dict[str, str] = {}
+    assert npg.prepare(env, ["./app"]) is None
+    assert env["CUDA_INJECTION64_PATH"] == str(lib) and env["NVTX_INJECTION64_PATH"] == str(lib)
+    assert env["PASTAPROF_NATIVE_CUPTI"] == cupti
+    env = {"NVTX_INJECTION64_PATH": "/opt/nsys/libinj.so"}
+    assert npg.prepare(env, ["./app"]) is None and env["NVTX_INJECTION64_PATH"] == "/opt/nsys/libinj.so"
+    msg = npg.prepare({"CUDA_INJECTION64_PATH": "/x.so"}, ["./app"])
+    assert msg and "\n" not in msg and "already set" in msg
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    msg = npg.prepare({}, ["./app"])
+    assert msg and "\n" not in msg and "compiler" in msg
+    monkeypatch.delenv("CC")
+    monkeypatch.setenv("PASTAPROF_NATIVE_CUPTI", str(tmp_path / "missing.so"))
+    msg = npg.prepare({}, ["./app"])
+    assert msg and "libcupti" in msg and "\n" not in msg
+    assert npg.prepare({"PASTAPROF_NATIVE_INJECT": "0"}, ["./app"]) is None
+
+
+def test_missing_headers_are_one_line(monkeypatch):
+    monkeypatch.setattr(native, "cupti_include_dirs", lambda: [])
+    with pytest.raises(RuntimeError, match="CUPTI headers not found"):
+        native.build_inject()
+
+
+def test_python_commands_are_recognized(tmp_path, programs):
+    script = tmp_path / "train.py"
+    script.write_text("#!/usr/bin/env python3\nprint(1)\n")
+    assert npg.is_python_command([sys.executable, "x.py"]) and npg.is_python_command(["python3.12"])
+    assert npg.is_python_command([str(script)])
+    assert not npg.is_python_command([str(programs["plain"])]) and not npg.is_python_command(["mpirun", "-np", "2"])
+    assert not npg.is_python_command([])
