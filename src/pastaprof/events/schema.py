@@ -95,6 +95,19 @@ _SPECIFIC: dict[str, list[pa.Field]] = {
         pa.field("input_ptrs", pa.list_(pa.int64())),
         pa.field("module", NAME),
         pa.field("call_site", NAME),
+        # From a PyTorch execution trace (importers/execution_trace.py), null elsewhere: the
+        # RecordFunction id, the ET node and its parent, the op schema, one tensor id per
+        # argument / output (null: not a tensor), output shapes/dtypes (JSON) and ``data_deps``:
+        # the ET ids of the ops that produced the op's input tensors.
+        pa.field("rf_id", pa.int64()),
+        pa.field("et_id", pa.int64()),
+        pa.field("et_parent", pa.int64()),
+        pa.field("op_schema", NAME),
+        pa.field("input_tensor_ids", pa.list_(pa.int64())),
+        pa.field("output_tensor_ids", pa.list_(pa.int64())),
+        pa.field("output_shapes", NAME),
+        pa.field("output_dtypes", NAME),
+        pa.field("data_deps", pa.list_(pa.int64())),
     ],
     # A caching-allocator block event. ``bytes`` is negative on free.
     "tensor": [
