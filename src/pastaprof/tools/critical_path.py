@@ -1,0 +1,14 @@
+"""critical_path -- being written (placeholder so the registered entry point loads)."""
+
+from __future__ import annotations
+
+from pastaprof.tools.base import Report, Tool
+
+
+class CriticalPath(Tool):
+    name = "critical_path"
+    description = "(in progress)"
+    consumes = ("kernel",)
+
+    def report(self) -> Report:
+        return Report(self.name, summary={"note": "not available yet"})
