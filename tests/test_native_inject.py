@@ -346,22 +346,25 @@ def test_prepare_sets_the_injection_and_says_why_not(lib, tmp_path, monkeypatch)
     cupti = native.system_libcupti()
     if cupti is None:
         pytest.skip("no libcupti on this machine")
-    env: dict[str, str] = {}
+    env: dict[str, str] = {"PASTAPROF_NATIVE_INJECT": "1"}  # prepared though this machine has no driver
     assert npg.prepare(env, ["./app"]) is None
     assert env["CUDA_INJECTION64_PATH"] == str(lib) and env["NVTX_INJECTION64_PATH"] == str(lib)
     assert env["PASTAPROF_NATIVE_CUPTI"] == cupti
-    env = {"NVTX_INJECTION64_PATH": "/opt/nsys/libinj.so"}
+    env = {"NVTX_INJECTION64_PATH": "/opt/nsys/libinj.so", "PASTAPROF_NATIVE_INJECT": "1"}
     assert npg.prepare(env, ["./app"]) is None and env["NVTX_INJECTION64_PATH"] == "/opt/nsys/libinj.so"
-    msg = npg.prepare({"CUDA_INJECTION64_PATH": "/x.so"}, ["./app"])
+    msg = npg.prepare({"CUDA_INJECTION64_PATH": "/x.so", "PASTAPROF_NATIVE_INJECT": "1"}, ["./app"])
     assert msg and "\n" not in msg and "already set" in msg
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    msg = npg.prepare({}, ["./app"])
+    msg = npg.prepare({"PASTAPROF_NATIVE_INJECT": "1"}, ["./app"])
     assert msg and "\n" not in msg and "compiler" in msg
     monkeypatch.delenv("CC")
     monkeypatch.setenv("PASTAPROF_NATIVE_CUPTI", str(tmp_path / "missing.so"))
-    msg = npg.prepare({}, ["./app"])
+    msg = npg.prepare({"PASTAPROF_NATIVE_INJECT": "1"}, ["./app"])
     assert msg and "libcupti" in msg and "\n" not in msg
     assert npg.prepare({"PASTAPROF_NATIVE_INJECT": "0"}, ["./app"]) is None
+    if not npg.has_nvidia_driver():  # no driver: no CUDA program can run, nothing is prepared or said
+        env = {}
+        assert npg.prepare(env, ["./app"]) is None and env == {}
 
 
 def test_missing_headers_are_one_line(monkeypatch):

@@ -69,8 +69,9 @@ def is_python_command(command: list[str]) -> bool:
 def prepare(env: dict[str, str], command: list[str]) -> str | None:
     """Set ``env`` up so that native CUDA processes of ``command`` are captured.  Returns None,
     or one line saying why native capture is off (the program then runs unchanged)."""
-    if env.get("PASTAPROF_NATIVE_INJECT") == "0":
-        return None
+    setting = env.get("PASTAPROF_NATIVE_INJECT", "")
+    if setting == "0" or (setting != "1" and not has_nvidia_driver()):
+        return None  # no CUDA program can run here: nothing to say
     from pastaprof import native
 
     if env.get("CUDA_INJECTION64_PATH"):
@@ -89,6 +90,35 @@ def prepare(env: dict[str, str], command: list[str]) -> str | None:
     env["PASTAPROF_NATIVE_CUPTI"] = libcupti
     env.setdefault("NVTX_INJECTION64_PATH", str(lib))  # a user's own NVTX tool (nsys) keeps its place
     return None
+
+
+def has_nvidia_driver() -> bool:
+    """Whether this machine has NVIDIA's kernel driver (without it no CUDA program runs, and
+    native capture is not prepared; PASTAPROF_NATIVE_INJECT=1 prepares it anyway)."""
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
+
+
+def launch_hook(env: dict[str, str], command: list[str]) -> None:
+    """The launcher's step before the program starts: native capture prepared for any program
+    that is not Python (a shell script or ``mpirun`` may start native CUDA programs); why it is
+    off, where it is, in one line."""
+    if is_python_command(command):
+        return
+    try:
+        line = prepare(env, command)
+    except Exception as e:  # noqa: BLE001 -- never keep the program from starting
+        line = f"native capture off: {type(e).__name__}: {e}"
+    if line:
+        note(line)
+
+
+def finish_hook(run_dir: Path, kernels: str | None) -> None:
+    """The launcher's step after the program ended, before compaction: the native processes'
+    files -> parts.  A failure (disk full) is one warning; the rest of the run is stored."""
+    try:
+        convert(run_dir, kernels)
+    except Exception as e:  # noqa: BLE001 -- the Python processes' events are still stored
+        note(f"warning: native programs' events not stored: {type(e).__name__}: {e}")
 
 
 # ---- after the program ended: files -> parts -------------------------------------------------

@@ -1,0 +1,233 @@
+"""The GPU checks of native-program capture (scripts/gpu-native runs this on the H200).
+
+Builds examples/native/*.cu with nvcc, runs them bare and under ``pastaprof run``, and checks
+what the run stored against independent counts: the program's own (vecadd prints its
+launches, copies and NVTX ranges), ``ncu``'s list of kernels (cuBLAS / cuFFT), and the exit
+codes and output of the bare runs.  Prints one line per check and writes results.json.
+
+    python3 scripts/gpu_native_check.py OUT [--parts build,vecadd,libs,loop,exits,procs,python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EX = ROOT / "examples" / "native"
+RESULTS: dict[str, object] = {}
+FAILED: list[str] = []
+
+
+def check(name: str, ok: bool, detail: str) -> None:
+    print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
+    RESULTS[name] = {"ok": ok, "detail": detail}
+    if not ok:
+        FAILED.append(name)
+
+
+def sh(cmd: list[str], timeout: int = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def pastaprof_run(out: Path, cmd: list[str], extra_env: dict[str, str] | None = None, flags: list[str] | None = None,
+                  timeout: int = 300) -> subprocess.CompletedProcess:
+    shutil.rmtree(out, ignore_errors=True)
+    env = {**os.environ, **(extra_env or {})}
+    return sh([sys.executable, "-m", "pastaprof.cli", "run", "--out", str(out), *(flags or []), "--", *cmd],
+              timeout=timeout, env=env)
+
+
+def rows(run: Path, kind: str, where: str = "") -> int:
+    import duckdb
+
+    files = list((run / kind).glob("*.parquet"))
+    if not files:
+        return 0
+    return duckdb.connect().execute(f"select count(*) from read_parquet({[str(f) for f in files]!r}) {where}"
+                                    ).fetchone()[0]
+
+
+def build(bdir: Path) -> dict[str, Path]:
+    bdir.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, libs in (("vecadd", []), ("empty_loop", []), ("blas_fft", ["-lcublas", "-lcufft"])):
+        exe = bdir / name
+        r = sh(["nvcc", "-O2", "-arch=sm_90", "-o", str(exe), str(EX / f"{name}.cu"), *libs], timeout=240)
+        check(f"build {name}", r.returncode == 0, (r.stderr.strip().splitlines() or ["built"])[-1][:200])
+        out[name] = exe
+    return out
+
+
+def part_vecadd(exe: dict[str, Path], out: Path) -> None:
+    bare = sh([str(exe["vecadd"]), "50"])
+    r = pastaprof_run(out / "vecadd", [str(exe["vecadd"]), "50"])
+    run = out / "vecadd"
+    check("vecadd output and exit unchanged", (r.returncode, r.stdout) == (bare.returncode, bare.stdout),
+          f"bare {bare.returncode} {bare.stdout.strip()!r}; run {r.returncode}; stderr {r.stderr.strip()[-300:]!r}")
+    k = rows(run, "kernel")
+    check("vecadd kernels == program's count", k == 50, f"{k} stored, program launched 50")
+    m = rows(run, "memcpy")
+    h2d = rows(run, "memcpy", "where direction = 'HtoD'")
+    check("vecadd copies", (m, h2d) == (3, 2), f"{m} memcpy ({h2d} HtoD), program made 2 HtoD + 1 DtoH")
+    rg = rows(run, "range", "where domain = 'nvtx'")
+    check("vecadd NVTX ranges", rg == 5, f"{rg} ranges of domain nvtx, program pushed 5")
+    api = rows(run, "api", "where name like 'cudaLaunchKernel%'")
+    check("vecadd launch calls", api == 50, f"{api} cudaLaunchKernel rows")
+    al = rows(run, "alloc")
+    check("vecadd allocations", al >= 3, f"{al} alloc rows (3 cudaMalloc)")
+    grid = rows(run, "kernel", "where grid_x = 4096 and block_x = 256 and name like 'vecadd%'")
+    check("vecadd grid/block/name", grid == 50, f"{grid} kernels with grid 4096, block 256, name vecadd(...)")
+    ncu = ncu_kernels([str(exe["vecadd"]), "50"])
+    check("vecadd kernels == ncu", ncu == 50, f"ncu lists {ncu}")
+    a = sh([sys.executable, "-m", "pastaprof.cli", "analyze", str(run), "-t", "kernels"])
+    check("tools on a native run", a.returncode == 0 and "vecadd" in a.stdout, (a.stdout + a.stderr)[-300:])
+    RESULTS["vecadd_report"] = a.stdout[-3000:]
+    # sampling and the kernel regex, in the library
+    pastaprof_run(out / "vecadd-s", [str(exe["vecadd"]), "50"], flags=["--sample", "5"])
+    k = rows(out / "vecadd-s", "kernel")
+    check("--sample 5", k == 10, f"{k} kernels stored of 50")
+    pastaprof_run(out / "vecadd-k", [str(exe["vecadd"]), "50"], flags=["--kernels", "^nomatch"])
+    k = rows(out / "vecadd-k", "kernel")
+    check("--kernels ^nomatch", k == 0, f"{k} kernels stored")
+
+
+def ncu_kernels(cmd: list[str]) -> int | None:
+    if shutil.which("ncu") is None:
+        return None
+    r = sh(["ncu", "--clock-control", "none", "--csv", "--metrics", "gpu__time_duration.sum", *cmd], timeout=400)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith('"') and "gpu__time_duration.sum" in ln]
+    return len(lines) if r.returncode == 0 else None
+
+
+def part_libs(exe: dict[str, Path], out: Path) -> None:
+    bare = sh([str(exe["blas_fft"]), "20"])
+    r = pastaprof_run(out / "libs", [str(exe["blas_fft"]), "20"])
+    check("cublas/cufft output unchanged", (r.returncode, r.stdout) == (bare.returncode, bare.stdout),
+          f"{bare.stdout.strip()!r}; stderr {r.stderr.strip()[-300:]!r}")
+    k = rows(out / "libs", "kernel")
+    ncu = ncu_kernels([str(exe["blas_fft"]), "20"])
+    check("cublas/cufft kernels == ncu", k == ncu and k > 0, f"{k} stored, ncu lists {ncu}")
+
+
+def part_loop(exe: dict[str, Path], out: Path, rounds: int = 5) -> None:
+    def loop_s(text: str) -> float:
+        return float(text.split(" in ")[1].split()[0])
+
+    bare, traced, no_api, walls = [], [], [], {"bare": [], "run": []}
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        b = sh([str(exe["empty_loop"]), "100000"])
+        walls["bare"].append(time.perf_counter() - t0)
+        bare.append(loop_s(b.stdout))
+        t0 = time.perf_counter()
+        r = pastaprof_run(out / "loop", [str(exe["empty_loop"]), "100000"])
+        walls["run"].append(time.perf_counter() - t0)
+        traced.append(loop_s(r.stdout))
+        r2 = pastaprof_run(out / "loop-noapi", [str(exe["empty_loop"]), "100000"], {"PASTAPROF_OFF": "api"})
+        no_api.append(loop_s(r2.stdout))
+    k = rows(out / "loop", "kernel")
+    check("100,000 empty kernels counted", k == 100001, f"{k} stored (program launched 100,001)")
+    mb, mt, mn = statistics.median(bare), statistics.median(traced), statistics.median(no_api)
+    ratio = mt / mb
+    check("launch-bound loop <= 1.3x", ratio <= 1.3,
+          f"loop median bare {mb:.4f} s, under pastaprof {mt:.4f} s = {ratio:.2f}x; launch calls off "
+          f"(PASTAPROF_OFF=api) {mn:.4f} s = {mn / mb:.2f}x; whole process median bare "
+          f"{statistics.median(walls['bare']):.2f} s, pastaprof run {statistics.median(walls['run']):.2f} s")
+    RESULTS["loop_seconds"] = {"bare": bare, "pastaprof": traced, "pastaprof_off_api": no_api, "walls": walls}
+
+
+def part_exits(exe: dict[str, Path], out: Path) -> None:
+    bare = sh([str(exe["vecadd"]), "30", "abort"])
+    r = pastaprof_run(out / "abort", [str(exe["vecadd"]), "30", "abort"])
+    k = rows(out / "abort", "kernel")
+    check("abort(): exit and kernels", r.returncode == bare.returncode and k == 30,
+          f"exit bare {bare.returncode} run {r.returncode}; {k} kernels of 30")
+    run = out / "term"
+    shutil.rmtree(run, ignore_errors=True)
+    p = subprocess.Popen([sys.executable, "-m", "pastaprof.cli", "run", "--out", str(run), "--",
+                          str(exe["vecadd"]), "0", "spin"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    p.send_signal(signal.SIGTERM)
+    so, se = p.communicate(timeout=120)
+    k = rows(run, "kernel")
+    check("SIGTERM: run stored with the kernels so far", p.returncode in (-15, 143) and k > 1000,
+          f"exit {p.returncode}; {k} kernels; stderr {se.strip()[-200:]!r}")
+    # injection failure: a libcupti that does not load -> one line, the program unchanged
+    bad = out / "not-a-lib.so"
+    bad.write_text("x")
+    bare = sh([str(exe["vecadd"]), "10"])
+    r = pastaprof_run(out / "bad", [str(exe["vecadd"]), "10"], {"PASTAPROF_NATIVE_CUPTI": str(bad)})
+    lines = [ln for ln in r.stderr.splitlines() if "native capture" in ln or "libcupti" in ln]
+    check("injection failure: one line, program unchanged",
+          (r.returncode, r.stdout) == (bare.returncode, bare.stdout) and len(lines) == 1, repr(r.stderr[-400:]))
+
+
+def part_procs(exe: dict[str, Path], out: Path) -> None:
+    script = f"{exe['vecadd']} 10 && RANK=1 {exe['vecadd']} 20"
+    r = pastaprof_run(out / "procs", ["sh", "-c", script])
+    k = rows(out / "procs", "kernel")
+    ranks = json.loads((out / "procs" / "run.json").read_text()).get("ranks") if r.returncode == 0 else None
+    check("child processes: one shard each", k == 30 and ranks == [0, 1], f"{k} kernels of 10+20, ranks {ranks}")
+    mpirun = shutil.which("mpirun")
+    if mpirun:
+        r = pastaprof_run(out / "mpi", [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                                        str(exe["vecadd"]), "10"])
+        k = rows(out / "mpi", "kernel")
+        ranks = json.loads((out / "mpi" / "run.json").read_text()).get("ranks") if (out / "mpi").exists() else None
+        check("mpirun -np 2", k == 20 and ranks == [0, 1], f"{k} kernels, ranks {ranks}; {r.stderr[-200:]!r}")
+    else:
+        RESULTS["mpirun"] = "not on this machine"
+
+
+def part_python(out: Path) -> None:
+    """A torch program under `pastaprof run` (CUDA_INJECTION64_PATH is set for it too): the
+    Python session captures it, the library stays out (no native files, no CUPTI conflict)."""
+    code = "import torch; x = torch.ones(1000, device='cuda'); [x.add_(1) for _ in range(100)]; print(x[0].item())"
+    r = pastaprof_run(out / "py", [sys.executable, "-c", code])
+    k = rows(out / "py", "kernel")
+    mech = json.loads((out / "py" / "run.json").read_text())["processes"] if (out / "py" / "run.json").exists() else []
+    names = [list((p.get("handlers") or {}).keys()) for p in mech]
+    check("torch program: Python session only", r.returncode == 0 and k >= 100 and not any("native" in n for n in names),
+          f"{k} kernels, handlers {names}; stdout {r.stdout.strip()!r}; stderr {r.stderr.strip()[-300:]!r}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--parts", default="build,vecadd,libs,loop,exits,procs,python")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    parts = a.parts.split(",")
+    exe = build(Path("/tmp/pastaprof-native-build"))
+    runs = Path("/tmp/pastaprof-native-runs")  # the runs stay on the machine; results.json comes back
+    runs.mkdir(parents=True, exist_ok=True)
+    for name, fn in (("vecadd", part_vecadd), ("libs", part_libs), ("loop", part_loop), ("exits", part_exits),
+                     ("procs", part_procs)):
+        if name in parts:
+            t0 = time.perf_counter()
+            try:
+                fn(exe, runs)
+            except Exception as e:  # noqa: BLE001 -- one part's failure is reported, the others run
+                check(f"{name} part", False, f"{type(e).__name__}: {e}")
+            RESULTS[f"{name}_seconds"] = round(time.perf_counter() - t0, 1)
+    if "python" in parts:
+        try:
+            part_python(runs)
+        except Exception as e:  # noqa: BLE001
+            check("python part", False, f"{type(e).__name__}: {e}")
+    (a.out / "results.json").write_text(json.dumps(RESULTS, indent=1))
+    print(f"{len(FAILED)} failed: {FAILED}" if FAILED else "all native checks passed")
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
