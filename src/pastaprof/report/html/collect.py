@@ -62,6 +62,25 @@ def union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s[first], reach[last]
 
 
+def group_codes(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct key rows, the row of each event): per-column dense codes combined into one
+    int64 (a 1-D unique; ``np.unique(axis=0)`` sorts rows as void and is many times slower)."""
+    code = np.zeros(len(cols[0]), dtype=np.int64)
+    values = []
+    for col in cols:
+        vals, inv = np.unique(col, return_inverse=True)
+        code = code * len(vals) + inv.reshape(-1)
+        values.append(vals)
+    distinct, of = np.unique(code, return_inverse=True)
+    keys = np.empty((len(distinct), len(cols)), dtype=np.int64)
+    rest = distinct.copy()
+    for j in range(len(cols) - 1, -1, -1):
+        n = len(values[j])
+        keys[:, j] = values[j][rest % n]
+        rest //= n
+    return keys, of.reshape(-1)
+
+
 def _classes(kind: str, table: pa.Table) -> np.ndarray:
     """Class code per row: kernels by HTA's name rules (NCCL: communication), copies and
     memsets are memory."""
@@ -103,9 +122,7 @@ class TimeBins(Tool):
         bin_ns = max(1, -(-(t1 - t0) // BINS))
         edges = np.arange(BINS + 1, dtype=np.int64) * bin_ns
         start, end = c["start"] - t0, c["end"] - t0
-        lanes_key = np.stack([c["rank"], c["device"], c["stream"]], axis=1)
-        keys, lane_of = np.unique(lanes_key, axis=0, return_inverse=True)
-        lane_of = lane_of.reshape(-1)
+        keys, lane_of = group_codes(c["rank"], c["device"], c["stream"])
         order = np.argsort(lane_of, kind="stable")
         bounds = np.searchsorted(lane_of[order], np.arange(len(keys) + 1))
         streams, per_rank = [], {}
@@ -131,8 +148,7 @@ class TimeBins(Tool):
     def _devices(self, c: dict[str, np.ndarray], start: np.ndarray, end: np.ndarray,
                  edges: np.ndarray) -> list[dict[str, Any]]:
         """Per (rank, device): the union of its streams per bin (busy, any class)."""
-        keys, dev_of = np.unique(np.stack([c["rank"], c["device"]], axis=1), axis=0, return_inverse=True)
-        dev_of = dev_of.reshape(-1)
+        keys, dev_of = group_codes(c["rank"], c["device"])
         if len(keys) > MAX_DEVICE_LANES:
             return []
         order = np.argsort(dev_of, kind="stable")
