@@ -155,8 +155,11 @@ def cli() -> None:
 @click.option("--access-run", "access_run", type=click.Path(path_type=Path),
               help="uvm_advisor: an access run of the same program (pastaprof run -t working_set), to choose "
                    "between migrating an allocation and pinning it on the CPU.")
+@click.option("--html", "html_out", type=click.Path(path_type=Path),
+              help="Also write the HTML report here (one self-contained page; see `pastaprof report`).")
 def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path | None, ranks: str | None,
-            out: Path | None, rows: int, wide: bool, quiet: bool, uvm_plan: Path | None, access_run: Path | None) -> None:
+            out: Path | None, rows: int, wide: bool, quiet: bool, uvm_plan: Path | None, access_run: Path | None,
+            html_out: Path | None = None) -> None:
     """Run analysis tools on a trace file, a folder of per-rank traces, or a run directory."""
     from pastaprof.api import analyze as run_analyze
     from pastaprof.api import example_path
@@ -171,9 +174,14 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
     tool_list = _parse_tools(tools)
     from pastaprof.store.outputs import check_output_dir, check_output_file, is_stdout
 
-    for target in (json_out, uvm_plan):
+    for target in (json_out, uvm_plan, html_out):
         if target is not None:
             _run_guarded(lambda t=target: check_output_file(t))  # before the analysis, not after it
+    if html_out is not None:
+        from pastaprof.report import html as html_report
+
+        _run_guarded(html_report.check_available)
+        tool_list = html_report.tools_for(source, tool_list)
     if out is not None:
         _run_guarded(lambda: check_output_dir(out))
     for flag, given in (("--uvm-plan", uvm_plan), ("--access-run", access_run)):
@@ -191,8 +199,11 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
     def work() -> None:
         with _progress(source, quiet) as progress:
             reports = run_analyze(source, tools=tool_list, ranks=rank_list, progress=progress, out=out)
+        if html_out is not None:
+            reports, everything = html_report.split(reports)
+            html_report.write_html(everything, html_out, source=str(source))
         if not quiet:  # with --json on stdout, stdout carries the JSON alone
-            print_reports(reports, max_rows=rows, stderr=is_stdout(json_out) or is_stdout(uvm_plan),
+            print_reports(reports, max_rows=rows, stderr=is_stdout(json_out) or is_stdout(uvm_plan) or is_stdout(html_out),
                           wide=wide)
         if json_out is not None:
             write_json(reports, json_out, source=str(source))
@@ -204,6 +215,68 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
                 write_plan(rep, str(uvm_plan))
 
     _run_guarded(work)
+
+
+@cli.command("report")
+@click.argument("path", required=False, type=click.Path(path_type=Path))
+@click.option("--example", is_flag=True, help="Report on the bundled example (GPT-2 small, 3 training steps, H200).")
+@click.option("-o", "--out", "dest", required=True, type=click.Path(path_type=Path),
+              help="The HTML file to write (- for standard output).")
+@click.option("-t", "--tools", "tools", metavar="TOOL[,TOOL]", help="Tools to run (see `pastaprof tools`).")
+@click.option("--ranks", metavar="LIST", help="Only these ranks, e.g. 0,2,4-7.")
+@click.option("-q", "--quiet", is_flag=True, help="No line saying what was written.")
+def report(path: Path | None, example: bool, dest: Path, tools: str | None, ranks: str | None, quiet: bool) -> None:
+    """Write an HTML report of a trace, a folder of per-rank traces or a run directory: one
+    self-contained page (works offline) with the findings, GPU timeline, steps, kernels, ops,
+    modules, memory and per-rank charts, and every tool's tables."""
+    from pastaprof.api import analyze as run_analyze
+    from pastaprof.api import example_path
+    from pastaprof.report import html as html_report
+    from pastaprof.store.outputs import check_output_file, is_stdout
+
+    if example == (path is not None):
+        _fail("give either a PATH or --example")
+    source = example_path() if example else path
+    assert source is not None
+    rank_list = _parse_ranks(ranks)
+    _run_guarded(lambda: check_output_file(dest))  # before the analysis, not after it
+    _run_guarded(html_report.check_available)
+    tool_list = html_report.tools_for(source, _parse_tools(tools))
+
+    def work() -> None:
+        with _progress(source, quiet) as progress:
+            reports = run_analyze(source, tools=tool_list, ranks=rank_list, progress=progress)
+        size = html_report.write_html(reports, dest, source=str(source))
+        if not quiet:
+            _echo(f"wrote {dest} ({size / 1e6:.1f} MB)", err=is_stdout(dest))
+
+    _run_guarded(work)
+
+
+@cli.command("import")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("-o", "--out", required=True, type=click.Path(path_type=Path), help="Run directory to create.")
+@click.option("--ranks", metavar="LIST", help="Only these ranks, e.g. 0,2,4-7.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+def import_cmd(path: Path, out: Path, ranks: str | None, force: bool) -> None:
+    """Import a foreign trace into a run directory (Parquet + run.json)."""
+    from pastaprof.api import import_trace
+
+    def work() -> None:
+        with _progress(path, False) as progress:
+            dest = import_trace(path, out, ranks=_parse_ranks(ranks), force=force, progress=progress)
+        _echo(f"wrote {dest}")
+
+    _run_guarded(work)
+
+
+@cli.command()
+def tools() -> None:
+    """List the installed analysis tools."""
+    from pastaprof.tools.registry import available
+
+    for name, cls in available().items():
+        _echo(f"{name:<14} {cls.description}  [consumes: {', '.join(cls.consumes)}]")
 
 
 @cli.command("import")
