@@ -59,7 +59,11 @@ Findings (thresholds are the module constants below)
     * rank idle > 50% of its span and host_wait >= 50% of the idle time summed over
       its streams: "GPU starved by the host" (critical from 80% idle); idle > 50%
       otherwise: "GPU idle", naming the dominant idle category;
-    * exposed communication or memory >= 25% of the span;
+    * exposed communication or memory >= 25% of the span.  On a multi-rank run a rank's time
+      waiting in collectives for a late peer (``ranks.waits``: the wait up to the peer's own
+      delay) is not its own: the finding fires on the rest, and the ranks whose exposed
+      communication is mostly such waits get one finding together, naming the peer (the ranks
+      tool says why that peer was late);
     * >= 50% of the kernel launches launch-bound, and at least 100 of them.
 
 Options: ``consecutive_kernel_delay_ns`` (30_000), ``top_n`` (20), ``include_sync`` (True).
@@ -162,8 +166,10 @@ class Timeline(Tool):
     name = "timeline"
     description = ("GPU busy/idle per device and stream, idle causes (host/kernel wait), "
                    "HTA temporal breakdown, launch-bound kernels")
-    consumes = ("kernel", "memcpy", "memset", "api", "sync", "op")
-    optional = ("op",)  # the call sites of the launches the GPU waits for, where ops are recorded
+    consumes = ("kernel", "memcpy", "memset", "api", "sync", "op", "collective")
+    # op: the call sites of the launches the GPU waits for, where ops are recorded; collective:
+    # the process groups of NCCL kernels, to tell a rank's wait for a late peer from its own communication
+    optional = ("op", "collective")
 
     # ------------------------------------------------------------------ inputs
 
@@ -385,9 +391,18 @@ class Timeline(Tool):
         evidence["top_call_site_host_wait_ns"] = int(round(per_site[top]))
         return f"rank {rank}: {sites[top]}"
 
+    def _peer_waits(self) -> dict[int, dict[str, int]]:
+        from pastaprof.tools.ranks.waits import waited_for  # not at import: it imports the steps tool
+
+        return waited_for(self.table("kernel"), self.table("collective"))
+
     def _findings(self, temporal: pa.Table, streams: pa.Table, lb: dict[str, Any], lb_table: pa.Table) -> list[Finding]:
         out: list[Finding] = []
         st = streams.to_pydict()
+        multi = temporal.num_rows > 1 and bool(pc.any(pc.greater_equal(temporal["communication_pct"],
+                                                                        NON_COMPUTE_PCT)).as_py())
+        peer = self._peer_waits() if multi else {}
+        waiting: list[tuple[dict[str, Any], dict[str, int]]] = []
         for r in temporal.to_pylist():
             rank, where = r["rank"], f"rank {r['rank']}"
             rows = [i for i, x in enumerate(st["rank"]) if x == rank]
@@ -417,11 +432,20 @@ class Timeline(Tool):
                                        evidence, where, impact_ns=int(r["idle_ns"])))
             for label, what in (("communication", "exposed communication (not overlapped with compute)"),
                                 ("memory", "copies/memsets not overlapped with compute")):
+                w = peer.get(rank, {}) if label == "communication" else {}
+                if w.get("attributed_ns") and r["communication_pct"] >= NON_COMPUTE_PCT:
+                    own = max(0, int(r["communication_ns"]) - w["attributed_ns"])
+                    if 100 * own / max(r["span_ns"], 1) < NON_COMPUTE_PCT:
+                        waiting.append((r, w))  # mostly waiting for a peer: said once for all such ranks
+                        continue
+                    r = {**r, "communication_ns": own, "communication_pct": round(100 * own / r["span_ns"], 2)}
                 if r[f"{label}_pct"] >= NON_COMPUTE_PCT:
                     out.append(Finding("warning", f"{what}: {r[f'{label}_pct']:.1f}% of the GPU span",
                                        {f"{label}_ns": r[f"{label}_ns"], f"{label}_pct": r[f"{label}_pct"],
                                         "span_ns": r["span_ns"], "compute_pct": r["compute_pct"]}, where,
                                        impact_ns=int(r[f"{label}_ns"])))
+        if waiting:
+            out.append(self._waiting_finding(waiting))
         if lb["launch_bound_launches"] >= LAUNCH_BOUND_MIN and lb["launch_bound_share"] >= LAUNCH_BOUND_SHARE:
             graphs = (f", {lb['launch_bound_graph_launches']} of them CUDA-graph launches"
                       if lb["launch_bound_graph_launches"] else "")
@@ -432,3 +456,23 @@ class Timeline(Tool):
                                location="launch-bound: consider CUDA graphs, fusion or larger batches",
                                impact_ns=lb.get("launch_bound_excess_ns"), kind="launch bound"))
         return out
+
+    @staticmethod
+    def _waiting_finding(waiting: list[tuple[dict[str, Any], dict[str, int]]]) -> Finding:
+        """One finding for the ranks whose exposed communication is mostly waiting for late peers."""
+        from collections import Counter
+
+        peers: Counter = Counter()
+        for _, w in waiting:
+            peers[w["rank"]] += w["rank_ns"]
+        top, _ = peers.most_common(1)[0]
+        total = sum(w["attributed_ns"] for _, w in waiting)
+        ranks = sorted(r["rank"] for r, _ in waiting)
+        shown = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+        evidence = {"ranks": ranks[:64], "waiting_ranks": len(ranks), "waiting_for_rank": top,
+                    "waiting_ns": total, "waiting_for": {str(k): v for k, v in peers.most_common(8)},
+                    "exposed_communication_ns": sum(int(r["communication_ns"]) for r, _ in waiting)}
+        return Finding("warning", f"{len(ranks)} ranks ({shown}) spend their exposed communication waiting for "
+                                  f"rank {top} in collectives: its late arrival, not their own communication "
+                                  "(the ranks tool says why it was late)", evidence, f"rank {top}",
+                       impact_ns=total, kind="waiting for a rank")

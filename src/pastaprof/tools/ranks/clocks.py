@@ -5,11 +5,13 @@ common), so arrivals can only be compared after alignment.  The kernels of one s
 collective (all-reduce, all-gather, reduce-scatter, all-to-all, barrier) end on every member
 within a few microseconds of each other -- the last arrival releases them all -- whatever each
 rank's arrival was.  So with ``end[r, m]`` the end of instance m on rank r (its own clock), the
-model is ``end[r, m] = T[m] + offset[r] + noise``: solved by alternating medians (robust to the
-odd collective that does not end together), the lowest rank's offset fixed at 0.
+model is ``end[r, m] = T[m] + offset[r] + noise``, solved by least squares (the lowest rank's
+offset fixed at 0), refitted without the rows that do not end with the others (outliers).
 
 Error bound of a rank: the largest residual of its ends plus the largest of the reference
-rank's (the true offset lies within it as long as members end within the residual spread).
+rank's: the true offset lies within it as long as the members of a collective end within that
+spread of each other.  A constant bias (one rank's kernels always ending later by the same
+amount) cannot be told from an offset, by this or any method that only sees the trace.
 Ranks that share no anchor collective with the reference, directly or through other ranks,
 are not aligned (offset 0, bound null).
 """
@@ -18,7 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-ITERATIONS = 50
+OUTLIER_PASSES = 2
+OUTLIER_MADS = 5.0
+OUTLIER_FLOOR_NS = 2_000
 
 
 def group_median(codes: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
@@ -54,46 +58,80 @@ def _components(rank: np.ndarray, inst: np.ndarray, n_ranks: int) -> np.ndarray:
     return label
 
 
+def _solve(rank: np.ndarray, inst: np.ndarray, end: np.ndarray, n: int, m: int) -> np.ndarray:
+    """Least-squares offsets (offset[0] = 0) of ``end[row] = T[inst] + offset[rank] + noise``.
+
+    T eliminated, the normal equations are a graph Laplacian system ``L o = b`` (ranks linked by
+    shared instances), solved by conjugate gradients with matrix-free products (two bincounts
+    per iteration: no n x n matrix, fine for thousands of ranks); the gauge o[0] = 0 is added
+    as a penalty row, which makes the system positive definite on a connected component."""
+    k = np.bincount(inst, minlength=m).astype(np.float64)
+    k[k == 0] = 1.0
+    cnt = np.bincount(rank, minlength=n).astype(np.float64)
+    ebar = np.bincount(inst, weights=end, minlength=m) / k
+    b = np.bincount(rank, weights=end - ebar[inst], minlength=n)
+
+    def lap(o: np.ndarray) -> np.ndarray:
+        s = np.bincount(inst, weights=o[rank], minlength=m) / k
+        out = cnt * o - np.bincount(rank, weights=s[inst], minlength=n)
+        out[0] += o[0]
+        return out
+
+    x = np.zeros(n)
+    r = b - lap(x)
+    p = r.copy()
+    rr = float(r @ r)
+    for _ in range(4 * n + 20):
+        if rr <= 1e-6:
+            break
+        lp = lap(p)
+        alpha = rr / float(p @ lp)
+        x += alpha * p
+        r -= alpha * lp
+        new = float(r @ r)
+        p = r + (new / rr) * p
+        rr = new
+    return x - x[0]
+
+
 def estimate(rank: np.ndarray, inst: np.ndarray, end: np.ndarray, n_ranks: int) -> tuple[np.ndarray, np.ndarray,
                                                                                         np.ndarray, np.ndarray]:
     """(offset, error bound, aligned flag, anchors used) per rank index 0..n_ranks-1.
 
-    ``rank``: rank index of each anchor row, ``inst``: its instance (dense), ``end``: its end
-    on the rank's own clock.  Instances with a single row are ignored."""
+    ``rank``: rank index of each anchor row, ``inst``: its instance, ``end``: its end on the
+    rank's own clock.  Instances with a single row are ignored; so are rows that do not end with
+    the others (residual beyond ``OUTLIER_MADS`` robust deviations and ``OUTLIER_FLOOR_NS``),
+    after a first fit."""
     offset = np.zeros(n_ranks)
     bound = np.full(n_ranks, np.nan)
     used = np.zeros(n_ranks, np.int64)
-    if len(inst):
-        per = np.bincount(inst)
-        keep = per[inst] >= 2
-        rank, inst, end = rank[keep], inst[keep], end[keep].astype(np.float64)
-    aligned = _components(rank, inst, n_ranks) == 0 if len(inst) else np.arange(n_ranks) == 0
-    if not len(inst):
-        bound[0] = 0.0
-        return offset, bound, aligned, used
-    _, inst = np.unique(inst, return_inverse=True)
-    inst = inst.reshape(-1)
-    m = int(inst.max()) + 1
-    base = end - end.min()  # small numbers: medians stay exact in float64
-    ref_end = np.full(m, np.nan)
-    ref_end[inst[rank == 0]] = base[rank == 0]
-    ok = ~np.isnan(base - ref_end[inst])
-    direct = group_median(rank[ok], (base - ref_end[inst])[ok], n_ranks)
-    offset = np.where(np.isnan(direct), 0.0, direct)
-    for _ in range(ITERATIONS):
-        t = group_median(inst, base - offset[rank], m)
-        new = group_median(rank, base - t[inst], n_ranks)
-        new = np.where(np.isnan(new), 0.0, new)
-        new -= new[0]
-        if np.allclose(new, offset, atol=0.5, rtol=0):
-            offset = new
+    keep = np.ones(len(inst), bool)
+    for _ in range(OUTLIER_PASSES + 1):
+        per = np.bincount(inst[keep], minlength=int(inst.max()) + 1 if len(inst) else 0)
+        ok = keep & (per[inst] >= 2) if len(inst) else keep
+        label = _components(rank[ok], inst[ok], n_ranks) if ok.any() else np.arange(n_ranks)
+        aligned = label == 0
+        ok &= aligned[rank] if len(rank) else ok
+        if not ok.any():
+            bound[0] = 0.0
+            return offset, bound, np.arange(n_ranks) == 0, used
+        r, e = rank[ok], end[ok].astype(np.float64)
+        _, i = np.unique(inst[ok], return_inverse=True)
+        i = i.reshape(-1)
+        m = int(i.max()) + 1
+        e = e - e.min()  # small numbers: float64 stays exact to the ns
+        offset = _solve(r, i, e, n_ranks, m)
+        t = np.bincount(i, weights=e - offset[r], minlength=m) / np.maximum(np.bincount(i, minlength=m), 1)
+        res = e - offset[r] - t[i]
+        mad = 1.4826 * float(np.median(np.abs(res)))
+        bad = np.abs(res) > max(OUTLIER_MADS * mad, OUTLIER_FLOOR_NS)
+        if not bad.any():
             break
-        offset = new
-    t = group_median(inst, base - offset[rank], m)
-    res = np.abs(base - offset[rank] - t[inst])
+        rows = np.flatnonzero(ok)
+        keep[rows[bad]] = False
     worst = np.zeros(n_ranks)
-    np.maximum.at(worst, rank, res)
-    used = np.bincount(rank, minlength=n_ranks)
+    np.maximum.at(worst, r, np.abs(res))
+    used = np.bincount(r, minlength=n_ranks)
     bound = np.where(aligned, worst + worst[0], np.nan)
     bound[0] = 0.0
     offset = np.where(aligned, offset, 0.0)
