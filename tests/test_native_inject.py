@@ -201,6 +201,19 @@ def test_records_become_the_right_columns(lib, programs, tmp_path):
     assert t["alloc"]["address"].to_pylist() == t["free"]["address"].to_pylist() == [0x7F0000000000]
 
 
+def test_api_calls_named_and_filtered_by_cupti(lib, programs, tmp_path):
+    """With the system libcupti bound, API rows carry CUPTI's names, and calls nothing uses
+    (cudaGetDevice) are dropped while launches are kept."""
+    cupti = native.system_libcupti()
+    if cupti is None:
+        pytest.skip("no libcupti on this machine")
+    r = _selftest(programs, lib, tmp_path, "exit", 25, PASTAPROF_NATIVE_CUPTI=cupti)
+    assert r.returncode == 5
+    meta, t, _ = _one(tmp_path)
+    assert meta["stats"]["records"] == 25 * 3 + 6 + 4 + 2  # the 25 cudaGetDevice records were seen ...
+    assert t["api"]["name"].to_pylist() == ["cudaLaunchKernel_v7000"] * 25  # ... and not stored
+
+
 def test_sample_and_kernel_regex(lib, programs, tmp_path):
     r = _selftest(programs, lib, tmp_path / "s", PASTAPROF_SAMPLE="4")
     meta, t, _ = _one(tmp_path / "s")

@@ -90,6 +90,7 @@ static int32_t g_nstrings;
 /* kernel name pointers (stable per function in CUPTI) -> string id */
 #define PTR_SLOTS (1u << 16)
 static const char** g_ptr_key;
+static char** g_ptr_raw; /* the name a pointer had: a pointer CUPTI reuses for another name is told apart */
 static int32_t* g_ptr_id;
 static signed char* g_selected; /* per string id: -1 unknown, 0 no, 1 yes (kernel filter) */
 static int32_t g_capselected;
@@ -151,12 +152,14 @@ static int32_t kernel_name(const char* name) {
   uint64_t h = (uint64_t)(uintptr_t)name * 0x9e3779b97f4a7c15ULL;
   for (uint32_t i = 0; i < PTR_SLOTS; ++i) {
     uint32_t s = (uint32_t)((h + i) & (PTR_SLOTS - 1));
-    if (g_ptr_key[s] == name) return g_ptr_id[s];
+    if (g_ptr_key[s] == name && strcmp(g_ptr_raw[s], name) == 0) return g_ptr_id[s];
     if (g_ptr_key[s] == NULL) {
       int status = -1;
       char* readable = (p_demangle && name[0] == '_' && name[1] == 'Z') ? p_demangle(name, NULL, NULL, &status) : NULL;
       int32_t id = intern(status == 0 && readable ? readable : name);
       free(readable);
+      g_ptr_raw[s] = strdup(name);
+      if (!g_ptr_raw[s]) return id;
       g_ptr_key[s] = name;
       g_ptr_id[s] = id;
       return id;
@@ -179,6 +182,9 @@ static int kernel_selected(int32_t id) {
   if (g_selected[id] < 0) g_selected[id] = regexec(&g_kernel_re, g_strings[id], 0, NULL, 0) == 0;
   return g_selected[id];
 }
+
+static int api_kept(const char* name);
+static signed char g_api_keep[2][PP_MAX_CBID]; /* 0 unknown, 1 keep, -1 drop (the whole-kind fallback) */
 
 static int32_t api_name(int driver, uint32_t cbid) {
   if (cbid >= PP_MAX_CBID) return -1;
@@ -276,6 +282,16 @@ static void decode(const CUpti_Activity* a) {
     case CUPTI_ACTIVITY_KIND_DRIVER: {
       const CUpti_ActivityAPI* c = (const CUpti_ActivityAPI*)a;
       int driver = a->kind == CUPTI_ACTIVITY_KIND_DRIVER;
+      if (c->cbid < PP_MAX_CBID) {
+        signed char* keep = &g_api_keep[driver][c->cbid];
+        if (*keep == 0) { /* a call whose name CUPTI does not give is kept */
+          const char* name = NULL;
+          CUpti_CallbackDomain domain = driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API;
+          int named = p_cb_name && p_cb_name(domain, c->cbid, &name) == CUPTI_SUCCESS && name;
+          *keep = !named || api_kept(name) ? 1 : -1;
+        }
+        if (*keep < 0) return;
+      }
       if (!(r = row(PP_API))) return;
       PUT((int64_t)c->start, (int64_t)c->end, c->processId, c->threadId, c->correlationId, c->cbid, driver,
           api_name(driver, c->cbid));
@@ -412,7 +428,8 @@ static int alloc_tables(void) {
   g_strings = (char**)calloc(STR_SLOTS / 2, sizeof(char*));
   g_ptr_key = (const char**)calloc(PTR_SLOTS, sizeof(char*));
   g_ptr_id = (int32_t*)calloc(PTR_SLOTS, sizeof(int32_t));
-  return (g_stage && g_str && g_strings && g_ptr_key && g_ptr_id) ? 0 : -1;
+  g_ptr_raw = (char**)calloc(PTR_SLOTS, sizeof(char*));
+  return (g_stage && g_str && g_strings && g_ptr_key && g_ptr_id && g_ptr_raw) ? 0 : -1;
 }
 
 /* ---- settings (the PASTAPROF_* vocabulary of `pastaprof run`) -------------------------------- */
@@ -610,9 +627,14 @@ static int api_kept(const char* name) {
   return 0;
 }
 
+/* Only the kept calls are enabled, one cbid at a time (CUPTI then writes no record for the
+ * others: PyTorch-style programs make many calls per launch that nothing here uses).  Where
+ * that is not possible (an old libcupti, PASTAPROF_NATIVE_API=all), both kinds are enabled
+ * whole and decode() drops the rest. */
 static int enable_api(void) {
   int n = 0;
-  if (!p_enable_rt || !p_enable_drv || !p_cb_name) { /* an old libcupti: every call */
+  const char* all = getenv("PASTAPROF_NATIVE_API");
+  if (!p_enable_rt || !p_enable_drv || !p_cb_name || (all && strcmp(all, "all") == 0)) {
     return (p_enable(CUPTI_ACTIVITY_KIND_RUNTIME) == CUPTI_SUCCESS) + (p_enable(CUPTI_ACTIVITY_KIND_DRIVER) == 0);
   }
   for (int driver = 0; driver < 2; ++driver) {
@@ -625,6 +647,9 @@ static int enable_api(void) {
       n += (driver ? p_enable_drv : p_enable_rt)((CUpti_CallbackId)cbid, 1) == CUPTI_SUCCESS;
     }
   }
+  if (n == 0) /* refused one by one: the whole kinds, filtered in decode() */
+    n = (p_enable(CUPTI_ACTIVITY_KIND_RUNTIME) == CUPTI_SUCCESS) + (p_enable(CUPTI_ACTIVITY_KIND_DRIVER) == 0);
+  g_stat[PP_STAT_API_ENABLED] = n;
   return n;
 }
 
@@ -739,7 +764,8 @@ __attribute__((constructor)) static void preload(void) {
 /* ---- test-only entry point: synthetic CUPTI records through decode() and the writer ----------- */
 /* Writes into $PASTAPROF_OUT/native as a capture would: `kernels` kernel records (names
  * "kernel_<i % names>" mangled as _Z..v where `mangled`), one runtime cudaLaunchKernel record per
- * kernel (cbid 211 unless the libcupti knows names), `copies` HtoD memcpy records of 4096*(i+1)
+ * kernel (and, with PASTAPROF_NATIVE_CUPTI's names, one cudaGetDevice record per kernel, which
+ * decode() drops), `copies` HtoD memcpy records of 4096*(i+1)
  * bytes, one NVTX range per 10 kernels (domain "pp"), and one alloc + one free.  Installs the
  * exit and signal handlers as a capture does; returns 0, or -1 when the files cannot be made. */
 EXPORT int pp_inject_selftest(int kernels, int names, int copies, int mangled) {
@@ -792,6 +818,11 @@ EXPORT int pp_inject_selftest(int kernels, int names, int copies, int mangled) {
     a.threadId = 42;
     a.correlationId = k.correlationId;
     decode((CUpti_Activity*)&a);
+    if (p_cb_name) { /* with CUPTI's names: a call nothing uses, dropped by decode() */
+      a.cbid = CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020;
+      a.correlationId = 0;
+      decode((CUpti_Activity*)&a);
+    }
     if (i % 10 == 0) {
       CUpti_ActivityMarker2 m;
       memset(&m, 0, sizeof m);

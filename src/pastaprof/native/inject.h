@@ -38,7 +38,7 @@ enum {
 
 enum {
   PP_STAT_RECORDS, PP_STAT_WRITTEN, PP_STAT_KERNELS_SEEN, PP_STAT_SAMPLED_OUT, PP_STAT_DROPPED, PP_STAT_BUFFERS,
-  PP_STAT_WRITE_ERRORS, PP_STAT_PID, PP_NSTATS
+  PP_STAT_WRITE_ERRORS, PP_STAT_PID, PP_STAT_API_ENABLED, PP_NSTATS
 };
 #define PP_STAT_NAMES \
-  {"records", "written", "kernels_seen", "sampled_out", "dropped", "buffers", "write_errors", "pid"}
+  {"records", "written", "kernels_seen", "sampled_out", "dropped", "buffers", "write_errors", "pid", "api_calls_enabled"}
