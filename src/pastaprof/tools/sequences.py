@@ -1,14 +1,174 @@
-"""sequences -- being written (placeholder so the registered entry point loads)."""
+"""sequences -- kernel sequences that repeat: candidates for fusion or CUDA graphs.
+
+Per stream (rank, device, stream), kernels in start order are reduced to their normalized names
+(``report/diff_names.normalize_kernel_name``: no addresses, lambda numbers or numeric template
+arguments), and every window of ``n`` consecutive kernels (``MIN_LEN`` <= n <= ``max_len``) is
+hashed (a polynomial hash of the name codes, vectorized per n; windows never cross streams).
+A window's *occurrences* are the windows with the same names that do not overlap each other
+(in a run of overlapping ones, every n-th from its first); a sequence needs ``MIN_REPEATS`` of them.
+
+Candidates are ranked by the GPU time of all their occurrences times ``1 - MIN_REPEATS / (count +
+1)`` (a sequence that repeats 36 times, like a transformer layer, before the 3 repetitions of the
+whole training step that contains it) and kept greedily; a kept one is
+grown kernel by kernel to the right and left while all its occurrences continue alike (so a
+repeated step of 400 kernels is one row, however short the hashed windows); a candidate
+whose occurrences mostly start inside occurrences already kept (a shift or a piece of a longer
+sequence), or whose kernels mostly are in kept ones once grown, is dropped, so the table names each repeated stretch once.
+
+Table ``sequences``: ``length``, ``count``, ``gpu_ns`` (summed kernel time of the occurrences),
+``share`` (of all kernel time), ``mean_ns`` per occurrence, ``idle_ns`` (GPU idle time between the
+kernels inside the occurrences: what launching them as one CUDA graph or one fused kernel could
+save at most: a graph replays them without the host work between them), ``streams``, ``first`` (the first kernel, normalized) and ``kernels`` (the whole
+sequence).  Findings: sequences whose ``idle_ns`` is at least ``MIN_IDLE_SHARE`` of the kernel
+time, ``impact_ns`` = ``idle_ns``.  Option: ``max_len`` (16).
+"""
 
 from __future__ import annotations
 
-from pastaprof.tools.base import Report, Tool
+import numpy as np
+import pyarrow as pa
+
+from pastaprof.processor.intervals import group_codes
+from pastaprof.report.diff_names import normalize_kernel_name
+from pastaprof.tools._timeline_math import name_codes, to_np
+from pastaprof.tools.base import Finding, Report, Tool
+from pastaprof.tools.steps import fmt_ns
+
+MIN_LEN = 2
+MAX_LEN = 16
+MIN_REPEATS = 3
+TOP = 10
+COVERED = 0.5          # a candidate with more than half its occurrences inside kept ones is a repeat
+MIN_IDLE_SHARE = 0.02  # idle inside a sequence's occurrences worth a finding: 2% of the kernel time
+_P = np.uint64(1_000_003)
+DISPLAY = {"sequences": ["length", "count", "gpu_ns", "share", "mean_ns", "idle_ns", "first"]}
+
+
+def _first_of_runs(key: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
+    """Mask of the windows that count as occurrences of their key: overlapping windows of one key
+    form a chain (each within ``n`` of the one before); a chain counts every window ``n``, ``2n``,
+    ... after its first, as a left-to-right scan would in a run like AAAA."""
+    order = np.lexsort((pos, key))
+    k, p = key[order], pos[order]
+    new = np.ones(len(k), bool)
+    new[1:] = (k[1:] != k[:-1]) | (p[1:] - p[:-1] >= n)
+    chain_start = p[np.flatnonzero(new)][np.cumsum(new) - 1]
+    out = np.zeros(len(k), bool)
+    out[order] = (p - chain_start) % n == 0
+    return out
+
+
+def _extend(codes: np.ndarray, stream: np.ndarray, pos: np.ndarray, n: int, limit: int = 1 << 14) -> tuple[np.ndarray, int]:
+    """Grow a repeated window to the right, then to the left, while every occurrence is followed
+    (preceded) by the same kernel on its stream and the occurrences stay disjoint."""
+    nk = len(codes)
+    while n < limit:
+        nxt = pos + n
+        if nxt[-1] >= nk or (len(pos) > 1 and (nxt[:-1] >= pos[1:]).any()):
+            break
+        if not ((stream[nxt] == stream[pos]).all() and (codes[nxt] == codes[nxt[0]]).all()):
+            break
+        n += 1
+    while n < limit:
+        prv = pos - 1
+        if prv[0] < 0 or (len(pos) > 1 and (prv[1:] < pos[:-1] + n).any()):
+            break
+        if not ((stream[prv] == stream[pos]).all() and (codes[prv] == codes[prv[0]]).all()):
+            break
+        pos, n = prv, n + 1
+    return pos, n
 
 
 class Sequences(Tool):
     name = "sequences"
-    description = "(in progress)"
+    description = "Repeated kernel sequences per stream (fusion / CUDA graph candidates), their GPU-time share and idle gaps"
     consumes = ("kernel",)
 
+    def _streams(self) -> tuple[np.ndarray, ...]:
+        """Kernels ordered by stream, then start: codes, stream code, start, end, names."""
+        k = self.table("kernel")
+        codes, names = name_codes(k["name"])
+        norm = [normalize_kernel_name(x) for x in names]
+        uniq, remap = np.unique(np.array(norm, dtype=object), return_inverse=True) if norm else ([], np.zeros(0))
+        codes = remap.reshape(-1).astype(np.int64)[codes] if len(codes) else codes.astype(np.int64)
+        stream = group_codes(to_np(k["rank"]), to_np(k["device"]), to_np(k["stream"]))
+        start, end = to_np(k["start_ns"]), to_np(k["end_ns"])
+        order = np.lexsort((start, stream))
+        return codes[order], stream[order], start[order], np.maximum(end[order], start[order]), list(uniq)
+
     def report(self) -> Report:
-        return Report(self.name, summary={"note": "not available yet"})
+        max_len = int(self.options.get("max_len", MAX_LEN))
+        codes, stream, start, end, names = self._streams()
+        total = int((end - start).sum())
+        n_k = len(codes)
+        if n_k < MIN_LEN * MIN_REPEATS:
+            return Report(self.name, summary={"kernels": n_k, "sequences": 0,
+                                              "note": "too few kernels to find repeated sequences"})
+        dur = end - start
+        csum = np.concatenate([[0], np.cumsum(dur)])
+        cands = []  # (gpu_ns, n, key)
+        hashes: dict[int, np.ndarray] = {}
+        h = (codes + 1).astype(np.uint64)
+        for n in range(2, max_len + 1):
+            if n > n_k:
+                break
+            h = h[:-1] * _P + (codes[n - 1:] + 1).astype(np.uint64)  # windows [i, i + n)
+            valid = stream[: len(h)] == stream[n - 1:]
+            pos = np.flatnonzero(valid)
+            key = h[pos]
+            keep = _first_of_runs(key, pos, n)
+            u, inv, cnt = np.unique(key[keep], return_inverse=True, return_counts=True)
+            good = cnt >= MIN_REPEATS
+            if not good.any():
+                break  # longer windows cannot repeat more often than their prefixes
+            gpu = np.bincount(inv.reshape(-1), weights=(csum[pos[keep] + n] - csum[pos[keep]]).astype(np.float64))
+            for i in np.flatnonzero(good):  # ranked by GPU time, weighted to prefer frequent repeats
+                cands.append((float(gpu[i]) * (1 - MIN_REPEATS / (cnt[i] + 1)), n, u[i]))
+            hashes[n] = h
+        cands.sort(key=lambda c: (-c[0], -c[1]))
+        rows, covered = [], np.zeros(n_k, bool)
+        for _score, n, key in cands[: 50 * TOP]:
+            pos = np.flatnonzero((hashes[n] == key) & (stream[: len(hashes[n])] == stream[n - 1:]))
+            pos = pos[_first_of_runs(np.zeros(len(pos), np.uint64), pos, n)]
+            if len(pos) < MIN_REPEATS or covered[pos].mean() > COVERED:
+                continue
+            win = pos[:, None] + np.arange(n)
+            if not (codes[win] == codes[win[0]]).all():  # a hash collision: never report it
+                continue
+            pos, n = _extend(codes, stream, pos, n)
+            win = pos[:, None] + np.arange(n)
+            if covered[win].mean() > COVERED:
+                continue
+            for p in pos:
+                covered[p: p + n] = True
+            busy = csum[pos + n] - csum[pos]
+            span = end[pos + n - 1] - start[pos]
+            seq = [names[c] for c in codes[win[0]]]
+            rows.append({"length": n, "count": len(pos), "gpu_ns": int(busy.sum()),
+                         "share": round(busy.sum() / total, 4) if total else None,
+                         "mean_ns": int(round(busy.mean())), "idle_ns": int(np.maximum(span - busy, 0).sum()),
+                         "streams": int(len(np.unique(stream[pos]))), "first": seq[0], "kernels": seq})
+            if len(rows) == TOP:
+                break
+        table = pa.Table.from_pylist(rows, schema=pa.schema([
+            ("length", pa.int64()), ("count", pa.int64()), ("gpu_ns", pa.int64()), ("share", pa.float64()),
+            ("mean_ns", pa.int64()), ("idle_ns", pa.int64()), ("streams", pa.int64()), ("first", pa.string()),
+            ("kernels", pa.list_(pa.string()))]))
+        findings = [self._finding(r) for r in rows if total and r["idle_ns"] >= MIN_IDLE_SHARE * total]
+        summary = {"kernels": n_k, "kernel_ns": total, "sequences": len(rows),
+                   "covered_share": round(float(covered.mean()), 4)}
+        if not rows:
+            summary["note"] = f"no kernel sequence of {MIN_LEN}..{max_len} kernels repeats {MIN_REPEATS} times"
+        return Report(self.name, tables={"sequences": table} if rows else {}, findings=findings, summary=summary,
+                      display=DISPLAY)
+
+    @staticmethod
+    def _finding(r: dict) -> Finding:
+        return Finding(
+            "info", f"a {r['length']}-kernel sequence repeats {r['count']} times with {fmt_ns(r['idle_ns'])} "
+                    "of GPU idle between its kernels",
+            {"impact_ns": r["idle_ns"], "gpu_ns": r["gpu_ns"], "share": r["share"], "count": r["count"],
+             "length": r["length"], "kernels": r["kernels"],
+             "suggestion": "Capture this sequence in a CUDA graph (torch.cuda.graphs, torch.compile "
+                           "mode='reduce-overhead') or fuse its kernels, so the GPU does not wait for each launch."},
+            location=f"kernel sequence starting {r['first']}", kind=f"repeated sequence: {' > '.join(r['kernels'])}")
