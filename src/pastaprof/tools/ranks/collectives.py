@@ -13,6 +13,7 @@ member: instances are keyed by (process group, kind, sequence within group and k
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 import numpy as np
@@ -33,6 +34,7 @@ SYNCHRONIZING = frozenset({"allreduce", "allgather", "reduce_scatter", "alltoall
 BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
               "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n}
 
+PG_KEY_CHARS = 64
 COLUMNS = ("rank", "pg", "kind", "seq", "bytes", "group_size", "host_ns", "start_ns", "end_ns", "on_gpu")
 
 
@@ -46,6 +48,18 @@ def normalize_kind(name: str | None) -> str | None:
         if token in key:
             return kind
     return None
+
+
+def pg_key(peers: str) -> str:
+    """A process group's key from its ranks' list as recorded ("[0, 1, 2]"): the list itself when
+    short, else its size, first and last rank and a hash of the whole (a 1,024-rank group's list is
+    5 kB, repeated on every collective row of every rank)."""
+    text = peers.strip().strip('"')
+    if len(text) <= PG_KEY_CHARS:
+        return text
+    nums = re.findall(r"-?\d+", text)
+    digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"[{nums[0]}..{nums[-1]}] ({len(nums)} ranks) #{digest}" if nums else f"#{digest}"
 
 
 def kernel_kind(name: str | None) -> str | None:
@@ -92,8 +106,7 @@ def rank_collectives(rank: int, tables: dict[str, pa.Table]) -> pa.Table:
             hit = (row >= 0) & (op >= 0)
             start[hit], end[hit] = to_np(g["s_min"])[row[hit]], to_np(g["e_max"])[row[hit]]
             on_gpu = hit
-        pg = pc.fill_null(c["peers"].cast(pa.string()), "").to_pylist()
-        pg = [p.strip('"') for p in pg]
+        pg = [pg_key(p) for p in pc.fill_null(c["peers"].cast(pa.string()), "").to_pylist()]
         nbytes = c["bytes"].cast(pa.int64())
         size = c["group_size"].cast(pa.int32())
     elif k.num_rows:  # NCCL kernels alone: the kind from the name, the group unknown

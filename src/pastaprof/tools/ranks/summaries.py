@@ -26,6 +26,7 @@ from pastaprof.tools._timeline_math import KeyIndex, name_codes, to_np
 from pastaprof.tools.memory import PASTAPROF_STEP_RE, PROFILER_STEP_RE, USER_STEP_RE
 from pastaprof.tools.ranks.collectives import nccl_kernels, rank_collectives
 from pastaprof.tools.steps import Steps, merged, window_of
+from pastaprof.tools.timeline import CONSECUTIVE_KERNEL_DELAY_NS
 
 TOP_KERNELS = 32
 TOP_HOST = 16
@@ -36,18 +37,29 @@ _STEP_NAME = re.compile("|".join(f"(?:{p})" for p in (PROFILER_STEP_RE, PASTAPRO
                         re.IGNORECASE)
 
 
-def rank_steps(tables: dict[str, pa.Table], options: dict) -> pa.Table:
-    """The steps tool's per-step table of one rank (GPU columns 0 where it has no GPU work)."""
-    tool = Steps(**{k: v for k, v in options.items() if k == "consecutive_kernel_delay_ns"})
+def rank_steps(rank: int, tables: dict[str, pa.Table], options: dict) -> pa.Table:
+    """The steps tool's windows and GPU split of one rank (its own clock; GPU columns 0 without GPU
+    work).  Only the per-step split: the steps tool's outlier analysis is not needed here and
+    costs more than the rest of the map."""
+    tool = Steps()
     for kind in tool.consumes:
         for b in tables[kind].to_batches():
             tool.on_batch(kind, b)
-    t = tool.report().tables.get("steps")
-    cols = {"rank": pa.int32(), "step": pa.int64(), "label": pa.string(), "start_ns": pa.int64(),
-            "end_ns": pa.int64(), "wall_ns": pa.int64(), **{f"{c}_ns": pa.int64() for c in STEP_COLUMNS}}
-    if t is None:
-        return pa.table({k: pa.array([], v) for k, v in cols.items()})
-    return pa.table({k: pc.fill_null(t[k].cast(v), 0) if k.endswith("_ns") else t[k].cast(v) for k, v in cols.items()})
+    delay = int(options.get("consecutive_kernel_delay_ns", CONSECUTIVE_KERNEL_DELAY_NS))
+    act = tool._activities()
+    order = np.argsort(act["start"], kind="stable")
+    act = {k: v[order] for k, v in act.items()}
+    lo, hi, labels, _ = tool._windows(rank, act["launch"], act["end"])
+    if len(lo):  # disjoint and ordered, as the steps tool makes them
+        hi = np.maximum(hi, lo)
+        lo = np.maximum(lo, np.r_[np.iinfo(np.int64).min, np.maximum.accumulate(hi)[:-1]])
+        hi = np.maximum(hi, lo)
+    n = len(lo)
+    split = tool._gpu_split(act, lo, hi, delay) if n else {c: np.zeros(0, np.int64) for c in STEP_COLUMNS}
+    return pa.table({"rank": pa.array(np.full(n, rank), pa.int32()), "step": pa.array(np.arange(n), pa.int64()),
+                     "label": pa.array(labels, pa.string()), "start_ns": pa.array(lo, pa.int64()),
+                     "end_ns": pa.array(hi, pa.int64()), "wall_ns": pa.array(hi - lo, pa.int64()),
+                     **{f"{c}_ns": pa.array(split[c], pa.int64()) for c in STEP_COLUMNS}})
 
 
 def _launch_times(rank: int, kernel: pa.Table, api: pa.Table) -> np.ndarray:
@@ -80,7 +92,7 @@ def _per_step_names(step: np.ndarray, names_of: list[str], codes: np.ndarray, ns
 
 def map_rank(rank: int, tables: dict[str, pa.Table], options: dict) -> dict[str, pa.Table]:
     """The summaries of one rank (see the module docstring)."""
-    steps = rank_steps(tables, options)
+    steps = rank_steps(rank, tables, options)
     lo, hi = to_np(steps["start_ns"]), to_np(steps["end_ns"])
     coll = rank_collectives(rank, tables)
     coll = coll.append_column("step", pa.array(window_of(to_np(coll["host_ns"]), lo, hi), pa.int64()))
