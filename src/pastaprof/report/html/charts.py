@@ -49,7 +49,15 @@ def _layout(title: str, **extra: Any) -> dict[str, Any]:
 
 def hbar(title: str, names: list[Any], values: list[float], unit: str = "ms", hover: list[str] | None = None,
          scale: float = 1e6) -> Spec:
-    """Horizontal bars, largest on top: the top-N chart of a table."""
+    """Horizontal bars, largest on top: the top-N chart of a table.  Rows with the same name
+    (one kernel on several ranks, one site in several modules) are one bar: their sum."""
+    summed: dict[str, float] = {}
+    for n, v in zip(names, values):
+        key = "-" if n is None else str(n)
+        summed[key] = summed.get(key, 0.0) + float(v or 0)
+    if hover is None and len(summed) < len(names):
+        ranked = sorted(summed.items(), key=lambda kv: -kv[1])
+        names, values = [k for k, _ in ranked], [v for _, v in ranked]
     names, values = names[:TOP], values[:TOP]
     full = hover or [label(n, HOVER_MAX) for n in names]
     y = short_labels(names)

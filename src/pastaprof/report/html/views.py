@@ -140,7 +140,7 @@ def _steps(r: Report, ctx: Context, page: Page) -> str:
 def _top(table: pa.Table | None, name_col: str, value_col: str) -> tuple[list[Any], list[float]]:
     if table is None or not table.num_rows or name_col not in table.column_names or value_col not in table.column_names:
         return [], []
-    rows = sorted(table.select([name_col, value_col]).to_pylist(), key=lambda r: -(r[value_col] or 0))[: charts.TOP]
+    rows = sorted(table.select([name_col, value_col]).to_pylist(), key=lambda r: -(r[value_col] or 0))
     return [r[name_col] for r in rows], [r[value_col] or 0 for r in rows]
 
 
@@ -202,7 +202,7 @@ def _memory(r: Report, ctx: Context, page: Page) -> str:
                               "The caching allocator's allocated bytes; the diamond marks each device's peak."))
     live = r.tables.get("live_at_peak_by_site")
     if live is not None and live.num_rows and "bytes" in live.column_names:
-        rows = sorted(live.to_pylist(), key=lambda x: -(x.get("bytes") or 0))[: charts.TOP]
+        rows = live.to_pylist()
         names = [f"{x.get('op_name') or '?'} @ {x.get('call_site') or x.get('module') or '?'}" for x in rows]
         out.append(page.chart(charts.hbar("live at the peak, by op and call site (top 20)", names,
                                           [x["bytes"] for x in rows], unit="MiB", scale=float(1 << 20))))
