@@ -22,7 +22,6 @@ HIP graph launches, code objects, arguments.
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +39,9 @@ MAJOR = "3"
 BATCH = 1 << 16
 RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK")
 DROPPED = ("rocpd_pmc_event", "rocpd_sample", "rocpd_pc_sample", "rocpd_graph_launch", "rocpd_hip_event")
-_UUID = re.compile(r"^_?[0-9A-Za-z-]{6,}$")
+META = "rocpd_metadata"
+#: what SQLite may raise on a damaged file (a corrupt schema decodes as bad UTF-8: ValueError)
+DB_ERRORS = (sqlite3.Error, ValueError, OverflowError, MemoryError)
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -67,7 +68,7 @@ def _version(con: sqlite3.Connection) -> str | None:
         return None
     try:
         row = con.execute(f"SELECT value FROM {meta} WHERE tag = 'schema_version' LIMIT 1").fetchone()
-    except sqlite3.Error:
+    except DB_ERRORS:
         return None
     return str(row[0])[:40] if row and row[0] is not None else ""
 
@@ -81,19 +82,21 @@ def _q(name: str) -> str:
 
 
 def _source(names: dict[str, str], base: str) -> str | None:
-    """SQL for the logical table ``base``: its view, else the union of its uuid tables."""
+    """SQL for the logical table ``base``: its view, else the union of its per-process tables
+    (``base`` + each uuid that names a ``rocpd_metadata<uuid>`` table)."""
     if base in names:
         return _q(base)
-    parts = [n for n in names if n.startswith(base) and _UUID.match(n[len(base):])]
+    uuids = [n[len(META):] for n in names if n.startswith(META) and n != META]
+    parts = [base + u for u in sorted(uuids) if base + u in names]
     if not parts:
         return None
-    return "(" + " UNION ALL ".join(f"SELECT * FROM {_q(n)}" for n in sorted(parts)) + ")"
+    return "(" + " UNION ALL ".join(f"SELECT * FROM {_q(n)}" for n in parts) + ")"
 
 
 def _columns(con: sqlite3.Connection, src: str) -> set[str]:
     try:
         cur = con.execute(f"SELECT * FROM {src} LIMIT 0")
-    except sqlite3.Error:
+    except DB_ERRORS:
         return set()
     return {d[0] for d in cur.description}
 
@@ -106,10 +109,11 @@ class _Db:
         try:
             self.con = _connect(path)
             self.names = _names(self.con)
-        except sqlite3.Error as e:
+        except DB_ERRORS as e:
             raise InputError(path, f"is not a readable SQLite database ({_short(e)})") from None
         self.src: dict[str, str] = {}
         self.cols: dict[str, set[str]] = {}
+        self.live: set[str] = set()
         for base in ("rocpd_string", "rocpd_info_node", "rocpd_info_process", "rocpd_info_thread", "rocpd_info_agent",
                      "rocpd_info_kernel_symbol", "rocpd_event", "rocpd_region", "rocpd_kernel_dispatch",
                      "rocpd_memory_copy", "rocpd_memory_allocate", "rocpd_info_stream", "rocpd_info_queue") + DROPPED:
@@ -118,8 +122,15 @@ class _Db:
                 self.src[base] = s
                 self.cols[base] = _columns(self.con, s)
 
+    def start(self, alias: str) -> None:
+        """A new query whose main table is ``alias``: joins made from now on are live."""
+        self.live = {alias}
+
     def col(self, base: str, alias: str, name: str, *alts: str) -> str:
-        """``alias.name`` (or the first alternative name the table has), else NULL."""
+        """``alias.name`` (or the first alternative name the table has), else NULL (also
+        when ``alias`` is a join that could not be made)."""
+        if alias not in self.live:
+            return "NULL"
         for n in (name, *alts):
             if n in self.cols.get(base, ()):
                 return f"{alias}.{_q(n)}"
@@ -129,6 +140,7 @@ class _Db:
         """LEFT JOIN of ``base`` on id (and guid where both tables have one)."""
         if base not in self.src or key == "NULL":
             return ""
+        self.live.add(alias)
         on = f"{alias}.id = {key}"
         if "guid" in self.cols.get(base, ()) and "guid" in self.cols.get(owner_base, ()):
             on += f" AND {alias}.guid = {owner}.guid"
@@ -145,7 +157,7 @@ class _Db:
                     break
                 cols = list(zip(*chunk, strict=True))
                 batches.append(pa.table({n: _arrow(c) for n, c in zip(names, cols, strict=True)}))
-        except sqlite3.Error as e:
+        except DB_ERRORS as e:
             raise InputError(self.path, f"cannot be read as a rocpd database ({_short(e)})") from None
         if not batches:
             return pa.table({n: pa.array([], pa.null()) for n in names})
@@ -154,7 +166,7 @@ class _Db:
     def count(self, base: str) -> int:
         try:
             return int(self.con.execute(f"SELECT count(*) FROM {self.src[base]}").fetchone()[0]) if base in self.src else 0
-        except sqlite3.Error:
+        except DB_ERRORS:
             return 0
 
 
@@ -179,9 +191,13 @@ def _process_key(db: _Db, alias: str, base: str) -> str:
 
 def _kernel_sql(db: _Db) -> tuple[str, list[str]]:
     b, c = "rocpd_kernel_dispatch", db.col
+    db.start("K")
     grid = [f"CASE WHEN {c(b, 'K', 'workgroup_size_' + a)} > 0 THEN ({c(b, 'K', 'grid_size_' + a)} + "
             f"{c(b, 'K', 'workgroup_size_' + a)} - 1) / {c(b, 'K', 'workgroup_size_' + a)} "
             f"ELSE {c(b, 'K', 'grid_size_' + a)} END" for a in "xyz"]
+    frm = (f" FROM {db.src[b]} K" + _joins(db, "K", b) +
+           db.join("rocpd_info_kernel_symbol", "S", c(b, "K", "kernel_id"), "K", b) +
+           db.join("rocpd_info_agent", "A", c(b, "K", "agent_id"), "K", b))
     sel = [c(b, "K", "start"), c(b, "K", "end"), _process_key(db, "K", b), c("rocpd_info_process", "P", "pid"),
            c("rocpd_info_thread", "T", "tid"), c("rocpd_info_agent", "A", "type_index", "logical_index"),
            f"COALESCE({c(b, 'K', 'stream_id')}, {c(b, 'K', 'queue_id')})", c("rocpd_event", "E", "correlation_id"),
@@ -191,9 +207,6 @@ def _kernel_sql(db: _Db) -> tuple[str, list[str]]:
            c("rocpd_info_kernel_symbol", "S", "arch_vgpr_count"), c(b, "K", "group_segment_size")]
     names = ["start_ns", "end_ns", "proc", "pid", "tid", "device", "stream", "correlation", "name",
              "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers", "shared_bytes"]
-    frm = (f" FROM {db.src[b]} K" + _joins(db, "K", b) +
-           db.join("rocpd_info_kernel_symbol", "S", c(b, "K", "kernel_id"), "K", b) +
-           db.join("rocpd_info_agent", "A", c(b, "K", "agent_id"), "K", b))
     return "SELECT " + ", ".join(sel) + frm, names
 
 
@@ -206,6 +219,10 @@ def _joins(db: _Db, alias: str, base: str) -> str:
 
 def _copy_sql(db: _Db) -> tuple[str, list[str]]:
     b, c, ag = "rocpd_memory_copy", db.col, "rocpd_info_agent"
+    db.start("M")
+    frm = (f" FROM {db.src[b]} M" + _joins(db, "M", b) +
+           db.join("rocpd_string", "N", c(b, "M", "name_id"), "M", b) +
+           db.join(ag, "DA", c(b, "M", "dst_agent_id"), "M", b) + db.join(ag, "SA", c(b, "M", "src_agent_id"), "M", b))
     sel = [c(b, "M", "start"), c(b, "M", "end"), _process_key(db, "M", b), c("rocpd_info_process", "P", "pid"),
            c("rocpd_info_thread", "T", "tid"), f"COALESCE({c(b, 'M', 'stream_id')}, {c(b, 'M', 'queue_id')})",
            c("rocpd_event", "E", "correlation_id"), c("rocpd_string", "N", "string"), c(b, "M", "size"),
@@ -214,9 +231,6 @@ def _copy_sql(db: _Db) -> tuple[str, list[str]]:
            c(b, "M", "dst_address"), c(b, "M", "src_address")]
     names = ["start_ns", "end_ns", "proc", "pid", "tid", "stream", "correlation", "name", "bytes",
              "dst_type", "dst_index", "dst_agent", "src_type", "src_index", "src_agent", "dst_address", "src_address"]
-    frm = (f" FROM {db.src[b]} M" + _joins(db, "M", b) +
-           db.join("rocpd_string", "N", c(b, "M", "name_id"), "M", b) +
-           db.join(ag, "DA", c(b, "M", "dst_agent_id"), "M", b) + db.join(ag, "SA", c(b, "M", "src_agent_id"), "M", b))
     return "SELECT " + ", ".join(sel) + frm, names
 
 
@@ -226,23 +240,25 @@ def _region_sql(db: _Db) -> tuple[str, list[str]]:
     if "rocpd_string" in db.src and "rocpd_event" in db.src:
         guid = " AND CS.guid = E.guid" if "guid" in db.cols["rocpd_string"] and "guid" in db.cols["rocpd_event"] else ""
         cat = f"(SELECT CS.string FROM {db.src['rocpd_string']} CS WHERE CS.id = {c('rocpd_event', 'E', 'category_id')}{guid})"
+    db.start("R")
+    frm = f" FROM {db.src[b]} R" + _joins(db, "R", b) + db.join("rocpd_string", "N", c(b, "R", "name_id"), "R", b)
     sel = [c(b, "R", "start"), c(b, "R", "end"), _process_key(db, "R", b), c("rocpd_info_process", "P", "pid"),
            c("rocpd_info_thread", "T", "tid"), c("rocpd_event", "E", "correlation_id"),
            c("rocpd_string", "N", "string"), cat]
     names = ["start_ns", "end_ns", "proc", "pid", "tid", "correlation", "name", "category"]
-    frm = f" FROM {db.src[b]} R" + _joins(db, "R", b) + db.join("rocpd_string", "N", c(b, "R", "name_id"), "R", b)
     return "SELECT " + ", ".join(sel) + frm, names
 
 
 def _alloc_sql(db: _Db) -> tuple[str, list[str]]:
     b, c = "rocpd_memory_allocate", db.col
+    db.start("M")
+    frm = f" FROM {db.src[b]} M" + _joins(db, "M", b) + db.join("rocpd_info_agent", "A", c(b, "M", "agent_id"), "M", b)
     sel = [c(b, "M", "start"), c(b, "M", "end"), _process_key(db, "M", b), c("rocpd_info_process", "P", "pid"),
            c("rocpd_info_thread", "T", "tid"), c(b, "M", "type"), c(b, "M", "level"), c("rocpd_info_agent", "A", "type"),
            c("rocpd_info_agent", "A", "type_index", "logical_index"), c(b, "M", "address"), c(b, "M", "size"),
            c("rocpd_event", "E", "correlation_id")]
     names = ["start_ns", "end_ns", "proc", "pid", "tid", "op", "level", "agent_type", "device", "address", "bytes",
              "correlation"]
-    frm = f" FROM {db.src[b]} M" + _joins(db, "M", b) + db.join("rocpd_info_agent", "A", c(b, "M", "agent_id"), "M", b)
     return "SELECT " + ", ".join(sel) + frm, names
 
 
@@ -388,6 +404,7 @@ def _processes(db: _Db) -> list[dict[str, Any]]:
     b = "rocpd_info_process"
     if b not in db.src:
         return [{"key": None, "pid": None, "env_rank": None}]
+    db.start("P")
     env, guid = db.col(b, "P", "environment"), db.col(b, "P", "guid")
     t = db.rows(f"SELECT COALESCE({guid}, '') || ':' || COALESCE(P.id, ''), {db.col(b, 'P', 'pid')}, "
                 f"substr({env}, 1, 1000000) FROM {db.src[b]} P", ["key", "pid", "env"])
@@ -422,7 +439,7 @@ def _sniff_file(path: Path) -> str | None:
             return _version(con)
         finally:
             con.close()
-    except (sqlite3.Error, OSError, ValueError):
+    except (*DB_ERRORS, OSError):
         return None
 
 
@@ -458,6 +475,7 @@ def _devices(db: _Db) -> list[dict[str, Any]]:
     if b not in db.src:
         return []
     c = db.col
+    db.start("A")
     t = db.rows(f"SELECT {c(b, 'A', 'type')}, {c(b, 'A', 'type_index', 'logical_index')}, "
                 f"COALESCE({c(b, 'A', 'product_name')}, {c(b, 'A', 'model_name')}, {c(b, 'A', 'name')}), "
                 f"{c(b, 'A', 'name')} FROM {db.src[b]} A", ["type", "index", "product", "arch"])
