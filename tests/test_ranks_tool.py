@@ -228,3 +228,101 @@ def test_fixed_seed_random_plants(tmp_path, seed):
     assert near(ev["delay_ns"], plant.delay_ns)
     for row in rep.tables["clocks"].to_pylist():
         assert abs(row["offset_ns"] - job.offsets_ns[row["rank"]]) <= row["error_bound_ns"]
+
+
+# ---------------------------------------------------------------- hostile jobs
+
+
+def _edit(path: Path, keep) -> None:
+    """Rewrite a generated rank file with only the events ``keep(event)`` accepts."""
+    with gzip.open(path) as f:
+        doc = json.load(f)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if keep(e)]
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+
+
+def _step_start(path: Path, step: int) -> float:
+    with gzip.open(path) as f:
+        return next(e["ts"] for e in json.load(f)["traceEvents"] if e["name"] == f"ProfilerStep#{step}")
+
+
+def test_profiles_starting_at_different_steps_still_match(tmp_path):
+    make_job(tmp_path, ranks=4, steps=4, plants=[Straggler(2, 2, 10 * MS, "compute"), ClockSkew(spread_ns=3 * MS)])
+    f1 = tmp_path / "rank-1.pt.trace.json.gz"
+    t1 = _step_start(f1, 1)
+    _edit(f1, lambda e: e["ts"] >= t1)  # rank 1's profile starts one step later
+    rep = ranks_report(tmp_path)
+    ev = by_kind(rep, "straggler")[0].evidence
+    assert (ev["rank"], ev["step"], ev["waiting_ranks"]) == (2, "ProfilerStep#2", 3) and near(ev["delay_ns"], 10 * MS)
+    members = Counter(c["ranks"] for c in rep.tables["collectives"].to_pylist())
+    assert members == Counter({4: 6, 3: 2})  # step 0's two all-reduces lack rank 1, the rest match
+    assert all(abs(w["saved_ns"]) < 11 * MS for w in rep.tables["what_if"].to_pylist())
+
+
+def test_nccl_kernels_alone_as_in_live_runs(tmp_path):
+    """No record_param_comms rows and no collective args on the kernels (a live run, an nsys
+    import): the kind comes from the kernel name, the process group is unknown."""
+    make_job(tmp_path, ranks=6, steps=3, plants=[Straggler(4, 1, 6 * MS, "host"), ClockSkew(spread_ns=2 * MS)])
+    comm_args = ("Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "Process Group Name",
+                 "Process Group Description", "Process Group Ranks")
+
+    def keep(e: dict) -> bool:
+        for key in comm_args:
+            e["args"].pop(key, None)
+        return e["name"] != "record_param_comms"
+
+    for f in tmp_path.glob("rank-*"):
+        _edit(f, keep)
+    rep = ranks_report(tmp_path)
+    coll = rep.tables["collectives"].to_pylist()
+    assert len(coll) == 6 and {c["pg"] for c in coll} == {""} and {c["kind"] for c in coll} == {"allreduce"}
+    ev = by_kind(rep, "straggler")[0].evidence
+    assert (ev["rank"], ev["step"], ev["cause"]) == (4, "ProfilerStep#1", "host") and near(ev["delay_ns"], 6 * MS)
+
+
+def test_rank_without_collectives_is_not_aligned_and_harms_nothing(tmp_path):
+    make_job(tmp_path, ranks=3, steps=3, plants=[Straggler(1, 1, 5 * MS, "compute")])
+    _edit(tmp_path / "rank-2.pt.trace.json.gz",
+          lambda e: not e["name"].startswith("ncclDevKernel") and e["name"] != "record_param_comms")
+    rep = ranks_report(tmp_path)
+    assert rep.summary["unaligned_ranks"] == [2]
+    clocks = {r["rank"]: r for r in rep.tables["clocks"].to_pylist()}
+    assert clocks[2]["error_bound_ns"] is None and not clocks[2]["aligned"]
+    ev = by_kind(rep, "straggler")[0].evidence
+    assert (ev["rank"], ev["waiting_ranks"]) == (1, 1) and near(ev["delay_ns"], 5 * MS)
+
+
+def test_truncated_rank_and_no_collectives_at_all(tmp_path):
+    make_job(tmp_path / "a", ranks=4, steps=3)
+    f3 = tmp_path / "a" / "rank-3.pt.trace.json.gz"
+    t2 = _step_start(f3, 2)
+    _edit(f3, lambda e: e["ts"] < t2)  # rank 3 died before its last step
+    rep = ranks_report(tmp_path / "a")
+    assert Counter(c["ranks"] for c in rep.tables["collectives"].to_pylist()) == Counter({4: 4, 3: 2})
+    assert not by_kind(rep, "straggler")
+    make_job(tmp_path / "b", ranks=2, steps=2)
+    for f in (tmp_path / "b").glob("rank-*"):
+        _edit(f, lambda e: e["cat"] != "kernel" and e["name"] != "record_param_comms")
+    rep = ranks_report(tmp_path / "b")
+    assert rep.summary["collectives"] == 0 and rep.findings == [] and rep.tables["collectives"].num_rows == 0
+
+
+def test_map_is_pure_and_small(tmp_path):
+    """map_rank sees one rank's tables; combine gives the same report whatever order the
+    summaries come in; the summaries are small (a few kB per rank here)."""
+    import pyarrow.compute as pc
+
+    from pastaprof.tools.ranks import Ranks
+
+    make_job(tmp_path, ranks=5, steps=3, plants=[Straggler(3, 2, 7 * MS, "compute"), ClockSkew(spread_ns=4 * MS)])
+    run = api.load(tmp_path)
+    tool = Ranks()
+    tables = {k: run.table(k) for k in tool.consumes}
+    sums = {r: tool.map_rank(r, {k: t.filter(pc.equal(t["rank"], r)) for k, t in tables.items()}) for r in range(5)}
+    assert max(sum(t.nbytes for t in s.values()) for s in sums.values()) < 64_000
+    a = tool.combine(sums)
+    b = Ranks().combine({r: sums[r] for r in (4, 2, 0, 3, 1)})
+    assert [f.to_dict() for f in a.findings] == [f.to_dict() for f in b.findings]
+    assert all(a.tables[k].equals(b.tables[k]) for k in a.tables)
+    assert a.findings[0].evidence["rank"] == 3

@@ -8,7 +8,9 @@ unknown.  ``wait`` rows (the host waiting on a work object) are not collectives.
 
 Matching: NCCL requires every member of a process group to issue the group's collectives in
 the same order, so the k-th collective of a kind in a group on one rank is the k-th on every
-member: instances are keyed by (process group, kind, sequence within group and kind).
+member: instances are keyed by (process group, kind, sequence within group and kind).  Where a
+collective was issued in a step with an absolute number (``ProfilerStep#N``), the sequence
+counts within that step: ranks whose profiles start at different collectives still match.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n 
               "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n}
 
 PG_KEY_CHARS = 64
+ABSOLUTE_STEP = re.compile(r"^(?:ProfilerStep|pastaprof\.step)#\d+$")
 COLUMNS = ("rank", "pg", "kind", "seq", "bytes", "group_size", "host_ns", "start_ns", "end_ns", "on_gpu")
 
 
@@ -129,6 +132,17 @@ def rank_collectives(rank: int, tables: dict[str, pa.Table]) -> pa.Table:
     return t.set_column(3, "seq", pa.array(_sequence(t["pg"], t["kind"]), pa.int64()))
 
 
+def resequence(coll: pa.Table, labels: list[str | None]) -> pa.Table:
+    """Number the collectives within (process group, kind, step) where the step's label is an
+    absolute iteration number (``ProfilerStep#N``, ``pastaprof.step#N``: the same on every rank,
+    whatever step each rank's profile starts at), within (process group, kind) elsewhere; the
+    label used goes to column ``match_step``."""
+    key = pa.array([lab if lab and ABSOLUTE_STEP.match(lab) else "" for lab in labels], pa.string())
+    coll = coll.append_column("match_step", key)
+    return coll.set_column(coll.schema.get_field_index("seq"), "seq",
+                           pa.array(_sequence(coll["pg"], coll["kind"], coll["match_step"]), pa.int64()))
+
+
 def _sequence(*keys: pa.ChunkedArray) -> np.ndarray:
     """The running count of each key combination, in row order (0, 1, 2 ... per key)."""
     code = np.zeros(len(keys[0]), np.int64)
@@ -149,7 +163,8 @@ def match(coll: pa.Table) -> tuple[np.ndarray, int]:
     if coll.num_rows == 0:
         return np.zeros(0, np.int64), 0
     code = to_np(coll["seq"])
-    for name in ("pg", "kind"):
+    names = ("pg", "kind", "match_step") if "match_step" in coll.column_names else ("pg", "kind")
+    for name in names:
         c, names = name_codes(coll[name])
         code = code * (len(names) + 1) + c
     uniq, inst = np.unique(code, return_inverse=True)

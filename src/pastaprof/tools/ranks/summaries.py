@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from pastaprof.tools._ranges import host_ranges
 from pastaprof.tools._timeline_math import KeyIndex, name_codes, to_np
 from pastaprof.tools.memory import PASTAPROF_STEP_RE, PROFILER_STEP_RE, USER_STEP_RE
-from pastaprof.tools.ranks.collectives import nccl_kernels, rank_collectives
+from pastaprof.tools.ranks.collectives import nccl_kernels, rank_collectives, resequence
 from pastaprof.tools.steps import Steps, merged, window_of
 from pastaprof.tools.timeline import CONSECUTIVE_KERNEL_DELAY_NS
 
@@ -95,7 +95,10 @@ def map_rank(rank: int, tables: dict[str, pa.Table], options: dict) -> dict[str,
     steps = rank_steps(rank, tables, options)
     lo, hi = to_np(steps["start_ns"]), to_np(steps["end_ns"])
     coll = rank_collectives(rank, tables)
-    coll = coll.append_column("step", pa.array(window_of(to_np(coll["host_ns"]), lo, hi), pa.int64()))
+    step = window_of(to_np(coll["host_ns"]), lo, hi)
+    coll = coll.append_column("step", pa.array(step, pa.int64()))
+    names = steps["label"].to_pylist()
+    coll = resequence(coll, [names[i] if i >= 0 else None for i in step.tolist()])
     kernel = tables["kernel"]
     is_nccl = nccl_kernels(kernel)[0] if kernel.num_rows else np.zeros(0, bool)
     k_start, k_end = to_np(kernel["start_ns"]), to_np(kernel["end_ns"])
