@@ -393,3 +393,78 @@ def test_python_commands_are_recognized(tmp_path, programs):
     assert npg.is_python_command([str(script)])
     assert not npg.is_python_command([str(programs["plain"])]) and not npg.is_python_command(["mpirun", "-np", "2"])
     assert not npg.is_python_command([])
+
+
+# ---- the instruction-level tools' chunks (inject_sanitizer.c's format) --------------------------
+
+def _san_chunk(tables: list[dict[int, list[int]]], names: list[tuple[str, str]], first: int, raw_addrs=None) -> bytes:
+    """One chunk as inject_sanitizer.c writes it (test-only writer of the documented layout)."""
+    import struct as st
+
+    from pastaprof.handlers.native_sanitizer import MAGIC
+    from pastaprof.handlers.sanitizer import NCOLS
+
+    rows = [len(t[0]) if t else 0 for t in tables]
+    out = np.array([MAGIC, 7, len(names), first, *NCOLS, *rows], np.int64).tobytes()
+    for t, ncol in zip(tables, NCOLS):
+        if t and len(t[0]):
+            for c in range(ncol):
+                out += np.asarray(t.get(c, [0] * len(t[0])), np.int64).tobytes()
+    if rows[4]:
+        out += np.asarray(raw_addrs, np.uint64).tobytes()
+    for raw, shown in names:
+        out += st.pack("<i", len(raw)) + raw.encode() + st.pack("<i", len(shown)) + shown.encode()
+    return out
+
+
+def _launch_tables(corr: int, reads: int, writes: int) -> list[dict[int, list[int]]]:
+    from pastaprof.handlers.sanitizer import LAUNCH_COLS, OBJ_COLS
+
+    launch = {i: [0] for i in range(len(LAUNCH_COLS))}
+    for name, v in (("correlation", corr), ("start_ns", 10 * corr), ("end_ns", 10 * corr + 5), ("name_id", 0),
+                    ("grid_x", 4096), ("block_x", 256), ("mode", 1), ("lanes", reads + writes)):
+        launch[LAUNCH_COLS.index(name)] = [v]
+    obj = {i: [0] for i in range(len(OBJ_COLS))}
+    for name, v in (("correlation", corr), ("object_address", 0x7F0000000000), ("object_bytes", 4 << 20),
+                    ("kind", 1), ("reads", reads), ("writes", writes), ("bytes_read", 4 * reads),
+                    ("bytes_written", 4 * writes), ("page_start", -1), ("page_len", 0)):
+        obj[OBJ_COLS.index(name)] = [v]
+    return [launch, obj, {}, {}, {}, {}, {}]
+
+
+def test_sanitizer_chunks_replayed_through_the_python_handler(tmp_path):
+    """Two chunks (two vecadd launches: 2M reads + 1M writes each) -> access_launch and
+    access_summary rows with those counts, made by SanitizerHandler.drain itself."""
+    from pastaprof.handlers import native_sanitizer as ns
+    from pastaprof.live.config import CaptureConfig
+
+    base = tmp_path / "native" / "rank-0-pid-9"
+    base.parent.mkdir()
+    data = _san_chunk(_launch_tables(1, 2 << 20, 1 << 20), [("_Z6vecaddPKfS0_Pfi", "vecadd(float const*, float "
+                                                                                  "const*, float*, int)")], 0)
+    data += _san_chunk(_launch_tables(2, 2 << 20, 1 << 20), [], 1)
+    base.with_suffix(".san").write_bytes(data)
+    meta = {"sanitizer": {"stats": [2, 2] + [0] * 11, "error": "", "notes": []}}
+    t, summary, trouble = ns.tables(base, meta, CaptureConfig(), rank=0, pid=9)
+    assert trouble is None and summary["launches_instrumented"] == 2
+    s = t["access_summary"].to_pydict()
+    assert s["reads"] == [2 << 20] * 2 and s["writes"] == [1 << 20] * 2 and s["correlation"] == [1, 2]
+    assert set(s["name"]) == {"vecadd(float const*, float const*, float*, int)"} and set(s["pid"]) == {9}
+    assert t["access_launch"]["grid_x"].to_pylist() == [4096, 4096]
+    # cut short: the whole chunks before the cut are kept
+    base.with_suffix(".san").write_bytes(data[:-100])
+    t, _, trouble = ns.tables(base, meta, CaptureConfig(), rank=0, pid=9)
+    assert t["access_summary"].num_rows == 1 and "partial chunk" in trouble
+    # fixed-seed fuzz of the chunk reader
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        b = bytearray(data)
+        for j in rng.integers(0, len(b), size=rng.integers(1, 12)):
+            b[j] = int(rng.integers(0, 256))
+        base.with_suffix(".san").write_bytes(bytes(b[: rng.integers(0, len(b) + 1)]))
+        try:
+            got, _, _ = ns.tables(base, meta, CaptureConfig(), rank=0, pid=9)
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"reader raised {type(e).__name__}: {e}")
+        for tb in got.values():
+            tb.validate(full=True)

@@ -66,9 +66,11 @@ def is_python_command(command: list[str]) -> bool:
     return first.startswith(b"#!") and b"python" in first
 
 
-def prepare(env: dict[str, str], command: list[str]) -> str | None:
-    """Set ``env`` up so that native CUDA processes of ``command`` are captured.  Returns None,
-    or one line saying why native capture is off (the program then runs unchanged)."""
+def prepare(env: dict[str, str], command: list[str], config: Any = None) -> str | None:
+    """Set ``env`` up so that native CUDA processes of ``command`` are captured (``config``, the
+    run's CaptureConfig: its tools decide whether the instruction-level sanitizer tool is
+    loaded too).  Returns None, or one line saying why (part of) native capture is off; the
+    program then runs unchanged."""
     setting = env.get("PASTAPROF_NATIVE_INJECT", "")
     if setting == "0" or (setting != "1" and not has_nvidia_driver()):
         return None  # no CUDA program can run here: nothing to say
@@ -89,6 +91,13 @@ def prepare(env: dict[str, str], command: list[str]) -> str | None:
     env["CUDA_INJECTION64_PATH"] = str(lib)
     env["PASTAPROF_NATIVE_CUPTI"] = libcupti
     env.setdefault("NVTX_INJECTION64_PATH", str(lib))  # a user's own NVTX tool (nsys) keeps its place
+    if config is not None and config.tools:
+        from pastaprof.handlers.native_sanitizer import launcher_env
+        from pastaprof.tools.registry import resolve
+
+        consumed = {k for cls in resolve(list(config.tools)) for k in getattr(cls, "consumes", ())
+                    if k not in getattr(cls, "optional", ())}
+        return launcher_env(env, config, consumed)
     return None
 
 
@@ -98,38 +107,41 @@ def has_nvidia_driver() -> bool:
     return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
 
 
-def launch_hook(env: dict[str, str], command: list[str]) -> None:
+def launch_hook(env: dict[str, str], command: list[str], config: Any = None) -> None:
     """The launcher's step before the program starts: native capture prepared for any program
     that is not Python (a shell script or ``mpirun`` may start native CUDA programs); why it is
     off, where it is, in one line."""
     if is_python_command(command):
         return
     try:
-        line = prepare(env, command)
+        line = prepare(env, command, config)
     except Exception as e:  # noqa: BLE001 -- never keep the program from starting
         line = f"native capture off: {type(e).__name__}: {e}"
     if line:
         note(line)
 
 
-def finish_hook(run_dir: Path, kernels: str | None) -> None:
+def finish_hook(run_dir: Path, config: Any = None) -> None:
     """The launcher's step after the program ended, before compaction: the native processes'
     files -> parts.  A failure (disk full) is one warning; the rest of the run is stored."""
     try:
-        convert(run_dir, kernels)
+        convert(run_dir, config=config)
     except Exception as e:  # noqa: BLE001 -- the Python processes' events are still stored
         note(f"warning: native programs' events not stored: {type(e).__name__}: {e}")
 
 
 # ---- after the program ended: files -> parts -------------------------------------------------
 
-def convert(run_dir: Path, kernels: str | None = None) -> dict[str, int]:
+def convert(run_dir: Path, kernels: str | None = None, config: Any = None) -> dict[str, int]:
     """Every native process's files in ``run_dir/native`` -> Parquet parts and a shard JSON of
-    the run (what a Python process's session writes), then the files are removed.  ``kernels``:
-    the PASTAPROF_KERNELS regex, applied here where the library's POSIX regex could not take
-    it.  Returns rows per kind."""
+    the run (what a Python process's session writes), then the files are removed.  ``kernels``
+    (default: ``config.kernels``): the PASTAPROF_KERNELS regex, applied here where the library's
+    POSIX regex could not take it; ``config``: the run's CaptureConfig, for the instruction-level
+    tables.  Returns rows per kind."""
     from pastaprof.store.parts import write_part
 
+    if kernels is None and config is not None:
+        kernels = config.kernels
     d = run_dir / NATIVE
     rows: dict[str, int] = {}
     if not d.is_dir() or d.is_symlink():
@@ -141,6 +153,13 @@ def convert(run_dir: Path, kernels: str | None = None) -> dict[str, int]:
         base = meta_path.with_suffix("")
         meta, tables, status = read_process(base, kernels)
         rank, pid = _int(meta.get("rank"), int(m.group(1))), _int(meta.get("pid"), int(m.group(2)))
+        if meta:
+            from pastaprof.handlers.native_sanitizer import tables as access_tables
+
+            access, meta["_sanitizer"], trouble = access_tables(base, meta, config, rank, pid)
+            tables.update(access)
+            if trouble:
+                status["sanitizer"] = trouble
         events: dict[str, int] = {}
         for kind, t in tables.items():
             write_part(run_dir / kind / f"rank-{rank}-pid-{pid}-part-{0:05d}.parquet", t)
@@ -170,7 +189,7 @@ def _write_shard(run_dir: Path, rank: int, pid: int, meta: dict[str, Any], event
                                 "kernels_seen": stat.get("kernels_seen", 0),
                                 "mechanism": str(meta.get("mode", "cuda_injection"))[:40],
                                 "buffers": {"completed": stat.get("buffers", 0)}}},
-        "dropped_events": stat.get("dropped", 0), "relink_needed": False,
+        "dropped_events": stat.get("dropped", 0), "relink_needed": False, "sanitizer": meta.get("_sanitizer"),
         "capture_overhead": {"flush_seconds": 0.0, "stop_seconds": 0.0},
     }
     (run_dir / "shards").mkdir(exist_ok=True)

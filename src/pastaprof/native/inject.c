@@ -22,7 +22,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <regex.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -63,11 +62,12 @@ static char g_status[512];
 static char g_ended[32] = "running";
 static size_t g_buffer_bytes = 8u << 20;
 static const char* g_mode = "cuda_injection";
+static int g_sanitizer; /* the instruction-level bridge (inject_sanitizer.c) is running */
+static char g_san_status[512];
 
 /* kernel selection: PASTAPROF_SAMPLE (every Nth launch), PASTAPROF_KERNELS (POSIX ERE on the
  * readable name; a pattern POSIX cannot compile is left to the reader's Python regex) */
 static int64_t g_sample = 1, g_launch_seq;
-static regex_t g_kernel_re;
 static int g_kernel_filter; /* 0 none, 1 posix here, 2 python (reader) */
 static int g_off_kernels, g_off_api, g_off_memory;
 
@@ -75,130 +75,17 @@ static int g_off_kernels, g_off_api, g_off_memory;
 #define STAGE_RECORDS 4096
 static int64_t (*g_stage)[PP_RECORD_WORDS];
 static int g_nstage;
-static char* g_strstage;
-static size_t g_nstrstage, g_capstrstage;
 
-/* ---- strings: interned, each written once to the .str file -------------------------- */
-#define STR_SLOTS (1u << 18)
-typedef struct {
-  uint64_t hash;
-  int32_t id;
-} StrSlot;
-static StrSlot* g_str;
-static char** g_strings;
-static int32_t g_nstrings;
-/* kernel name pointers (stable per function in CUPTI) -> string id */
-#define PTR_SLOTS (1u << 16)
-static const char** g_ptr_key;
-static char** g_ptr_raw; /* the name a pointer had: a pointer CUPTI reuses for another name is told apart */
-static int32_t* g_ptr_id;
-static signed char* g_selected; /* per string id: -1 unknown, 0 no, 1 yes (kernel filter) */
-static int32_t g_capselected;
-static int32_t g_api_name[2][PP_MAX_CBID]; /* string id + 1 of (driver?, cbid) */
-
-static uint64_t fnv(const char* s) {
-  uint64_t h = 1469598103934665603ULL;
-  for (; *s; ++s) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
-  return h | 1;
-}
-
-static void stage_string(int32_t id, const char* s, uint32_t len) {
-  size_t need = g_nstrstage + 8 + len;
-  if (need > g_capstrstage) {
-    size_t cap = g_capstrstage ? g_capstrstage : 65536;
-    while (cap < need) cap *= 2;
-    char* p = (char*)realloc(g_strstage, cap);
-    if (!p) return;
-    g_strstage = p;
-    g_capstrstage = cap;
-  }
-  memcpy(g_strstage + g_nstrstage, &id, 4);
-  memcpy(g_strstage + g_nstrstage + 4, &len, 4);
-  memcpy(g_strstage + g_nstrstage + 8, s, len);
-  g_nstrstage = need;
-}
-
-/* id of string s (copied), or -1 when s is NULL or the table is full */
-static int32_t intern(const char* s) {
-  if (!s || !g_str) return -1;
-  uint64_t h = fnv(s);
-  for (uint32_t i = 0; i < STR_SLOTS; ++i) {
-    StrSlot* slot = &g_str[(h + i) & (STR_SLOTS - 1)];
-    if (slot->hash == h && strcmp(g_strings[slot->id], s) == 0) return slot->id;
-    if (slot->hash == 0) {
-      if (g_nstrings >= (int32_t)(STR_SLOTS / 2)) return -1;
-      size_t len = strlen(s);
-      if (len > PP_MAX_STRING) len = PP_MAX_STRING;
-      char* copy = (char*)malloc(len + 1);
-      if (!copy) return -1;
-      memcpy(copy, s, len);
-      copy[len] = 0;
-      g_strings[g_nstrings] = copy;
-      slot->hash = h;
-      slot->id = g_nstrings;
-      stage_string(g_nstrings, copy, (uint32_t)len);
-      return g_nstrings++;
-    }
-  }
-  return -1;
-}
-
-/* __cxa_demangle from the program's libstdc++, where it has one (nvcc programs do) */
-typedef char* (*demangle_t)(const char*, char*, size_t*, int*);
-static demangle_t p_demangle;
-
-static int32_t kernel_name(const char* name) {
-  if (!name) return -1;
-  uint64_t h = (uint64_t)(uintptr_t)name * 0x9e3779b97f4a7c15ULL;
-  for (uint32_t i = 0; i < PTR_SLOTS; ++i) {
-    uint32_t s = (uint32_t)((h + i) & (PTR_SLOTS - 1));
-    if (g_ptr_key[s] == name && strcmp(g_ptr_raw[s], name) == 0) return g_ptr_id[s];
-    if (g_ptr_key[s] == NULL) {
-      int status = -1;
-      char* readable = (p_demangle && name[0] == '_' && name[1] == 'Z') ? p_demangle(name, NULL, NULL, &status) : NULL;
-      int32_t id = intern(status == 0 && readable ? readable : name);
-      free(readable);
-      g_ptr_raw[s] = strdup(name);
-      if (!g_ptr_raw[s]) return id;
-      g_ptr_key[s] = name;
-      g_ptr_id[s] = id;
-      return id;
-    }
-  }
-  return intern(name);
-}
-
-static int kernel_selected(int32_t id) {
-  if (g_kernel_filter != 1 || id < 0) return 1;
-  if (id >= g_capselected) {
-    int32_t cap = g_capselected ? g_capselected : 1024;
-    while (cap <= id) cap *= 2;
-    signed char* p = (signed char*)realloc(g_selected, (size_t)cap);
-    if (!p) return 1;
-    memset(p + g_capselected, -1, (size_t)(cap - g_capselected));
-    g_selected = p;
-    g_capselected = cap;
-  }
-  if (g_selected[id] < 0) g_selected[id] = regexec(&g_kernel_re, g_strings[id], 0, NULL, 0) == 0;
-  return g_selected[id];
-}
-
-static int api_kept(const char* name);
 static signed char g_api_keep[2][PP_MAX_CBID]; /* 0 unknown, 1 keep, -1 drop (the whole-kind fallback) */
+static int api_kept(const char* name);
 
-static int32_t api_name(int driver, uint32_t cbid) {
-  if (cbid >= PP_MAX_CBID) return -1;
-  if (g_api_name[driver][cbid]) return g_api_name[driver][cbid] - 1;
+/* CUPTI's name of an API call, or NULL */
+static const char* cb_name(int driver, uint32_t cbid) {
   const char* name = NULL;
-  if (p_cb_name) p_cb_name(driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &name);
-  char fallback[32];
-  if (!name) {
-    snprintf(fallback, sizeof fallback, "cbid_%u", cbid);
-    name = fallback;
-  }
-  int32_t id = intern(name);
-  g_api_name[driver][cbid] = id + 1;
-  return id;
+  if (!p_cb_name || p_cb_name(driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &name) !=
+                        CUPTI_SUCCESS)
+    return NULL;
+  return name;
 }
 
 /* ---- records ---------------------------------------------------------------------------- */
@@ -217,8 +104,9 @@ static void write_all(int fd, const void* p, size_t n) {
 }
 
 static void stage_flush(void) {
-  if (g_nstrstage) write_all(g_str_fd, g_strstage, g_nstrstage); /* strings before the records naming them */
-  g_nstrstage = 0;
+  size_t n = 0;
+  const char* strings = pp_names_staged(&n); /* strings before the records naming them */
+  if (n) write_all(g_str_fd, strings, n);
   if (g_nstage) write_all(g_rec_fd, g_stage, (size_t)g_nstage * PP_RECORD_BYTES);
   g_stat[PP_STAT_WRITTEN] += g_nstage;
   g_nstage = 0;
@@ -247,9 +135,9 @@ static void decode(const CUpti_Activity* a) {
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
       const CUpti_ActivityKernel10* k = (const CUpti_ActivityKernel10*)a;
       g_stat[PP_STAT_KERNELS_SEEN]++;
-      int32_t name = kernel_name(k->name);
+      int32_t name = pp_kernel_name(k->name);
       ++g_launch_seq;
-      if ((g_sample > 1 && g_launch_seq % g_sample) || !kernel_selected(name)) {
+      if ((g_sample > 1 && g_launch_seq % g_sample) || !pp_kernel_selected(name)) {
         g_stat[PP_STAT_SAMPLED_OUT]++;
         return;
       }
@@ -285,16 +173,14 @@ static void decode(const CUpti_Activity* a) {
       if (c->cbid < PP_MAX_CBID) {
         signed char* keep = &g_api_keep[driver][c->cbid];
         if (*keep == 0) { /* a call whose name CUPTI does not give is kept */
-          const char* name = NULL;
-          CUpti_CallbackDomain domain = driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API;
-          int named = p_cb_name && p_cb_name(domain, c->cbid, &name) == CUPTI_SUCCESS && name;
-          *keep = !named || api_kept(name) ? 1 : -1;
+          const char* name = cb_name(driver, c->cbid);
+          *keep = !name || api_kept(name) ? 1 : -1;
         }
         if (*keep < 0) return;
       }
       if (!(r = row(PP_API))) return;
       PUT((int64_t)c->start, (int64_t)c->end, c->processId, c->threadId, c->correlationId, c->cbid, driver,
-          api_name(driver, c->cbid));
+          pp_api_name(driver, c->cbid, cb_name));
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMORY2: {
@@ -309,7 +195,7 @@ static void decode(const CUpti_Activity* a) {
       if (!(r = row(PP_MARKER))) return;
       int thread = m->objectKind == CUPTI_ACTIVITY_OBJECT_THREAD;
       PUT((int64_t)m->timestamp, m->flags, m->id, m->objectKind, thread ? (int64_t)m->objectId.pt.processId : -1,
-          thread ? (int64_t)m->objectId.pt.threadId : -1, intern(m->name), intern(m->domain));
+          thread ? (int64_t)m->objectId.pt.threadId : -1, pp_intern(m->name), pp_intern(m->domain));
       break;
     }
     default:
@@ -336,7 +222,10 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* b
   size_t dropped = 0;
   if (p_dropped && p_dropped(ctx, stream, &dropped) == CUPTI_SUCCESS) g_stat[PP_STAT_DROPPED] += (int64_t)dropped;
   g_stat[PP_STAT_BUFFERS]++;
-  if (g_state == 1) stage_flush();
+  if (g_state == 1) {
+    stage_flush();
+    if (g_sanitizer) pp_bridge_drain(); /* the instruction-level tables too, at the same pace */
+  }
   pthread_mutex_unlock(&g_mu);
   free(buffer);
 }
@@ -373,6 +262,11 @@ static void write_meta(int complete) {
   fprintf(f, ", \"mode\": \"%s\", \"sample\": %lld, \"kernel_filter\": \"%s\", \"status\": ", g_mode,
           (long long)g_sample, g_kernel_filter == 1 ? "posix" : g_kernel_filter == 2 ? "python" : "none");
   json_string(f, g_status, strlen(g_status));
+  if (g_san_status[0]) {
+    fputs(", \"sanitizer_status\": ", f);
+    json_string(f, g_san_status, strlen(g_san_status));
+  }
+  pp_bridge_meta(f, json_string);
   static const char* names[PP_NSTATS] = PP_STAT_NAMES;
   fprintf(f, ", \"stats\": {");
   for (int i = 0; i < PP_NSTATS; ++i) fprintf(f, "%s\"%s\": %lld", i ? ", " : "", names[i], (long long)g_stat[i]);
@@ -424,66 +318,20 @@ static int open_files(void) {
 
 static int alloc_tables(void) {
   g_stage = calloc(STAGE_RECORDS, PP_RECORD_BYTES);
-  g_str = (StrSlot*)calloc(STR_SLOTS, sizeof(StrSlot));
-  g_strings = (char**)calloc(STR_SLOTS / 2, sizeof(char*));
-  g_ptr_key = (const char**)calloc(PTR_SLOTS, sizeof(char*));
-  g_ptr_id = (int32_t*)calloc(PTR_SLOTS, sizeof(int32_t));
-  g_ptr_raw = (char**)calloc(PTR_SLOTS, sizeof(char*));
-  return (g_stage && g_str && g_strings && g_ptr_key && g_ptr_id && g_ptr_raw) ? 0 : -1;
+  return (g_stage && pp_names_alloc() == 0) ? 0 : -1;
 }
 
-/* ---- settings (the PASTAPROF_* vocabulary of `pastaprof run`) -------------------------------- */
-static int env_rank(void) {
-  static const char* vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"};
-  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; ++i) {
-    const char* v = getenv(vars[i]);
-    if (v && *v && strspn(v, "0123456789") == strlen(v)) return atoi(v);
-  }
-  return 0;
-}
-
-/* PASTAPROF_RANKS "0,2-3": 1 when rank is listed (or nothing is set) */
-static int rank_selected(int rank) {
-  const char* s = getenv("PASTAPROF_RANKS");
-  if (!s || !*s) return 1;
-  while (*s) {
-    char* end;
-    long lo = strtol(s, &end, 10), hi = lo;
-    if (end == s) return 1; /* the launcher validated it; a bad value selects everything */
-    if (*end == '-') {
-      s = end + 1;
-      hi = strtol(s, &end, 10);
-    }
-    if (rank >= lo && rank <= hi) return 1;
-    s = *end == ',' ? end + 1 : end;
-    if (*end && *end != ',') break;
-  }
-  return 0;
-}
-
-static int off(const char* part) {
-  const char* s = getenv("PASTAPROF_OFF");
-  size_t n = strlen(part);
-  while (s && *s) {
-    while (*s == ',' || *s == ' ') ++s;
-    size_t len = strcspn(s, ",");
-    while (len && s[len - 1] == ' ') --len;
-    if (len == n && strncmp(s, part, n) == 0) return 1;
-    s += len;
-  }
-  return 0;
-}
-
+/* ---- settings (the PASTAPROF_* vocabulary of `pastaprof run`; parsing in inject_util.c) --- */
 static void read_settings(void) {
   const char* v = getenv("PASTAPROF_SAMPLE");
   if (v && atoll(v) > 1) g_sample = atoll(v);
   v = getenv("PASTAPROF_KERNELS");
-  if (v && *v) g_kernel_filter = regcomp(&g_kernel_re, v, REG_EXTENDED | REG_NOSUB) == 0 ? 1 : 2;
+  if (v && *v) g_kernel_filter = pp_names_filter(v);
   v = getenv("PASTAPROF_NATIVE_BUFFER");
   if (v && atoll(v) >= 4096) g_buffer_bytes = (size_t)atoll(v);
-  g_off_kernels = off("kernels");
-  g_off_api = off("api");
-  g_off_memory = off("memory");
+  g_off_kernels = pp_off("kernels");
+  g_off_api = pp_off("api");
+  g_off_memory = pp_off("memory");
 }
 
 /* ---- exits and signals ---------------------------------------------------------------------- */
@@ -509,6 +357,7 @@ static void finish(const char* how, int final, int from_signal) {
   if (p_flush) p_flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED); /* completes the buffers: buffer_completed writes */
   pthread_mutex_lock(&g_mu);
   stage_flush();
+  if (g_sanitizer) pp_bridge_drain();
   snprintf(g_ended, sizeof g_ended, "%s", how);
   write_meta(final);
   pthread_mutex_unlock(&g_mu);
@@ -569,7 +418,7 @@ static void fork_child(void) {
   if (g_str_fd >= 0) close(g_str_fd);
   g_rec_fd = g_str_fd = -1;
   g_nstage = 0;
-  g_nstrstage = 0;
+  pp_names_forget_staged();
   pthread_mutex_unlock(&g_mu);
 }
 
@@ -657,7 +506,7 @@ static int start_capture(const char* mode) {
   g_mode = mode;
   g_stat[PP_STAT_PID] = getpid();
   g_started_ns = now_ns();
-  g_rank = env_rank();
+  g_rank = pp_env_rank();
   const char* env = getenv("PASTAPROF_NATIVE_INJECT");
   if (env && strcmp(env, "0") == 0) return -1; /* switched off: silent */
   if (dlsym(RTLD_DEFAULT, "Py_IsInitialized")) return -1; /* Python: pastaprof's own session captures */
@@ -667,8 +516,8 @@ static int start_capture(const char* mode) {
     warn("out of memory");
     return -1;
   }
-  p_demangle = (demangle_t)dlsym(RTLD_DEFAULT, "__cxa_demangle");
-  if (!rank_selected(g_rank)) {
+  pp_names_demangler(0);
+  if (!pp_rank_selected(g_rank)) {
     snprintf(g_status, sizeof g_status, "rank %d not selected (PASTAPROF_RANKS): nothing recorded", g_rank);
     if (open_files() == 0) write_meta(1);
     return -1;
@@ -691,6 +540,10 @@ static int start_capture(const char* mode) {
     write_meta(1);
     return -1;
   }
+  /* the sanitizer first, as in a Python session: it must see every module load */
+  int san = pp_bridge_start(g_base, getenv("PASTAPROF_KERNELS"), (long)g_sample, g_san_status, sizeof g_san_status);
+  g_sanitizer = san == 0;
+  if (san < 0) warn(g_san_status);
   CUptiResult r = p_register(buffer_requested, buffer_completed);
   if (r != CUPTI_SUCCESS) {
     snprintf(g_status, sizeof g_status, "cuptiActivityRegisterCallbacks: %s (%d)", cupti_error(r), (int)r);
@@ -761,120 +614,34 @@ __attribute__((constructor)) static void preload(void) {
   }
 }
 
-/* ---- test-only entry point: synthetic CUPTI records through decode() and the writer ----------- */
-/* Writes into $PASTAPROF_OUT/native as a capture would: `kernels` kernel records (names
- * "kernel_<i % names>" mangled as _Z..v where `mangled`), one runtime cudaLaunchKernel record per
- * kernel (and, with PASTAPROF_NATIVE_CUPTI's names, one cudaGetDevice record per kernel, which
- * decode() drops), `copies` HtoD memcpy records of 4096*(i+1)
- * bytes, one NVTX range per 10 kernels (domain "pp"), and one alloc + one free.  Installs the
- * exit and signal handlers as a capture does; returns 0, or -1 when the files cannot be made. */
-EXPORT int pp_inject_selftest(int kernels, int names, int copies, int mangled) {
+/* ---- for inject_selftest.c: the capture's set-up and end without CUPTI's buffers ------------- */
+int pp_test_begin(void) {
   pthread_mutex_lock(&g_mu);
   g_stat[PP_STAT_PID] = getpid();
   g_started_ns = now_ns();
-  g_rank = env_rank();
+  g_rank = pp_env_rank();
   g_mode = "selftest";
   read_settings();
   if (alloc_tables() != 0 || open_files() != 0) {
     pthread_mutex_unlock(&g_mu);
     return -1;
   }
-  p_demangle = (demangle_t)dlsym(RTLD_DEFAULT, "__cxa_demangle");
-  if (!p_demangle) {
-    void* cxx = dlopen("libstdc++.so.6", RTLD_NOW | RTLD_GLOBAL);
-    if (cxx) p_demangle = (demangle_t)dlsym(cxx, "__cxa_demangle");
-  }
+  pp_names_demangler(1);
   if (getenv("PASTAPROF_NATIVE_CUPTI")) bind_cupti(); /* API names through cuptiGetCallbackName, if it loads */
   snprintf(g_status, sizeof g_status, "ok");
   g_state = 1;
-  static char namebuf[256][64];
-  int64_t t = 1700000000000000000LL;
-  for (int i = 0; i < kernels; ++i) {
-    CUpti_ActivityKernel10 k;
-    memset(&k, 0, sizeof k);
-    k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
-    int n = i % (names > 0 && names <= 256 ? names : 1);
-    if (mangled) snprintf(namebuf[n], sizeof namebuf[n], "_Z8kernel_%dv", n);
-    else snprintf(namebuf[n], sizeof namebuf[n], "kernel_%d", n);
-    k.name = namebuf[n];
-    k.start = (uint64_t)(t + 1000LL * i);
-    k.end = k.start + 500;
-    k.deviceId = 0;
-    k.streamId = 7;
-    k.correlationId = (uint32_t)(2 * i + 1);
-    k.gridX = (int32_t)(i + 1); k.gridY = 1; k.gridZ = 1;
-    k.blockX = 256; k.blockY = 1; k.blockZ = 1;
-    k.registersPerThread = 32;
-    k.staticSharedMemory = 1024;
-    k.dynamicSharedMemory = (uint32_t)i;
-    decode((CUpti_Activity*)&k);
-    CUpti_ActivityAPI a;
-    memset(&a, 0, sizeof a);
-    a.kind = CUPTI_ACTIVITY_KIND_RUNTIME;
-    a.cbid = CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000;
-    a.start = k.start - 300;
-    a.end = k.start - 100;
-    a.processId = (uint32_t)getpid();
-    a.threadId = 42;
-    a.correlationId = k.correlationId;
-    decode((CUpti_Activity*)&a);
-    if (p_cb_name) { /* with CUPTI's names: a call nothing uses, dropped by decode() */
-      a.cbid = CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020;
-      a.correlationId = 0;
-      decode((CUpti_Activity*)&a);
-    }
-    if (i % 10 == 0) {
-      CUpti_ActivityMarker2 m;
-      memset(&m, 0, sizeof m);
-      m.kind = CUPTI_ACTIVITY_KIND_MARKER;
-      m.flags = CUPTI_ACTIVITY_FLAG_MARKER_START;
-      m.timestamp = (uint64_t)(k.start - 400);
-      m.id = (uint32_t)(i / 10 + 1);
-      m.objectKind = CUPTI_ACTIVITY_OBJECT_THREAD;
-      m.objectId.pt.processId = (uint32_t)getpid();
-      m.objectId.pt.threadId = 42;
-      char rn[32];
-      snprintf(rn, sizeof rn, "step %d", i / 10);
-      m.name = rn;
-      m.domain = "pp";
-      decode((CUpti_Activity*)&m);
-      m.flags = CUPTI_ACTIVITY_FLAG_MARKER_END;
-      m.timestamp = (uint64_t)(k.end + 50);
-      m.name = NULL;
-      m.domain = NULL;
-      decode((CUpti_Activity*)&m);
-    }
-  }
-  for (int i = 0; i < copies; ++i) {
-    CUpti_ActivityMemcpy6 m;
-    memset(&m, 0, sizeof m);
-    m.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
-    m.copyKind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOD;
-    m.bytes = 4096ull * (uint64_t)(i + 1);
-    m.start = (uint64_t)(t - 100000 + 1000LL * i);
-    m.end = m.start + 700;
-    m.streamId = 7;
-    m.correlationId = (uint32_t)(1000000 + i);
-    decode((CUpti_Activity*)&m);
-  }
-  for (int op = 1; op <= 2; ++op) {
-    CUpti_ActivityMemory4 m;
-    memset(&m, 0, sizeof m);
-    m.kind = CUPTI_ACTIVITY_KIND_MEMORY2;
-    m.memoryOperationType = op == 1 ? CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION
-                                    : CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE;
-    m.memoryKind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE;
-    m.address = 0x7f0000000000ull;
-    m.bytes = 1 << 20;
-    m.timestamp = (uint64_t)(t - 200000 + op * 150000000LL);
-    m.processId = (uint32_t)getpid();
-    decode((CUpti_Activity*)&m);
-  }
+  return 0;
+}
+
+int pp_test_named(void) { return p_cb_name != NULL; }
+
+void pp_decode(const void* record) { decode((const CUpti_Activity*)record); }
+
+void pp_test_end(void) {
   stage_flush();
   write_meta(0);
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   atexit(at_exit);
   install_signals();
   pthread_mutex_unlock(&g_mu);
-  return 0;
 }

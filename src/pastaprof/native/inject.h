@@ -11,6 +11,8 @@
  * A file cut short (a process killed mid-write) loses only its last, partial entry.
  */
 #pragma once
+#include <stddef.h>
+#include <stdint.h>
 
 #define PP_MAGIC 0x31564954414e5050LL /* "PPNATIV1" */
 #define PP_FORMAT_VERSION 1
@@ -42,3 +44,39 @@ enum {
 };
 #define PP_STAT_NAMES \
   {"records", "written", "kernels_seen", "sampled_out", "dropped", "buffers", "write_errors", "pid", "api_calls_enabled"}
+
+/* rank-R-pid-P.san (instruction-level tools, inject_sanitizer.c): chunks of
+ *   int64 PP_SAN_MAGIC, PP_SAN_TABLES, new names, names before them, ncols[PP_SAN_TABLES], rows[PP_SAN_TABLES];
+ *   each table's columns (ncols x rows int64, column after column, empty tables skipped);
+ *   raw request addresses (rows[PP_SAN_T_RAW] x 32 uint64);
+ *   per new kernel name: int32 length, mangled bytes, int32 length, readable bytes.
+ * The tables are sanitizer_tool.cpp's (pp_san_take / pp_san_copy), in handlers/sanitizer.py's order. */
+#define PP_SAN_MAGIC 0x31484e4153505050LL /* "PPPSANH1" */
+#define PP_SAN_TABLES 7
+#define PP_SAN_T_RAW 4
+#define PP_SAN_NCOLS {32, 11, 1, 8, 8, 4, 7}
+
+#include <stdio.h>
+int pp_bridge_start(const char* base, const char* kernels, long sample, char* err, size_t errlen);
+void pp_bridge_drain(void);
+void pp_bridge_meta(FILE* f, void (*json_string)(FILE*, const char*, size_t));
+
+/* inject.c, for inject_selftest.c */
+int pp_test_begin(void);
+int pp_test_named(void);
+void pp_decode(const void* record);
+void pp_test_end(void);
+
+/* inject_util.c: names (under inject.c's lock) and settings */
+int pp_names_alloc(void);
+int32_t pp_intern(const char* s);
+int32_t pp_kernel_name(const char* name);
+int pp_kernel_selected(int32_t id);
+int32_t pp_api_name(int driver, uint32_t cbid, const char* (*lookup)(int, uint32_t));
+int pp_names_filter(const char* pattern); /* 1: a POSIX ERE, applied here; 2: left to the reader */
+void pp_names_demangler(int load);
+const char* pp_names_staged(size_t* n);
+void pp_names_forget_staged(void);
+int pp_env_rank(void);
+int pp_rank_selected(int rank);
+int pp_off(const char* part);

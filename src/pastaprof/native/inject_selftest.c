@@ -1,0 +1,109 @@
+/* A test-only entry point of pastaprof's injection library (inject.c): synthetic CUPTI
+ * records through the capture's own decode() and writer, for tests on machines without a GPU
+ * (tests/test_native_inject.py). */
+#define _GNU_SOURCE
+#include <cupti.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "inject.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- test-only entry point: synthetic CUPTI records through decode() and the writer ----------- */
+/* Writes into $PASTAPROF_OUT/native as a capture would: `kernels` kernel records (names
+ * "kernel_<i % names>" mangled as _Z..v where `mangled`), one runtime cudaLaunchKernel record per
+ * kernel (and, with PASTAPROF_NATIVE_CUPTI's names, one cudaGetDevice record per kernel, which
+ * decode() drops), `copies` HtoD memcpy records of 4096*(i+1)
+ * bytes, one NVTX range per 10 kernels (domain "pp"), and one alloc + one free.  Installs the
+ * exit and signal handlers as a capture does; returns 0, or -1 when the files cannot be made. */
+EXPORT int pp_inject_selftest(int kernels, int names, int copies, int mangled) {
+  if (pp_test_begin() != 0) return -1;
+  static char namebuf[256][64];
+  int64_t t = 1700000000000000000LL;
+  for (int i = 0; i < kernels; ++i) {
+    CUpti_ActivityKernel10 k;
+    memset(&k, 0, sizeof k);
+    k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+    int n = i % (names > 0 && names <= 256 ? names : 1);
+    if (mangled) snprintf(namebuf[n], sizeof namebuf[n], "_Z8kernel_%dv", n);
+    else snprintf(namebuf[n], sizeof namebuf[n], "kernel_%d", n);
+    k.name = namebuf[n];
+    k.start = (uint64_t)(t + 1000LL * i);
+    k.end = k.start + 500;
+    k.deviceId = 0;
+    k.streamId = 7;
+    k.correlationId = (uint32_t)(2 * i + 1);
+    k.gridX = (int32_t)(i + 1); k.gridY = 1; k.gridZ = 1;
+    k.blockX = 256; k.blockY = 1; k.blockZ = 1;
+    k.registersPerThread = 32;
+    k.staticSharedMemory = 1024;
+    k.dynamicSharedMemory = (uint32_t)i;
+    pp_decode(&k);
+    CUpti_ActivityAPI a;
+    memset(&a, 0, sizeof a);
+    a.kind = CUPTI_ACTIVITY_KIND_RUNTIME;
+    a.cbid = CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000;
+    a.start = k.start - 300;
+    a.end = k.start - 100;
+    a.processId = (uint32_t)getpid();
+    a.threadId = 42;
+    a.correlationId = k.correlationId;
+    pp_decode(&a);
+    if (pp_test_named()) { /* with CUPTI's names: a call nothing uses, dropped by decode() */
+      a.cbid = CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020;
+      a.correlationId = 0;
+      pp_decode(&a);
+    }
+    if (i % 10 == 0) {
+      CUpti_ActivityMarker2 m;
+      memset(&m, 0, sizeof m);
+      m.kind = CUPTI_ACTIVITY_KIND_MARKER;
+      m.flags = CUPTI_ACTIVITY_FLAG_MARKER_START;
+      m.timestamp = (uint64_t)(k.start - 400);
+      m.id = (uint32_t)(i / 10 + 1);
+      m.objectKind = CUPTI_ACTIVITY_OBJECT_THREAD;
+      m.objectId.pt.processId = (uint32_t)getpid();
+      m.objectId.pt.threadId = 42;
+      char rn[32];
+      snprintf(rn, sizeof rn, "step %d", i / 10);
+      m.name = rn;
+      m.domain = "pp";
+      pp_decode(&m);
+      m.flags = CUPTI_ACTIVITY_FLAG_MARKER_END;
+      m.timestamp = (uint64_t)(k.end + 50);
+      m.name = NULL;
+      m.domain = NULL;
+      pp_decode(&m);
+    }
+  }
+  for (int i = 0; i < copies; ++i) {
+    CUpti_ActivityMemcpy6 m;
+    memset(&m, 0, sizeof m);
+    m.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
+    m.copyKind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOD;
+    m.bytes = 4096ull * (uint64_t)(i + 1);
+    m.start = (uint64_t)(t - 100000 + 1000LL * i);
+    m.end = m.start + 700;
+    m.streamId = 7;
+    m.correlationId = (uint32_t)(1000000 + i);
+    pp_decode(&m);
+  }
+  for (int op = 1; op <= 2; ++op) {
+    CUpti_ActivityMemory4 m;
+    memset(&m, 0, sizeof m);
+    m.kind = CUPTI_ACTIVITY_KIND_MEMORY2;
+    m.memoryOperationType = op == 1 ? CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION
+                                    : CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_RELEASE;
+    m.memoryKind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE;
+    m.address = 0x7f0000000000ull;
+    m.bytes = 1 << 20;
+    m.timestamp = (uint64_t)(t - 200000 + op * 150000000LL);
+    m.processId = (uint32_t)getpid();
+    pp_decode(&m);
+  }
+  pp_test_end();
+  return 0;
+}
