@@ -146,6 +146,7 @@ def test_program_unchanged_by_the_injection_variables(lib, programs, tmp_path, a
     assert bare.returncode == (4 if args else 3)
 
 
+@pytest.mark.skipif(npg.has_nvidia_driver(), reason="a machine without an NVIDIA driver")
 def test_no_gpu_is_one_line_and_the_program_goes_on(lib, programs, tmp_path):
     """Loaded eagerly (LD_PRELOAD) where there is no CUDA driver: one warning line, the program's
     own output and exit code as without it; the process's header says why."""
@@ -468,3 +469,39 @@ def test_sanitizer_chunks_replayed_through_the_python_handler(tmp_path):
             pytest.fail(f"reader raised {type(e).__name__}: {e}")
         for tb in got.values():
             tb.validate(full=True)
+
+
+# ---- through `pastaprof run` ------------------------------------------------------------------
+
+def _run(tmp: Path, *cmd: str, **extra: str) -> subprocess.CompletedProcess:
+    out = tmp / "run"
+    shutil.rmtree(out, ignore_errors=True)
+    return subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "--out", str(out), "--", *cmd],
+                          capture_output=True, text=True, env=_env(**extra), timeout=120)
+
+
+def test_pastaprof_run_stores_a_native_programs_run(lib, programs, tmp_path):
+    r = _run(tmp_path, str(programs["selftest"]), str(lib), "exit", "25")
+    assert (r.returncode, r.stdout) == (5, "selftest 0\n"), r.stderr
+    assert "25 kernel" in r.stderr and "3 range" in r.stderr
+    manifest = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert manifest["rows"] == {"kernel": 25, "api": 25, "range": 3, "memcpy": 4, "alloc": 1, "free": 1}
+    assert manifest["exit_code"] == 5 and [list(p["handlers"]) for p in manifest["processes"]] == [["native"]]
+    assert not (tmp_path / "run" / "native").exists()
+
+
+def test_pastaprof_run_child_processes_and_ranks(lib, programs, tmp_path):
+    exe, so = programs["selftest"], lib
+    r = _run(tmp_path, "sh", "-c", f"{exe} {so} exit 5; RANK=1 {exe} {so} exit 7; exit 3")
+    assert r.returncode == 3 and r.stdout == "selftest 0\nselftest 0\n"
+    manifest = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert manifest["ranks"] == [0, 1] and manifest["rows"]["kernel"] == 12
+    assert sorted(p["rank"] for p in manifest["processes"]) == [0, 1]
+
+
+def test_pastaprof_run_killed_native_process_says_what_was_lost(lib, programs, tmp_path):
+    r = _run(tmp_path, str(programs["selftest"]), str(lib), "kill", "25")
+    assert r.returncode == -signal.SIGKILL
+    manifest = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert manifest["rows"]["kernel"] == 25  # written before the kill
+    assert "final flush" in r.stderr and any("final flush" in v for v in manifest["status"].values())
