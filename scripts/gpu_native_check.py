@@ -5,7 +5,7 @@ what the run stored against independent counts: the program's own (vecadd prints
 launches, copies and NVTX ranges), ``ncu``'s list of kernels (cuBLAS / cuFFT), and the exit
 codes and output of the bare runs.  Prints one line per check and writes results.json.
 
-    python3 scripts/gpu_native_check.py OUT [--parts build,vecadd,libs,loop,exits,procs,python]
+    python3 scripts/gpu_native_check.py OUT [--parts build,vecadd,libs,loop,exits,procs,sanitizer,python]
 """
 
 from __future__ import annotations
@@ -188,6 +188,28 @@ def part_procs(exe: dict[str, Path], out: Path) -> None:
         RESULTS["mpirun"] = "not on this machine"
 
 
+def part_sanitizer(exe: dict[str, Path], out: Path) -> None:
+    """-t working_set on the native vector add: per launch, exactly 2 * 2^20 lane reads and
+    2^20 lane writes (4096 blocks x 256 threads = 2^20 elements, c[i] = a[i] + b[i])."""
+    bare = sh([str(exe["vecadd"]), "3"])
+    r = pastaprof_run(out / "san", [str(exe["vecadd"]), "3"], flags=["-t", "working_set"], timeout=400)
+    run = out / "san"
+    check("sanitizer: output unchanged", (r.returncode, r.stdout) == (bare.returncode, bare.stdout),
+          f"exit {r.returncode}; stderr {r.stderr.strip()[-400:]!r}")
+    import duckdb
+
+    files = [str(f) for f in (run / "access_summary").glob("*.parquet")]
+    if not files:
+        check("sanitizer: exact access counts", False, f"no access_summary rows; stderr {r.stderr[-400:]!r}")
+        return
+    got = duckdb.connect().execute(f"select correlation, sum(reads), sum(writes) from read_parquet({files!r}) "
+                                   "group by correlation order by correlation").fetchall()
+    want = [(2 << 20, 1 << 20)] * 3
+    check("sanitizer: exact access counts", [(int(a), int(b)) for _, a, b in got] == want,
+          f"per launch (reads, writes) {[(int(a), int(b)) for _, a, b in got]}, expected {want[0]} x 3")
+    RESULTS["sanitizer_report"] = r.stderr[-3000:]
+
+
 def part_python(out: Path) -> None:
     """A torch program under `pastaprof run` (CUDA_INJECTION64_PATH is set for it too): the
     Python session captures it, the library stays out (no native files, no CUPTI conflict)."""
@@ -203,7 +225,7 @@ def part_python(out: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
-    ap.add_argument("--parts", default="build,vecadd,libs,loop,exits,procs,python")
+    ap.add_argument("--parts", default="build,vecadd,libs,loop,exits,procs,sanitizer,python")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     parts = a.parts.split(",")
@@ -211,7 +233,7 @@ def main() -> int:
     runs = Path("/tmp/pastaprof-native-runs")  # the runs stay on the machine; results.json comes back
     runs.mkdir(parents=True, exist_ok=True)
     for name, fn in (("vecadd", part_vecadd), ("libs", part_libs), ("loop", part_loop), ("exits", part_exits),
-                     ("procs", part_procs)):
+                     ("procs", part_procs), ("sanitizer", part_sanitizer)):
         if name in parts:
             t0 = time.perf_counter()
             try:
