@@ -128,13 +128,6 @@ def _salvage(path: Path, text: bytes) -> tuple[dict[str, Any], list[dict], str |
 
 
 # ---------------------------------------------------------------- nodes -> columns
-def _attr(node: dict, name: str) -> Any:
-    for a in node.get("attrs") or ():
-        if isinstance(a, dict) and a.get("name") == name:
-            return a.get("value")
-    return None
-
-
 def _int(v: Any) -> int | None:
     if isinstance(v, bool) or not isinstance(v, int):
         return None
@@ -182,27 +175,44 @@ def _json(io: Any, key: str) -> str | None:
         return None
 
 
+def _clean(n: Any) -> dict | None:
+    """A node with the types the mapping reads (None: not a node): a damaged or hostile
+    file's wrong types become nulls, never an exception."""
+    if not isinstance(n, dict) or _int(n.get("id")) is None:
+        return None
+    attrs = {a["name"]: a.get("value") for a in n.get("attrs") or () if isinstance(a, dict)
+             and isinstance(a.get("name"), str)} if isinstance(n.get("attrs"), list) else {}
+
+    def io(v: Any) -> dict:
+        if not isinstance(v, dict):
+            return {}
+        return {k: v[k] for k in ("values", "shapes", "types") if isinstance(v.get(k), list)}
+
+    return {"id": n["id"], "name": str(n.get("name", ""))[:1000], "ctrl_deps": _int(n.get("ctrl_deps")),
+            "attrs": attrs, "inputs": io(n.get("inputs")), "outputs": io(n.get("outputs"))}
+
+
 def node_table(nodes: list[dict]) -> pa.Table:
     """One row per operator node (container nodes left out), in ET id order, with
     ``data_deps``: the ET ids of the latest earlier nodes that output each input tensor."""
-    rows = sorted((n for n in nodes if _int(n.get("id")) is not None and str(n.get("name")) not in CONTAINERS),
-                  key=lambda n: n["id"])
+    clean = (_clean(n) for n in nodes)
+    rows = sorted((n for n in clean if n is not None and n["name"] not in CONTAINERS), key=lambda n: n["id"])
     producer: dict[int, int] = {}
     cols: dict[str, list] = {k: [] for k in ("et_id", "et_parent", "name", "rf_id", "tid", "sequence_id", "op_schema",
                                               "input_shapes", "input_dtypes", "output_shapes", "output_dtypes",
                                               "input_tensor_ids", "output_tensor_ids", "data_deps")}
     for n in rows:
-        ins, outs = n.get("inputs"), n.get("outputs")
+        ins, outs, attrs = n["inputs"], n["outputs"], n["attrs"]
         deps = sorted({producer[t] for t in _all_tensor_ids(ins) if t in producer})
         for t in _all_tensor_ids(outs):
             producer[t] = n["id"]
-        seq = _int(_attr(n, "seq_id"))
-        schema = _attr(n, "op_schema")
+        seq = _int(attrs.get("seq_id"))
+        schema = attrs.get("op_schema")
         cols["et_id"].append(n["id"])
-        cols["et_parent"].append(_int(n.get("ctrl_deps")))
-        cols["name"].append(str(n.get("name", ""))[:1000])
-        cols["rf_id"].append(_int(_attr(n, "rf_id")))
-        cols["tid"].append(_int(_attr(n, "tid")))
+        cols["et_parent"].append(n["ctrl_deps"])
+        cols["name"].append(n["name"])
+        cols["rf_id"].append(_int(attrs.get("rf_id")))
+        cols["tid"].append(_int(attrs.get("tid")))
         cols["sequence_id"].append(seq if seq is not None and seq >= 0 else None)
         cols["op_schema"].append(str(schema)[:2000] if schema else None)
         cols["input_shapes"].append(_json(ins, "shapes"))
