@@ -1,190 +1,94 @@
 """Importers turn foreign traces into pastaprof events, one rank at a time.
 
-A folder may hold several ranks, several captures of one rank (a profiler
-``schedule`` writes one file per cycle) and files that are no Kineto trace (an
-execution trace, a config): see importers/ranks.py for how ranks are read, and
-:func:`scan` for what is skipped.  What was guessed, merged or skipped is said
-in note lines on stderr and recorded in the run's manifest.
+Each format is one importer (importers/base.py), registered in the
+``pastaprof.importers`` entry-point group (importers/registry.py).  A file or a
+folder goes to the importer whose ``sniff`` claims its content; this module is
+the one door the rest of pastaprof uses: :func:`iter_ranks` and
+:func:`manifest_for`.  The raw tables an importer yields are checked here
+against the contract of docs/events.md (known kinds, Arrow tables with
+``start_ns``/``end_ns``), so a plugin's mistake names the plugin.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pastaprof.errors import InputError
-from pastaprof.importers.kineto import CATEGORY_KIND, IGNORED_CATEGORIES, import_file, unread_note
-from pastaprof.importers.ranks import FileRank, check_overlap, plan_ranks, rank_from_name, rank_in_header, show
-from pastaprof.importers.sniff import Sniff, sniff
+from pastaprof.importers.kineto_importer import TRACE_SUFFIXES, scan
+from pastaprof.importers.ranks import rank_from_name
 
 __all__ = ["TRACE_SUFFIXES", "iter_ranks", "manifest_for", "rank_from_name", "scan", "trace_files"]
 
-TRACE_SUFFIXES = (".json", ".json.gz")
-
-
-def _stderr_note(msg: str) -> None:
-    try:
-        sys.stderr.write(f"pastaprof: note: {msg}\n")
-    except (AttributeError, OSError, ValueError):  # no stderr, or a closed one: the manifest keeps the note
-        pass
-
-
-def scan(path: Path) -> tuple[list[Path], list[Sniff], dict[str, str]]:
-    """The trace files behind ``path`` (a file, or a folder of per-rank files), what
-    their first bytes say, and the folder's files that are skipped (name -> why):
-    hidden files, execution traces and other JSON, recognized by content."""
-    if not path.exists():
-        raise InputError(path, "no such file or directory")
-    if not path.is_dir():  # a regular file, else one line saying what it is (safe_read)
-        from pastaprof.store.safe_read import check_trace_file
-
-        f = check_trace_file(path)
-        s = sniff(f)
-        if s.kind == "et":
-            raise InputError(path, f"is {s.why}, not a Kineto trace")
-        return [f], [s], {}
-    candidates = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
-    files, sniffs, skipped = [], [], {}
-    for p in candidates:
-        if p.name.startswith("."):
-            skipped[p.name] = "a hidden file"
-            continue
-        s = sniff(p)
-        if s.kind != "trace":
-            skipped[p.name] = s.why
-            continue
-        files.append(p)
-        sniffs.append(s)
-    if not files:
-        if skipped:
-            raise InputError(path, f"folder holds no Kineto trace ({_skipped(skipped)})")
-        raise InputError(path, "folder holds no .json or .json.gz trace files")
-    return files, sniffs, skipped
+DEFAULT_IMPORTER = "kineto"
 
 
 def trace_files(path: Path) -> list[Path]:
-    """The trace files behind ``path`` (a file, or a folder of per-rank files)."""
+    """The Kineto trace files behind ``path`` (a file, or a folder of per-rank files)."""
     return scan(path)[0]
 
 
-def _skipped(skipped: dict[str, str]) -> str:
-    """'a.json: why; b.json: why' (three at most, then how many more)."""
-    more = f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""
-    return "; ".join(f"{show(n)}: {w}" for n, w in list(skipped.items())[:3]) + more
+class ImporterBug(RuntimeError):
+    """An importer broke the raw-table contract (docs/events.md): a plugin bug, named."""
 
 
-def _skipped_note(skipped: dict[str, str]) -> str:
-    n = len(skipped)
-    return f"skipped {n} file{'s that are' if n > 1 else ' that is'} no Kineto trace ({_skipped(skipped)})"
+def _check_tables(importer: str, rank: Any, tables: Any) -> None:
+    from pastaprof.events.schema import KINDS
+
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 2**31:
+        raise ImporterBug(f"importer {importer!r} yielded rank {rank!r}: ranks are integers 0..2^31-1")
+    if not isinstance(tables, dict):
+        raise ImporterBug(f"importer {importer!r} yielded {type(tables).__name__}, not a dict of kind -> table")
+    for kind, t in tables.items():
+        if kind not in KINDS:
+            raise ImporterBug(f"importer {importer!r} yielded unknown kind {kind!r} (known: {', '.join(KINDS)})")
+        if not isinstance(t, pa.Table):
+            raise ImporterBug(f"importer {importer!r}: {kind} is {type(t).__name__}, not a pyarrow.Table")
+        if t.num_rows and not {"start_ns", "end_ns"} <= set(t.column_names):
+            raise ImporterBug(f"importer {importer!r}: {kind} lacks start_ns/end_ns")
+
+
+def _with_rank(tables: dict[str, pa.Table], rank: int) -> dict[str, pa.Table]:
+    """``rank`` filled in on tables that do not carry it (the contract makes it optional)."""
+    return {k: t if "rank" in t.column_names else t.append_column("rank", pa.array([rank] * t.num_rows, pa.int32()))
+            for k, t in tables.items()}
 
 
 def iter_ranks(
     path: Path, ranks: list[int] | None = None, progress: Callable[[int], None] | None = None,
     kinds: set[str] | None = None, note: Callable[[str], None] | None = None,
 ) -> Iterator[tuple[int, dict[str, pa.Table], dict[str, Any]]]:
-    """Yield (rank, raw tables, metadata) per trace file, by rank and, within a rank,
-    in time order (several files of one rank: consecutive captures; each is linked
-    on its own).  Ranks: see importers/ranks.py.  ``kinds``: import only these
-    (None: all).  ``note``: where the note lines go (default: stderr), once the
-    last file is read."""
-    note = note or _stderr_note
-    files, sniffs, skipped = scan(path)
-    entries, notes = plan_ranks(files, sniffs)
-    decided = {f: s.decided for f, s in zip(files, sniffs)}
-    if skipped:
-        notes.insert(0, _skipped_note(skipped))
-    shared = {"notes": notes, "skipped": skipped}
-    earlier: dict[int, list[tuple[int, int, Path]]] = {}
-    yielded = False
-    for entry in entries:
-        if ranks is not None and entry.rank not in ranks and decided[entry.path]:
-            continue
-        tables, meta = import_file(entry.path, rank=entry.rank, progress=progress, kinds=kinds)
-        _late_rank(entry, meta, notes if len(entries) > 1 else [])
-        if ranks is not None and entry.rank not in ranks:
-            continue
-        unread = unread_note(meta)  # what the file holds that no tool will see, in one line
-        if unread:
-            notes.append(f"{show(entry.path.name)}: {unread}")
-        start, end = _time_range(tables)
-        check_overlap(entry, start, end, earlier)
-        if entry.rank != meta["rank"]:
-            tables = {k: _set_rank(t, entry.rank) for k, t in tables.items()}
-        meta["rank"] = entry.rank
-        meta["file"] = entry.path.name
-        meta["rank_source"] = entry.describe() | {"start_ns": start, "end_ns": end}
-        meta["plan"] = shared
-        yielded = True
-        yield entry.rank, tables, meta
-    if yielded:  # said once everything was read: a refusal stays one line
-        for line in notes:
-            note(line)
+    """Yield (rank, raw tables, metadata) per rank of ``path`` (a file or a folder),
+    read by the importer that claims it (see importers/registry.py).  ``kinds``:
+    the kinds wanted (None: all); ``note``: where note lines go (default: stderr)."""
+    from pastaprof.importers.registry import importer_for
 
+    path = Path(path)
+    if not path.exists():
+        raise InputError(path, "no such file or directory")
+    if not path.is_dir():
+        from pastaprof.store.safe_read import check_trace_file
 
-def _late_rank(entry: FileRank, meta: dict[str, Any], notes: list[str]) -> None:
-    """A ``distributedInfo`` the first bytes did not show (after the events, or
-    behind a header too large to sniff) is the file's rank all the same."""
-    if entry.source == "distributedInfo":
-        return
-    rank = rank_in_header(meta, entry.path)
-    if rank is None or rank == entry.rank:
-        return
-    notes.append(f"{show(entry.path.name)}: distributedInfo, found past the first bytes, says rank {rank}: "
-                 f"read as rank {rank}, not {entry.rank}")
-    entry.rank, entry.source, entry.guess = rank, "distributedInfo", False
-
-
-def _time_range(tables: dict[str, pa.Table]) -> tuple[int | None, int | None]:
-    starts = [pc.min(t["start_ns"]).as_py() for t in tables.values() if t.num_rows and "start_ns" in t.column_names]
-    ends = [pc.max(t["end_ns"]).as_py() for t in tables.values() if t.num_rows and "end_ns" in t.column_names]
-    starts, ends = [s for s in starts if s is not None], [e for e in ends if e is not None]
-    return (min(starts) if starts else None), (max(ends) if ends else None)
-
-
-def _set_rank(t: pa.Table, rank: int) -> pa.Table:
-    i = t.schema.get_field_index("rank")
-    return t.set_column(i, "rank", pa.array([rank] * t.num_rows, pa.int32())) if i >= 0 else t
+        check_trace_file(path)  # a FIFO, a device, ...: one line, before any importer opens it
+    imp, claim = importer_for(path)
+    for rank, tables, meta in imp.import_ranks(path, ranks, progress=progress, kinds=kinds, note=note):
+        _check_tables(imp.name, rank, tables)
+        tables = _with_rank(tables, rank)
+        meta["importer"] = imp.name
+        meta.setdefault("claim", {"format": claim.format, "version": claim.version})
+        yield rank, tables, meta
 
 
 def manifest_for(path: Path, metas: list[dict[str, Any]]) -> dict[str, Any]:
-    """A run manifest describing an imported trace (or folder of per-rank traces).
-    ``rank_source`` says, per file, which rank it was read as and why
-    (``guess``: the file does not state it); ``notes``: what was guessed, merged
-    or skipped, as printed on import."""
-    first = metas[0] if metas else {}
-    unknown: dict[str, int] = {}
-    counts: dict[str, dict[str, int]] = {}
-    anchors: dict[str, dict[str, Any]] = {}
-    for m in metas:
-        per_rank = counts.setdefault(str(m["rank"]), {})
-        for cat, n in m.get("category_counts", {}).items():
-            per_rank[cat] = per_rank.get(cat, 0) + n
-            if cat not in CATEGORY_KIND and cat not in IGNORED_CATEGORIES and cat != "":
-                unknown[cat] = unknown.get(cat, 0) + n
-        anchors.setdefault(str(m["rank"]), {"baseTimeNanoseconds": m.get("baseTimeNanoseconds")})
-    devices = first.get("deviceProperties") or []
-    plan = first.get("plan") or {}
-    return {
-        "source": str(path),
-        "format": "kineto",
-        "command": None,
-        "host": None,
-        "devices": devices if isinstance(devices, list) else [],
-        "versions": {k: first.get(k) for k in ("cuda_driver_version", "cuda_runtime_version", "cupti_version",
-                                                "roctracer_version", "hip_runtime_version") if k in first},
-        "ranks": sorted({m["rank"] for m in metas}),
-        "rank_source": {m["file"]: m["rank_source"] for m in metas if "file" in m and "rank_source" in m},
-        "notes": list(plan.get("notes", [])),
-        "skipped": dict(plan.get("skipped", {})),
-        "clock": {"domain": "unix_epoch_ns", "anchors": anchors},
-        "capture_overhead": None,
-        "dropped_events": None,
-        "category_counts": counts,
-        "unknown_categories": unknown,
-        "trace_bytes": sum(m.get("bytes", 0) for m in metas),
-    }
+    """The run manifest of an import whose ranks yielded ``metas``: the fields of the
+    importer that read them (``format``, ``format_version``, ...) and ``importer``."""
+    from pastaprof.importers.registry import get
+
+    name = metas[0].get("importer", DEFAULT_IMPORTER) if metas else DEFAULT_IMPORTER
+    fields = get(name).manifest_fields(Path(path), metas)
+    fields.setdefault("format_version", (metas[0].get("claim") or {}).get("version") if metas else None)
+    fields["importer"] = name
+    return fields
