@@ -75,8 +75,8 @@ class Configs:
                 return False
             self.ops.mem = True
         elif name.startswith("cupti_") or name.startswith("all"):
-            from pastaprof.handlers.control import CaptureConfig
             from pastaprof.handlers.cupti_activity import CuptiActivityHandler
+            from pastaprof.live.config import CaptureConfig
 
             off = {"cupti_kernels": "api,ext,memory", "cupti_memory": "api,ext", "cupti_launch_cb": "ext",
                    "cupti_launch_act": "ext,callbacks", "all": "", "all_sampled": ""}[name]

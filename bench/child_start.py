@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BOOTSTRAP = Path(__file__).resolve().parents[1] / "src" / "pastaprof" / "handlers" / "bootstrap"
+BOOTSTRAP = Path(__file__).resolve().parents[1] / "src" / "pastaprof" / "live" / "bootstrap"
 
 
 def _env(out: Path, eager: bool) -> dict[str, str]:

@@ -68,8 +68,8 @@ def _native_drain():
 
 def _callback_cbids(cupti, drain) -> list[tuple[bool, int]]:
     """The launch callbacks' cbids as ``pastaprof run`` keeps them (for ``callbacks_on``)."""
-    from pastaprof.handlers.control import CaptureConfig
     from pastaprof.handlers.cupti_activity import CuptiActivityHandler
+    from pastaprof.live.config import CaptureConfig
 
     h = CuptiActivityHandler(CaptureConfig.from_env({}))
     h._cupti, h._native = cupti, drain
@@ -97,8 +97,8 @@ def child(variant: str, workloads: list[str], steps: int) -> dict:
     seen = [0]
     handler = None
     if opt.get("handler"):
-        from pastaprof.handlers.control import CaptureConfig
         from pastaprof.handlers.cupti_activity import CuptiActivityHandler
+        from pastaprof.live.config import CaptureConfig
 
         handler = CuptiActivityHandler(CaptureConfig.from_env({}))
         handler.start()

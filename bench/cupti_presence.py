@@ -33,8 +33,8 @@ def main() -> None:
     import torch
     from workloads import make, timed_steps
 
-    from pastaprof.handlers.control import CaptureConfig
     from pastaprof.handlers.cupti_activity import CuptiActivityHandler
+    from pastaprof.live.config import CaptureConfig
 
     steps = {w: make(w) for w in a.workloads.split(",")}
     for step in steps.values():

@@ -195,7 +195,7 @@ def test_default_tools_do_not_start_the_sanitizer_and_access_tools_do():
     """The sanitizer excludes CUPTI (driver 580: one subscriber), so it must start only for
     tools that need instruction-level accesses -- not for the memory tool, which merely
     reads them when another tool had them captured."""
-    from pastaprof.handlers.session import _consumed_kinds
+    from pastaprof.live.session import _consumed_kinds
     from pastaprof.tools.memory import Memory
 
     default = _consumed_kinds([Memory()], ("kernels", "ops", "timeline", "memory"))

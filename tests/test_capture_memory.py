@@ -16,8 +16,8 @@ import pytest
 pytest.importorskip("torch")
 
 import pastaprof  # noqa: E402
-from pastaprof.handlers.flushing import ROW_BYTES  # noqa: E402
-from pastaprof.handlers.supervise import program_notes  # noqa: E402
+from pastaprof.live.flush import ROW_BYTES  # noqa: E402
+from pastaprof.live.supervise import program_notes  # noqa: E402
 
 PP = [sys.executable, "-m", "pastaprof.cli", "run"]
 TINY_OPS = textwrap.dedent("""

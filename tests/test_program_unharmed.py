@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 import pastaprof
-from pastaprof.handlers.python_flags import interpreter_flags, uncaptured_reason
+from pastaprof.live.python_flags import interpreter_flags, uncaptured_reason
 
 PP = [sys.executable, "-m", "pastaprof.cli", "run"]
 PROGRAMS = Path(__file__).parent / "data" / "unharmed"
-BOOTSTRAP = str(Path(pastaprof.__file__).parent / "handlers" / "bootstrap")
+BOOTSTRAP = str(Path(pastaprof.__file__).parent / "live" / "bootstrap")
 # torch.profiler's own log lines carry a time and pids: equal in kind, not in text
 _NOISE = re.compile(r"^(pastaprof:|USDT:)")
 

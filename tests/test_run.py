@@ -20,8 +20,8 @@ import pyarrow as pa
 import pytest
 
 import pastaprof
-from pastaprof.handlers.control import CaptureConfig, parse_rank_list, parse_steps
-from pastaprof.handlers.session import Session
+from pastaprof.live.config import CaptureConfig, parse_rank_list, parse_steps
+from pastaprof.live.session import Session
 
 PP = [sys.executable, "-m", "pastaprof.cli", "run"]
 
@@ -349,7 +349,7 @@ def test_mechanisms_switched_off_for_overhead_breakdowns(tmp_path):
 
 def test_optimizer_steps_drive_the_step_window_until_pastaprof_step_is_called(tmp_path):
     pytest.importorskip("torch")
-    from pastaprof.handlers.session import Session
+    from pastaprof.live.session import Session
 
     s = Session(CaptureConfig(out=str(tmp_path / "s")))
     assert [s.next_step("optimizer") for _ in range(3)] == [1, 2, 3]
@@ -510,7 +510,7 @@ def test_gpu_work_arriving_before_its_correlation_record_is_held_and_linked(tmp_
     drains them; no GPU here.)"""
     import pyarrow as pa
 
-    from pastaprof.handlers.session import Session
+    from pastaprof.live.session import Session
     from pastaprof.store.compact import compact
 
     class Feed:  # a handler that hands the session prepared drains, one per flush
@@ -589,7 +589,7 @@ def test_compaction_keeps_a_few_parts_and_merges_many(tmp_path, flushes):
     run reads the same: every row once, through Arrow and through DuckDB."""
     import pyarrow as pa
 
-    from pastaprof.handlers.session import Session
+    from pastaprof.live.session import Session
     from pastaprof.store.compact import KEEP_PARTS, compact
 
     class Feed(_OnceHandler):
@@ -724,8 +724,8 @@ def test_two_handlers_emitting_one_kind_in_one_flush_keep_all_events(tmp_path):
     GPU here.  The registry is the real one.)"""
     import pyarrow as pa
 
-    from pastaprof.handlers.session import Session
-    from pastaprof.handlers.uvm_plan import SCHEMA, UvmPlanApplier
+    from pastaprof.live.session import Session
+    from pastaprof.live.uvm_plan import SCHEMA, UvmPlanApplier
 
     class Feed(_OnceHandler):
         def tables(self):
@@ -781,7 +781,7 @@ def test_cupti_memory_and_pool_records_in_one_drain(tmp_path):
 
 
 def test_a_failing_handler_loses_only_its_own_events(tmp_path):
-    from pastaprof.handlers.session import Session
+    from pastaprof.live.session import Session
 
     class Broken(_OnceHandler):
         name = "broken"
@@ -805,7 +805,7 @@ def test_gpu_work_rows_conformed_by_their_handler_are_stored(tmp_path):
     failed, losing every event of the run.  Also: the copies keep their addresses and the
     synchronize callbacks become sync rows.  (The sanitizer's real conversion; no GPU here.)"""
     from pastaprof.handlers.sanitizer import SanitizerHandler
-    from pastaprof.handlers.session import Session
+    from pastaprof.live.session import Session
 
     class Copies(_OnceHandler):
         def tables(self):
@@ -858,7 +858,7 @@ def test_ranges_without_capture_do_not_load_the_capture_machinery():
             "with pastaprof.range('x'):\n"
             "    pass\n"
             "pastaprof.step()\n"
-            "print(sorted(m for m in ('pyarrow', 'numpy', 'pastaprof.handlers.session') if m in sys.modules))")
+            "print(sorted(m for m in ('pyarrow', 'numpy', 'pastaprof.live.session') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={k: v for k, v in os.environ.items() if not k.startswith("PASTAPROF_")})
     assert r.returncode == 0, r.stderr
@@ -901,7 +901,7 @@ def test_many_ops_in_one_drain_keep_every_row_and_pointer(tmp_path):
 def test_stop_seconds_cover_the_manifest_write(tmp_path):
     """stop_seconds (the exit path's cost in run.json) is taken after this process's manifest
     is built, not before its write: what the manifest asks of the handlers is counted."""
-    from pastaprof.handlers.session import Session
+    from pastaprof.live.session import Session
 
     class Slow(_OnceHandler):
         tables = dict
@@ -930,7 +930,7 @@ def test_gate_keeps_what_a_filter_keeps():
     """The gate slices where the kept rows are one run (no copy), else filters."""
     import pyarrow as pa
 
-    from pastaprof.handlers.linking import _kept
+    from pastaprof.live.linking import _kept
 
     t = pa.table({"a": list(range(6)), "b": [[i] for i in range(6)]})
     for keep in ([0, 0, 0, 0, 0, 0], [1] * 6, [0, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1],

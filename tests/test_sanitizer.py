@@ -10,8 +10,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from pastaprof.handlers.control import CaptureConfig
 from pastaprof.handlers.sanitizer import LAUNCH_COLS, OBJ_COLS, PC_COLS, SanitizerHandler
+from pastaprof.live.config import CaptureConfig
 
 
 @pytest.fixture(scope="module")
@@ -206,8 +206,8 @@ def test_kernel_names_are_shown_demangled(lib):
 def test_per_pc_table_only_for_tools_that_read_it(monkeypatch):
     """The per-PC probe is the patch's heaviest part: on only when a selected tool reads
     access_pc (coalescing), unless PASTAPROF_SAN_PCS says otherwise."""
-    from pastaprof.handlers.optional import _consumed_kinds
     from pastaprof.handlers.sanitizer import pc_slots
+    from pastaprof.live.wiring import _consumed_kinds
 
     monkeypatch.delenv("PASTAPROF_SAN_PCS", raising=False)
     counting = _consumed_kinds([], ("working_set", "hotness"))

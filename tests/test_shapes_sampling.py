@@ -23,8 +23,8 @@ import pytest
 
 import pastaprof
 from pastaprof.errors import UsageError
-from pastaprof.handlers.control import CaptureConfig
 from pastaprof.handlers.torch_native import SAMPLE_FIRST
+from pastaprof.live.config import CaptureConfig
 from pastaprof.tools._memory_patterns import _incomplete_ranks
 
 torch = pytest.importorskip("torch")

@@ -91,7 +91,7 @@ def analyze(source: str | Path | Run, tools: Sequence[str | Tool] | None = None,
             if proc.wants(kind):
                 proc.submit(kind, run.table(kind))
         reports = proc.finish()
-        from pastaprof.handlers.supervise import capture_losses
+        from pastaprof.live.supervise import capture_losses
 
         lost = capture_losses(run.manifest)  # dropped / unflushed events: every report says so
         for r in reports if lost else []:

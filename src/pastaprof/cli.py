@@ -305,6 +305,18 @@ def tools() -> None:
         _echo(f"{name:<14} {cls.description}  [consumes: {', '.join(cls.consumes)}]")
 
 
+@cli.command("handlers")
+def handlers_cmd() -> None:
+    """List the installed capture handlers (event sources of `pastaprof run`)."""
+    from pastaprof.handlers.registry import describe
+
+    for h in describe():
+        extra = "".join(f"  [{k}: {', '.join(v) if isinstance(v, list) else v}]"
+                        for k, v in (("capabilities", h["capabilities"]), ("settings", h["settings"]),
+                                     ("starts on import of", h["starts_on_import"])) if v)
+        _echo(f"{h['name']:<10} kinds: {', '.join(h['kinds'])}{extra}")
+
+
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--ranks", metavar="LIST", help="Only these ranks.")
@@ -426,7 +438,7 @@ def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | 
     program (ranks, DataLoader workers) records its own shard of one run.  The
     program's output, and its exit code, are its own.
     """
-    from pastaprof.handlers.launch import launch
+    from pastaprof.live.launch import launch
 
     def onoff(v: bool | None) -> str | None:
         return None if v is None else str(int(v))

@@ -20,8 +20,9 @@ import threading
 import time
 from typing import Any
 
-from pastaprof.handlers.control import CaptureConfig
+from pastaprof.handlers.base import Gated, Handler, HandlerContext
 from pastaprof.handlers.cupti_records import BUFFER_BYTES, FIELDS, CuptiRecords
+from pastaprof.live.config import CaptureConfig
 
 _API_KEEP = ("Launch", "Memcpy", "Memset", "Synchronize", "Graph")
 
@@ -37,10 +38,19 @@ def cupti_status() -> str | None:
 
 
 
-class CuptiActivityHandler(CuptiRecords):
+class CuptiActivityHandler(CuptiRecords, Handler, Gated):
     """Collects GPU activity through the CUPTI Activity API."""
 
     name = "cupti"
+    kinds = ("kernel", "memcpy", "memset", "sync", "api", "alloc", "free", "uvm")
+    native_library = "cupti"
+    order = 20  # after the Compute Sanitizer (one callback subscriber), before the op observer
+    listed_when_unavailable = True
+
+    @classmethod
+    def create(cls, ctx: HandlerContext) -> CuptiActivityHandler | None:
+        """Not in forked children: no CUDA after fork, so no CUPTI import either."""
+        return cls(ctx.config, ctx.rank) if ctx.gpu else None
 
     def __init__(self, config: CaptureConfig, rank: int = 0) -> None:
         self.config = config
@@ -52,6 +62,7 @@ class CuptiActivityHandler(CuptiRecords):
         self.kernels_seen = 0  # kernel records CUPTI delivered, before any filtering
         self.force_flush = False  # set once a foreign CUPTI client has come and gone
         self.reattached = 0
+        self.reattach_flushes = 0  # flushes that re-register first (after a foreign client left)
         self._lock = threading.Lock()
         self._launch_seq = 0
         self._rows: dict[str, list[tuple]] = {kind: [] for kind in FIELDS}
@@ -251,6 +262,25 @@ class CuptiActivityHandler(CuptiRecords):
                 self.buffers_at_reattach = self._native.stat("buffers_requested")
         except Exception as e:
             self.status = f"CUPTI could not be taken back after torch.profiler ({e})"
+
+    def start_notes(self) -> dict[str, str]:
+        return {"cupti native": self.native_status} if self.native_status and self.status is None else {}
+
+    def before_drain(self, final: bool) -> None:
+        """After a foreign client's session, re-register at the next flushes too (it may
+        disable kinds after its session object exited, from its own thread), and force
+        CUPTI's buffers out (Kineto leaves records in per-thread buffers)."""
+        if final:
+            return
+        if self.reattach_flushes > 0:
+            self.reattach_flushes -= 1
+            self.reattach()
+        if self.force_flush:
+            self.flush()
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "reattached": self.reattached, "buffers": getattr(self, "buffers", None),
+                "gate_changes": self.gate_changes, "gate_seconds": round(self.gate_seconds, 6)}
 
     def external_correlation(self):
         """(push, pop) callables tagging the calling thread's launches with an id

@@ -32,7 +32,8 @@ import numpy as np
 import pyarrow as pa
 
 from pastaprof.events.schema import conform
-from pastaprof.handlers.control import CaptureConfig
+from pastaprof.handlers.base import Gated, Handler, HandlerContext, Setting, Summarized, boolean, integer
+from pastaprof.live.config import CaptureConfig
 from pastaprof.processor.link import map_keys
 
 T_LAUNCH, T_OBJ, T_PAGE, T_PC, T_RAW, T_SNAP, T_COPY = range(7)
@@ -69,10 +70,30 @@ def pc_slots(per_pc: bool) -> int:
     return 4096 if per_pc else 0
 
 
-class SanitizerHandler:
+class SanitizerHandler(Handler, Gated, Summarized):
     """Loads and drives the native sanitizer tool; drains its tables as Arrow batches."""
 
     name = "sanitizer"
+    kinds = ("access_launch", "access_summary", "access_pc", "access_heatmap", "memcpy", "memset", "sync")
+    native_library = "sanitizer"
+    order = 10  # before anything initializes CUDA, and before CUPTI (one callback subscriber)
+    gate_is_instrumentation = True  # what it instruments, not an optimization (PASTAPROF_OFF=gate)
+    # tuning knobs, environment only (docs/instruction-level.md)
+    settings = (
+        Setting("SAN_PCS", "per-PC hash slots (0: no access_pc rows)", integer(0)),
+        Setting("SAN_PAGES", "page counters of the hotness histograms", integer(0)),
+        Setting("SAN_RAW_MB", "raw request buffer (--process cpu), MiB", integer(0)),
+        Setting("SAN_SHARDS", "counter copies per SM shard", integer(1, 64)),
+        Setting("HEATMAP_CTA", "the CTA the heatmap tool shows", integer(0)),
+        Setting("SAN_UNPATCH", "0 keeps modules patched outside the capture windows", boolean),
+    )
+
+    @classmethod
+    def create(cls, ctx: HandlerContext) -> SanitizerHandler | None:
+        """Only when a chosen tool consumes access_* events, and not in forked children."""
+        if not ctx.gpu or not any(k.startswith("access_") for k in ctx.consumed):
+            return None
+        return cls(ctx.config, ctx.rank, ctx.out, per_pc="access_pc" in ctx.consumed)
 
     def __init__(self, config: CaptureConfig, rank: int = 0, out: Path | None = None, per_pc: bool = True) -> None:
         self.config = config
@@ -142,6 +163,12 @@ class SanitizerHandler:
             self.status = f"instruction-level accesses not recorded: {lib.pp_san_error().decode()}"
             return
         self.lib = lib
+
+    def start_notes(self) -> dict[str, str]:
+        if "heatmap" in self.config.tools and self.config.process != "cpu":
+            return {"heatmap": "the heatmap tool needs raw access records: run with --process cpu "
+                               "(PASTAPROF_PROCESS=cpu); PASTAPROF_HEATMAP_CTA picks the CTA (default 0)"}
+        return {}
 
     def set_gate(self, on: bool) -> None:
         if self.lib is not None:

@@ -79,7 +79,7 @@ class NativeOps:
             self.mem = False
             self.mem_error = (f"tensor events not recorded: {self.lib.pp_mem_error().decode(errors='replace')}"
                               " (the program uses its own CUDA allocator)")
-            from pastaprof.handlers.messages import notice
+            from pastaprof.live.messages import notice
 
             notice(self.mem_error)
 

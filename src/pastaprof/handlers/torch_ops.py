@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pastaprof.handlers.base import Gated, Handler
 from pastaprof.handlers.module_paths import ModulePaths
 
 _LIB_PARTS = ("/torch/", "/pastaprof/", "<frozen", "/contextlib.py", "/functools.py")
@@ -111,18 +112,38 @@ def _data_ptrs(args: tuple, kwargs: dict, out: list, kinds: _TensorKinds) -> int
     return len(out) - n
 
 
-class TorchHandler:
+class TorchHandler(Handler, Gated):
     """Records ops and allocator events of the process once torch is imported."""
 
     name = "torch"
+    kinds = ("op", "tensor")
+    native_library = "torch"
+    order = 40
+    starts_on_import = "torch"  # programs that never import torch pay nothing
+    listed_when_unavailable = True
     gated_once_armed = True  # the session's gate reaches the observer from the first step on
+
+    @classmethod
+    def create(cls, ctx: Any) -> TorchHandler:
+        """Wired to the live session (live/session.py): CUPTI's external correlation tags each
+        op's launches, optimizer steps advance the step counter, torch's record_function and
+        NVTX ranges are the session's ranges, torch.profiler hands CUPTI over and back."""
+        cupti = ctx.handler("cupti")
+        push, pop = cupti.external_correlation() if cupti is not None else (None, None)
+        foreign = (lambda: ctx.foreign_profiler(True), lambda: ctx.foreign_profiler(False))
+        off = ctx.config.is_off
+        return cls(ctx.rank, push, pop, on_optimizer_step=lambda: ctx.next_step("optimizer"),
+                   on_range=(ctx.range_begin, ctx.range_end), on_foreign_profiler=foreign,
+                   native_external=cupti.native_external if cupti is not None else None,
+                   shapes=ctx.config.shapes, call_sites=ctx.config.call_sites,
+                   ops=not off("ops"), modules=not off("modules"), tensors=not off("tensors"))
 
     def __init__(self, rank: int = 0, push_external: Any = None, pop_external: Any = None,
                  on_optimizer_step: Any = None, on_range: Any = None, on_foreign_profiler: Any = None,
                  native_external: tuple[int, int, int] | None = None, shapes: bool | str = True,
                  call_sites: bool = True, ops: bool = True, modules: bool = True, tensors: bool = True) -> None:
         self.rank = rank
-        # "sample" | "all" | "none" (handlers/control.py); the Python fallback records every op's
+        # "sample" | "all" | "none" (live/config.py); the Python fallback records every op's
         self.shapes_mode = shapes if isinstance(shapes, str) else ("all" if shapes else "none")
         self.shapes, self.call_sites = self.shapes_mode != "none", call_sites
         self.ops, self.modules, self.tensors = ops, modules, tensors  # PASTAPROF_OFF switches
@@ -330,6 +351,17 @@ class TorchHandler:
         self.gate_changes += 1
         self.native.pause(not open_)
         self._modules.set_gate(open_)
+
+    def start_notes(self) -> dict[str, str]:
+        return {"torch native": self.native_status} if self.native_status else {}
+
+    def late_status(self, final: bool) -> dict[str, str]:
+        """Found after start (e.g. at CUDA's lazy init): the allocator tracker failing."""
+        err = getattr(self.native, "mem_error", None)
+        return {"tensors": err} if err else {}
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "gate_changes": self.gate_changes, "shapes": self.shapes_summary}
 
     def stop(self) -> None:
         self._installed = False

@@ -197,7 +197,7 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
         "ranks": sorted(ranks) or [0],
         "processes": [{k: m.get(k) for k in ("rank", "pid", "argv", "events", "handlers", "status", "steps_seen",
                                               "filtered_out", "filtered_by_kind", "capture_overhead", "uvm_plan",
-                                              "sanitizer")}
+                                              "sanitizer", "summaries")}
                       for m in metas],
         "clock": {"domain": "unix_epoch_ns", "anchors": {f"{m.get('rank')}/{m.get('pid')}": m.get("started_ns")
                                                          for m in metas}},

@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from pastaprof.handlers.messages import warn as _warn
+from pastaprof.live.messages import warn as _warn
 from pastaprof.store.parts import warm_up
 
 ROW_BYTES = 128  # an op row in the observer's buffer: 14 columns + ~2 input pointers
@@ -260,7 +260,7 @@ def sort_by_start(table: Any) -> Any:
     import numpy as np
     import pyarrow as pa
 
-    from pastaprof.handlers.linking import _np_i64
+    from pastaprof.live.linking import _np_i64
 
     start = _np_i64(table["start_ns"])
     if len(start) < 2 or not (np.diff(start) < 0).any():

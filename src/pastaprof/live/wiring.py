@@ -1,12 +1,13 @@
-"""The session's optional handlers: what starts only when a tool or a flag asks for it.
+"""What pastaprof's own handlers need of each other and of the session, once started.
 
-* the Compute Sanitizer (tools consuming ``access_*``), before anything initializes CUDA;
-* unified-memory counters (``--uvm`` or a tool consuming ``uvm``), after retaining the
-  primary context, and the managed-allocation registry / plan applier;
-* the hand-over to a foreign profiler (torch.profiler) and back.
+* CUPTI beside the Compute Sanitizer: the driver allows one callback subscriber, so
+  the sanitizer records copies instead;
+* unified-memory counters (``--uvm`` or a tool consuming ``uvm``): CUPTI configures them
+  only once a CUDA context exists, so the primary context is retained first;
+* the hand-over of CUPTI to a foreign profiler (torch.profiler) and back.
 
-A mixin of ``Session``: the methods use its ``config``, ``status``, ``handlers``, ``out``
-and ``rank``.
+Third-party handlers need none of this (handlers/base.py): it is the coupling of the
+built-in ones.  A mixin of ``Session``: it uses its ``config``, ``status`` and handlers.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 from typing import Any
 
 from pastaprof.handlers.cupti_activity import CuptiActivityHandler
-from pastaprof.handlers.messages import notice as _notice
+from pastaprof.live.messages import notice as _notice
 
 
 def _consumed_kinds(tools: list[Any], names: tuple[str, ...]) -> set[str]:
@@ -33,37 +34,30 @@ def _consumed_kinds(tools: list[Any], names: tuple[str, ...]) -> set[str]:
     return kinds
 
 
-class OptionalHandlers:
-    def _start_sanitizer(self) -> None:
-        """Instruction-level accesses (tools consuming access_* events): the Compute
-        Sanitizer tool, loaded before CUDA initializes."""
-        from pastaprof.handlers.sanitizer import SanitizerHandler
+class Wiring:
+    def _wire(self, h: Any) -> None:
+        """What pastaprof's own handlers need of each other once started."""
+        if isinstance(h, CuptiActivityHandler):
+            self._wire_cupti(h)
 
-        san = SanitizerHandler(self.config, self.rank, self.out, per_pc=self._per_pc_wanted)
-        san.start()
-        if san.lib is None:
-            self.status["sanitizer"] = san.status or "not available"
-            _notice(self.status["sanitizer"])
-            return
-        self.handlers.append(san)
-        self.status["sanitizer"] = "ok"
-        if "heatmap" in self.config.tools and self.config.process != "cpu":
-            self.status["heatmap"] = ("the heatmap tool needs raw access records: run with --process cpu "
-                                      "(PASTAPROF_PROCESS=cpu); PASTAPROF_HEATMAP_CTA picks the CTA (default 0)")
-            _notice(self.status["heatmap"])
+    def _wire_cupti(self, cupti: CuptiActivityHandler) -> None:
+        san = self.handler("sanitizer")
+        if cupti.status and san is not None:
+            # Measured on the H200 (driver 580): with the Compute Sanitizer subscribed,
+            # cuptiActivityRegisterCallbacks fails with 39 (MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED).
+            cupti.status = (f"{cupti.status}: CUPTI cannot run alongside the Compute Sanitizer (the driver "
+                            "allows one callback subscriber), so kernel GPU times are not recorded in this "
+                            "run; ops, tensors, instruction-level accesses and memcpy/memset calls (host "
+                            "times, from the sanitizer) are")
+            san.record_copies()
+        if self._uvm_pending and cupti.status is None:
+            self._start_uvm(cupti)
+        elif self._uvm_pending:
+            self.status["uvm"] = "unified-memory counters not recorded: CUPTI is not available"
+            _notice(self.status["uvm"])
 
-    def _start_uvm_plan(self) -> None:
-        """The managed-allocation registry (names allocations by call site, for uvm_advisor and
-        for plans), applying a plan if one was given."""
-        from pastaprof.handlers.uvm_plan import SCHEMA, UvmPlanApplier, load_plan
-
-        dry = os.environ.get("PASTAPROF_UVM_PLAN_DRY_RUN", "") not in ("", "0")
-        plan = load_plan(self.config.uvm_plan) if self.config.uvm_plan else {"schema": SCHEMA, "actions": []}
-        applier = UvmPlanApplier(plan, dry_run=dry, rank=self.rank)
-        applier.start()
-        self.handlers.append(applier)
-        if self.config.uvm_plan:
-            self.status["uvm plan"] = f"applying {self.config.uvm_plan}" + (" (dry run)" if dry else "")
+    def foreign_profiler(self, starting: bool) -> None:
+        self._foreign_profiler(self.handler("cupti"), starting)
 
     def _enable_uvm(self, cupti: CuptiActivityHandler, device: int) -> None:
         if not self._uvm_pending:
@@ -109,11 +103,11 @@ class OptionalHandlers:
                 self.status[key] = ("torch.profiler ran in the program: CUPTI serves one client at a time, so GPU "
                                     "activity during its sessions is missing here (ops and tensors are not)")
                 _notice(self.status[key])
-            self._reattach_flushes = 0
             if cupti is not None:
+                cupti.reattach_flushes = 0
                 cupti.release()
         elif cupti is not None:
             cupti.reattach()
             # again at the next flushes: a foreign client may disable kinds after its session
             # object has exited (e.g. from its own thread)
-            self._reattach_flushes = 2
+            cupti.reattach_flushes = 2

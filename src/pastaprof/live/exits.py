@@ -23,7 +23,7 @@
   the signal within ``_GRACE_S``, flushes and ends the process itself.  Around a fork
   these signals are blocked until the child has a wakeup fd of its own.
 * SIGKILL cannot be caught: what the process recorded after its last flush is lost, and
-  the run says so (handlers/supervise.py, the process's ``exit`` status).
+  the run says so (live/supervise.py, the process's ``exit`` status).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ when it names ranges the program never entered or allocations it never made.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -36,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from pastaprof.errors import UsageError
+from pastaprof.handlers.base import Handler, HandlerContext, RangeAware, Setting, Summarized
 
 SCHEMA = "pastaprof-uvm-plan/1"
 ACTIONS = ("prefetch", "advise", "oversubscribed")
@@ -88,10 +90,29 @@ def caller_site() -> str:
     return "?"
 
 
-class UvmPlanApplier:
+class UvmPlanApplier(Handler, RangeAware, Summarized):
     """Registers managed allocations and applies the plan's actions at its points."""
 
     name = "uvm_plan"
+    kinds = ("alloc",)
+    order = 30
+    status_line = False  # "uvm plan" says what it applies, and what did not fit
+    settings = (Setting("UVM_PLAN_DRY_RUN", "anything but 0: log the plan's calls without making them"),)
+
+    @classmethod
+    def create(cls, ctx: HandlerContext) -> UvmPlanApplier | None:
+        """The managed-allocation registry (names allocations by call site, for uvm_advisor and
+        for plans), applying a plan if one was given; on where unified memory is captured or
+        instruction-level accesses are (uvm_advisor names their managed allocations too)."""
+        cfg = ctx.config
+        if not (cfg.uvm_plan or cfg.uvm or "uvm" in ctx.consumed
+                or any(k.startswith("access_") for k in ctx.consumed)):
+            return None
+        dry = os.environ.get("PASTAPROF_UVM_PLAN_DRY_RUN", "") not in ("", "0")
+        plan = load_plan(cfg.uvm_plan) if cfg.uvm_plan else {"schema": SCHEMA, "actions": []}
+        if cfg.uvm_plan:
+            ctx.status["uvm plan"] = f"applying {cfg.uvm_plan}" + (" (dry run)" if dry else "")
+        return cls(plan, dry_run=dry, rank=ctx.rank)
 
     def __init__(self, plan: dict[str, Any], dry_run: bool = False, rank: int = 0) -> None:
         self.plan = plan
@@ -111,13 +132,11 @@ class UvmPlanApplier:
                 self._by_point.setdefault(a["before"][len("range:"):], []).append(a)
             elif a["action"] == "advise":
                 self._advise.setdefault((a["site"], a["ordinal"]), []).append(a)
-        # handler protocol (Session reads these)
         self.status: str | None = None
-        self.records = self.dropped = self.sampled_out = self.kernels_seen = 0
 
     # -- allocation registry -------------------------------------------------
     def install(self) -> None:
-        from pastaprof.handlers.imports import after_import
+        from pastaprof.live.imports import after_import
 
         after_import("cupy", self._wrap_cupy)
         after_import("cuda.bindings.runtime", self._wrap_runtime)
@@ -223,6 +242,10 @@ class UvmPlanApplier:
 
     def stop(self) -> None:
         pass
+
+    def late_status(self, final: bool) -> dict[str, str]:
+        miss = self.mismatches() if final else []
+        return {"uvm plan": "plan does not fit this run: " + "; ".join(miss[:5])} if miss else {}
 
     def mismatches(self) -> list[str]:
         """Plan entries that did not fit this run: ranges never entered, allocations never made."""

@@ -25,12 +25,14 @@ from pastaprof.errors import UsageError
 
 if TYPE_CHECKING:  # the session (pyarrow, numpy, handlers) loads only when capture starts:
     # `pastaprof.range` in a program that never captures costs nothing at first use
-    from pastaprof.handlers.session import Session
+    from pastaprof.live.session import Session
     from pastaprof.tools.base import Report, Tool
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _session: Session | None = None
+#: keyword arguments of start() / profile(), besides the settings handlers declare
+CONTROLS = ("ranges", "kernels", "sample", "steps", "ranks", "flush_ms")
 OWNED_BY_PARENT = "PASTAPROF_RUN_PARENT"  # set by `pastaprof run`: the CLI compacts the run
 
 
@@ -42,7 +44,8 @@ def current() -> Session | None:
 def start(tools: Sequence[str | Tool] | None = None, out: str | Path | None = None, **controls: Any) -> Session:
     """Start capture in this process (no-op returning the session if already on).
 
-    ``controls``: ranges, kernels, sample, steps ('10:20'), ranks ('0,1'), flush_ms --
+    ``controls``: ranges, kernels, sample, steps ('10:20'), ranks ('0,1'), flush_ms, and the
+    settings handlers declare, lower-cased (san_pcs=0 is PASTAPROF_SAN_PCS=0) --
     the same vocabulary as the PASTAPROF_* variables, which fill what is not given.
     """
     global _session
@@ -51,12 +54,19 @@ def start(tools: Sequence[str | Tool] | None = None, out: str | Path | None = No
     env = {k: v for k, v in os.environ.items() if k.startswith("PASTAPROF_")}
     if out is not None:
         env["PASTAPROF_OUT"] = str(out)
-    for key, value in controls.items():
-        if key not in ("ranges", "kernels", "sample", "steps", "ranks", "flush_ms"):
-            raise UsageError(f"unknown capture setting {key!r}")
-        env[f"PASTAPROF_{key.upper()}"] = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-    from pastaprof.handlers.control import CaptureConfig
-    from pastaprof.handlers.session import Session
+    if controls:
+        allowed = set(CONTROLS)
+        if not allowed.issuperset(controls):  # the settings handlers declare (handlers/registry.py)
+            from pastaprof.handlers.registry import settings
+
+            allowed |= {name.lower() for name in settings()}
+        for key, value in controls.items():
+            if key not in allowed:
+                raise UsageError(f"unknown capture setting {key!r} (known: {', '.join(sorted(allowed))})")
+            env[f"PASTAPROF_{key.upper()}"] = (",".join(map(str, value)) if isinstance(value, (list, tuple))
+                                               else str(value))
+    from pastaprof.live.config import CaptureConfig
+    from pastaprof.live.session import Session
 
     config = CaptureConfig.from_env(env)
     instances: list[Tool] = []
@@ -126,7 +136,7 @@ def _restart_in_child() -> None:
     _session = None
     parent._stopped = True  # the copy of the parent's session must not write in its name
     try:
-        from pastaprof.handlers.session import Session
+        from pastaprof.live.session import Session
 
         _session = Session(parent.config, [], gpu=False).start()
     except Exception:
@@ -210,10 +220,10 @@ _range_listeners: list[Any] = []  # plan appliers started without a capture sess
 
 
 def apply_uvm_plan(plan: str | Path | dict, dry_run: bool = False) -> Any:
-    """Apply a uvm_advisor plan in this program (see handlers/uvm_plan.py): prefetches when
+    """Apply a uvm_advisor plan in this program (see live/uvm_plan.py): prefetches when
     the named ranges begin, advice when the named allocations are made.  Works with or
     without a capture session; returns the applier (``.calls``, ``.mismatches()``)."""
-    from pastaprof.handlers.uvm_plan import UvmPlanApplier, load_plan
+    from pastaprof.live.uvm_plan import UvmPlanApplier, load_plan
 
     applier = UvmPlanApplier(load_plan(plan), dry_run=dry_run)
     applier.start()
@@ -230,7 +240,7 @@ def track_managed(ptr: int, size: int) -> None:
     this call site (``file(line): function#ordinal``) and a plan can prefetch or advise it.
     CuPy's and cuda-bindings' managed allocations are tracked without this.  A no-op when
     neither unified-memory capture (``--uvm``) nor a plan is on."""
-    from pastaprof.handlers.uvm_plan import UvmPlanApplier, caller_site
+    from pastaprof.live.uvm_plan import UvmPlanApplier, caller_site
 
     where = caller_site()
     targets = [h for h in (_session.handlers if _session is not None else []) if isinstance(h, UvmPlanApplier)]

@@ -28,7 +28,7 @@ PASTAPROF_TOOLS     -t kernels,ops           tools whose reports print at exit
 PASTAPROF_OUT       -o DIR                   the run directory
 PASTAPROF_FLUSH_MS  (env only)               flush period (default 1000); a flush also starts when
                                              the last one is older than two periods, whatever
-                                             the machine's load (see handlers/flushing.py)
+                                             the machine's load (see live/flush.py)
 PASTAPROF_BUFFER_MB (env only)               op rows held in memory between flushes (default 16):
                                              past it a flush writes them to disk, none is dropped
 PASTAPROF_OFF       (env only)               switch capture mechanisms off, for overhead
@@ -39,11 +39,13 @@ PASTAPROF_OFF       (env only)               switch capture mechanisms off, for 
                                              and CUPTI record throughout, the store gates)
 ==================  =======================  ==========================================
 
-The sanitizer's tuning knobs are environment-only (docs/instruction-level.md):
-``PASTAPROF_SAN_PCS`` (per-PC slots, 0 = none), ``PASTAPROF_SAN_PAGES`` (page counters),
-``PASTAPROF_SAN_RAW_MB`` (raw buffer), ``PASTAPROF_SAN_SHARDS`` (counter copies per SM
-shard, 1-64, default 16), ``PASTAPROF_HEATMAP_CTA``, ``PASTAPROF_SAN_UNPATCH`` (0 keeps
-modules patched outside the windows).
+Handlers add their own variables (``settings`` of handlers/base.py, listed by
+``pastaprof handlers``): the sanitizer's tuning knobs are environment-only
+(docs/instruction-level.md): ``PASTAPROF_SAN_PCS`` (per-PC slots, 0 = none),
+``PASTAPROF_SAN_PAGES`` (page counters), ``PASTAPROF_SAN_RAW_MB`` (raw buffer),
+``PASTAPROF_SAN_SHARDS`` (counter copies per SM shard, 1-64, default 16),
+``PASTAPROF_HEATMAP_CTA``, ``PASTAPROF_SAN_UNPATCH`` (0 keeps modules patched outside the
+windows).
 
 Bad values are a ``UsageError`` raised before the target starts (exit code 2).
 Allocations are always tracked; the settings gate only what is *recorded*, so a
@@ -150,6 +152,9 @@ class CaptureConfig:
     process: str = "gpu"
     page_bytes: int = 65536  # 4 KiB pages cost 1.6x more per launch (docs/benchmarks.md, issue D)
     off: tuple[str, ...] = ()
+    #: values of the settings handlers declare (name without the prefix -> value), as found
+    #: in the environment or given to pastaprof.start(); read with setting()
+    handler_settings: tuple[tuple[str, str], ...] = ()
     _kernel_re: re.Pattern | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -169,7 +174,7 @@ class CaptureConfig:
         if self.buffer_mb < 1:
             raise UsageError(f"PASTAPROF_BUFFER_MB={self.buffer_mb}: must be at least 1")
         if self.uvm_plan is not None:
-            from pastaprof.handlers.uvm_plan import load_plan
+            from pastaprof.live.uvm_plan import load_plan
 
             load_plan(self.uvm_plan)  # a plan that cannot fit is refused before the program starts
         if self.kernels is not None:
@@ -206,14 +211,12 @@ class CaptureConfig:
                 return False
             raise UsageError(f"{ENV_PREFIX}{name}={v!r}: expected 0 or 1")
 
-        # the sanitizer's table sizes and switches (handlers/sanitizer.py reads them): checked
-        # here, so that a bad value stops `pastaprof run` before the program starts
-        for name in ("SAN_PCS", "SAN_PAGES", "SAN_RAW_MB", "HEATMAP_CTA"):
-            if integer(name, 0) < 0:
-                raise UsageError(f"{ENV_PREFIX}{name}={get(name)!r}: must be 0 or more")
-        if not 1 <= integer("SAN_SHARDS", 16) <= 64:
-            raise UsageError(f"{ENV_PREFIX}SAN_SHARDS={get('SAN_SHARDS')!r}: must be 1 to 64")
-        boolean("SAN_UNPATCH")
+        # the settings handlers declare (handlers/base.py Setting; the sanitizer's table sizes
+        # and switches among them): checked here, so that a bad value stops `pastaprof run`
+        # before the program starts
+        from pastaprof.handlers.registry import check_settings
+
+        found = check_settings(env)
         tools = tuple(t.strip() for t in (get("TOOLS") or "").split(",") if t.strip())
         ranges = tuple(r.strip() for r in (get("RANGES") or "").split(",") if r.strip())
         return cls(
@@ -225,6 +228,7 @@ class CaptureConfig:
             uvm=boolean("UVM", False), uvm_plan=get("UVM_PLAN"), process=(get("PROCESS") or "gpu").lower(),
             page_bytes=integer("PAGE", 65536),
             off=tuple(p.strip() for p in (get("OFF") or "").split(",") if p.strip()),
+            handler_settings=tuple(sorted(found.items())),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -234,7 +238,7 @@ class CaptureConfig:
                "BUFFER_MB": str(self.buffer_mb), "OUT": self.out or "",
                "SHAPES": str(self.shapes), "CALL_SITES": "" if self.call_sites else "0",
                "UVM": "1" if self.uvm else "", "UVM_PLAN": self.uvm_plan or "", "PROCESS": self.process,
-               "PAGE": str(self.page_bytes), "OFF": ",".join(self.off)}
+               "PAGE": str(self.page_bytes), "OFF": ",".join(self.off), **dict(self.handler_settings)}
         if self.steps is not None:
             env["STEPS"] = f"{self.steps[0]}:{'' if self.steps[1] is None else self.steps[1]}"
         if self.ranks is not None:
@@ -242,6 +246,10 @@ class CaptureConfig:
         return {ENV_PREFIX + k: v for k, v in env.items() if v}
 
     # -- decisions -----------------------------------------------------------
+    def setting(self, name: str, default: str | None = None) -> str | None:
+        """A handler setting's value (``name`` without the PASTAPROF_ prefix), or ``default``."""
+        return dict(self.handler_settings).get(name, default)
+
     def is_off(self, part: str) -> bool:
         """Whether PASTAPROF_OFF switched this capture mechanism off."""
         return part in self.off

@@ -3,7 +3,7 @@
 The program is started as a child process with the bootstrap directory first
 on PYTHONPATH (its sitecustomize starts a session in every Python process)
 and the capture settings in PASTAPROF_* variables.  Its stdin/stdout/stderr
-are its own; signals sent to pastaprof are passed on (handlers/supervise.py); its
+are its own; signals sent to pastaprof are passed on (live/supervise.py); its
 exit status becomes ours (a death by signal is repeated on ourselves).  Settings are
 validated before the program starts: a bad one is exit code 2.
 """
@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 from pastaprof.errors import UsageError
-from pastaprof.handlers.control import ENV_PREFIX, CaptureConfig
-from pastaprof.handlers.python_flags import note_uncaptured
-from pastaprof.handlers.supervise import Supervised, die_like, program_notes
+from pastaprof.live.config import ENV_PREFIX, CaptureConfig
+from pastaprof.live.python_flags import note_uncaptured
+from pastaprof.live.supervise import Supervised, die_like, program_notes
 from pastaprof.report.names import terminal_safe
 from pastaprof.store.outputs import OutputDir, problem
 
@@ -44,10 +44,13 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
     dest, partial = claim.dest, claim.tmp  # dest is not resolved: --force replaces a link, not its target
     env[ENV_PREFIX + "OUT"] = str(partial)
     env["PASTAPROF_RUN_PARENT"] = "1"
+    from pastaprof.handlers.registry import FOUND_ENV, entries_for_children
+
+    env[FOUND_ENV] = entries_for_children()  # found once here (from_env above), not in every process
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP), env.get("PYTHONPATH", "")) if p)
 
     t0 = time.perf_counter()
-    child = Supervised(command, env)  # signals for the program are passed on (handlers/supervise.py)
+    child = Supervised(command, env)  # signals for the program are passed on (live/supervise.py)
     try:
         child.start()
     except OSError as e:
