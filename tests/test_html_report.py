@@ -203,9 +203,9 @@ def test_two_ranks_page_has_per_rank_bars_that_match_the_raw_traces(browser, pag
     for trace in per_rank["data"]:
         for cat, ms in zip(trace["x"], trace["y"]):
             got[cat] = got.get(cat, 0) + ms
-    assert list(got) == ["rank 0", "rank 1"]
+    assert list(got) == ["0", "1"]
     for rank in (0, 1):
-        assert got[f"rank {rank}"] == pytest.approx(expect[rank] / 1e6, abs=1e-5)
+        assert got[str(rank)] == pytest.approx(expect[rank] / 1e6, abs=1e-5)
     nccl = sum(t["y"][i] for t in per_rank["data"] if t["name"] == "communication" for i in range(2))
     assert nccl > 0  # the DDP allreduce kernels are communication
     step_bars = [s for s in specs.values() if s["layout"]["title"]["text"] == "step time"][0]
@@ -418,3 +418,66 @@ def test_dump_dom_of_headless_chromium_shows_the_drawn_plots(pages):
     dom = p.stdout
     assert dom.count('class="main-svg"') >= 10
     assert dom.count("<table") >= 10 and "<img" not in dom
+
+
+OTHER_TRACES = sorted((DATA / "foreign").glob("*.json")) + sorted((DATA / "recorded").glob("*.pt.trace.json.gz")) + \
+    [DATA / "ranks" / "cpu_tb_2cycles", DATA / "bert4_infer_2iters.pt.trace.json.gz"]
+
+
+@needs_browser
+@pytest.mark.parametrize("source", OTHER_TRACES, ids=lambda p: p.name.split(".")[0])
+def test_traces_from_other_programs_and_projects_render_whole(browser, tmp_path, source):
+    """AMD (ROCm) traces, a torch 1.x trace, compiled and CUDA-graph programs, a CPU-only
+    folder of two captures: every chart drawn, every table whole, nothing in the console."""
+    out = tmp_path / "page.html"
+    _cli("report", str(source), "-o", str(out), "-q")
+    _load(browser, out)
+    _assert_clean(browser, out)
+    specs = _charts_json(out.read_text())
+    charts, drawn, _ = _plots(browser)
+    assert charts == drawn == len(specs)
+    reports = pastaprof.analyze(source)
+    for r in reports:
+        for name, t in r.tables.items():
+            if t.num_rows:
+                assert _dom_rows(browser, slug("t", r.tool, name)) == min(t.num_rows, MAX_TABLE_ROWS), (r.tool, name)
+    gpu = sum(pastaprof.load(source).table(k).num_rows for k in ("kernel", "memcpy", "memset"))
+    heat = [s for s in specs.values() if s["data"] and s["data"][0]["type"] == "heatmap"]
+    assert bool(heat) == bool(gpu)
+    if not gpu:
+        assert browser.eval('document.querySelector("#gpu-timeline .note").textContent') == "no GPU activity in this run"
+
+
+def test_ranks_option_keeps_only_those_ranks(tmp_path):
+    out = tmp_path / "r1.html"
+    _cli("report", str(DATA / "ddp_mlp_2ranks"), "--ranks", "1", "-o", str(out), "-q")
+    page = out.read_text()
+    specs = _charts_json(page)
+    (heat,) = [s for s in specs.values() if s["data"][0]["type"] == "heatmap"]
+    assert heat["data"][0]["y"] and all(not y.startswith("rank") for y in heat["data"][0]["y"])  # one rank: no prefix
+    assert 'id="ranks"' not in page
+    rep = pastaprof.analyze(DATA / "ddp_mlp_2ranks", tools=["steps"], ranks=[1])[0]
+    assert {s["rank"] for s in rep.tables["steps"].to_pylist()} == {1}
+    (bars,) = [s for s in specs.values() if s["layout"]["title"]["text"] == "step time"]
+    assert [t["name"] for t in bars["data"]] == ["rank 1"]
+    assert len(bars["data"][0]["y"]) == rep.tables["steps"].num_rows
+
+
+def test_sigterm_during_a_report_leaves_the_existing_file_and_no_partial(tmp_path):
+    import signal
+    import time
+
+    keep = tmp_path / "keep.html"
+    keep.write_text("mine")
+    p = subprocess.Popen([sys.executable, "-m", "pastaprof.cli", "report", "--example", "-o", str(keep)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.5)
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=60)
+    assert p.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM, 0)
+    listing = sorted(x.name for x in tmp_path.iterdir())
+    assert listing == ["keep.html"]
+    if p.returncode != 0:  # killed before the rename: the old file whole
+        assert keep.read_text() == "mine"
+    else:  # it finished first: the new page whole
+        assert keep.read_text().rstrip().endswith("</html>")

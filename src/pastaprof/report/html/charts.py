@@ -40,7 +40,7 @@ def ms(ns: float) -> float:
 
 
 def _layout(title: str, **extra: Any) -> dict[str, Any]:
-    base = {"title": {"text": label(title), "font": {"size": 14}}, "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
+    base = {"title": {"text": label(title), "font": {"size": 14}, "x": 0.01, "xanchor": "left"}, "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
             "font": {"family": "system-ui, sans-serif", "size": 11}, "hovermode": "closest",
             "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"}, "paper_bgcolor": "white", "plot_bgcolor": "white"}
     base.update(extra)
@@ -70,7 +70,8 @@ def hbar(title: str, names: list[Any], values: list[float], unit: str = "ms", ho
 
 
 def stacked(title: str, categories: list[str], series: dict[str, list[float]], unit: str = "ms",
-            horizontal: bool = False, scale: float = 1e6, hover: list[str] | None = None) -> Spec:
+            horizontal: bool = False, scale: float = 1e6, hover: list[str] | None = None,
+            category_title: str = "") -> Spec:
     """Stacked bars: one bar per category (step, stream, rank), one colour per series."""
     data = []
     for key, values in series.items():
@@ -86,11 +87,11 @@ def stacked(title: str, categories: list[str], series: dict[str, list[float]], u
             trace.update(x=categories, y=vals)
         data.append(trace)
     axis = {"title": {"text": unit}}
-    lay = _layout(title, barmode="stack", height=max(260, (22 * len(categories) + 100) if horizontal else 320))
+    lay = _layout(title, barmode="stack", height=min(1200, max(260, 22 * len(categories) + 100)) if horizontal else 320)
     if horizontal:
         lay.update(xaxis=axis, yaxis={"automargin": True, "autorange": "reversed"}, margin={"l": 160, "r": 20, "t": 40, "b": 40})
     else:
-        lay.update(yaxis=axis, xaxis={"type": "category"})
+        lay.update(yaxis=axis, xaxis={"type": "category", "title": {"text": label(category_title)}})
     return {"data": data, "layout": lay}
 
 
@@ -98,6 +99,8 @@ def step_bars(title: str, steps: list[dict[str, Any]]) -> Spec:
     """Wall time per step, one colour per rank; outlier steps drawn red."""
     ranks = sorted({s.get("rank", 0) for s in steps})
     data = []
+    if len(ranks) > 16:
+        title += f" (the first 16 of {len(ranks)} ranks; all ranks' medians are in the ranks section)"
     for rank in ranks[:16]:
         mine = [s for s in steps if s.get("rank", 0) == rank]
         data.append({"type": "bar", "name": f"rank {rank}", "x": [label(s.get("label") or s.get("step")) for s in mine],
@@ -116,7 +119,7 @@ def heatmap(title: str, rows: list[str], x_ms: list[float], z: list[list[float]]
     trace = {"type": "heatmap", "x": x_ms, "y": rows, "z": z, "zmin": 0, "zmax": 1, "colorscale": [[0, "#f4f6f8"], [0.001, "#deebf7"], [1, "#08306b"]],
              "colorbar": {"title": {"text": "busy"}, "tickformat": ".0%"},
              "hovertemplate": "%{y}<br>%{x:,.3f} ms: %{z:.1%} busy<extra></extra>"}
-    return {"data": [trace], "layout": _layout(title, height=max(200, 22 * len(rows) + 110), shapes=shapes,
+    return {"data": [trace], "layout": _layout(title, height=min(900, max(200, 22 * len(rows) + 110)), shapes=shapes,
                                                 xaxis={"title": {"text": "ms from the start of the trace"}},
                                                 yaxis={"automargin": True, "autorange": "reversed", "type": "category"},
                                                 margin={"l": 150, "r": 20, "t": 40, "b": 50})}

@@ -102,19 +102,20 @@ def ranks_view(ctx: Context, page: Page) -> str:
         return ""
     parts = []
     if per_rank:
-        cats = [f"rank {r['rank']}" for r in per_rank]
+        cats = [str(r["rank"]) for r in per_rank]
         parts.append(page.chart(charts.stacked("GPU busy time per rank", cats,
-                                               {k: [r[k] for r in per_rank] for k in charts.CLASSES_ORDER}),
+                                               {k: [r[k] for r in per_rank] for k in charts.CLASSES_ORDER},
+                                               category_title="rank"),
                                 "Summed over each rank's streams."))
     if steps:
         wall: dict[int, list[int]] = {}
         for s in steps:
             wall.setdefault(s.get("rank", 0), []).append(int(s.get("wall_ns") or 0))
-        cats = [f"rank {r}" for r in sorted(wall)]
+        cats = [str(r) for r in sorted(wall)]
         med = [sorted(v)[len(v) // 2] for _, v in sorted(wall.items())]
         mx = [max(v) for _, v in sorted(wall.items())]
         spec = charts.stacked("step time per rank (median, and the slowest step above it)", cats,
-                              {"busy": med, "other_idle": [a - b for a, b in zip(mx, med)]})
+                              {"busy": med, "other_idle": [a - b for a, b in zip(mx, med)]}, category_title="rank")
         spec["data"][0]["name"], spec["data"][1]["name"] = "median step", "slowest step (extra)"
         parts.append(page.chart(spec))
     return page.section("ranks", "ranks", "".join(parts), f"{len(ranks)} ranks.")
