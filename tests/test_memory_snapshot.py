@@ -115,6 +115,10 @@ def test_oom_is_a_range_a_note_and_the_state_at_it():
     rep = _memory(DATA / "oom.pickle")
     held = sum(e["size"] for e in snap["device_traces"][0] if e["action"] == "alloc")
     assert rep.summary["peak_bytes"] == held == rep.summary["max_reserved_bytes"] == 2 << 30
+    (f,) = [f for f in rep.findings if f.title.startswith("OOM:")]
+    assert f.severity == "critical" and f.evidence["allocated_bytes"] == held
+    assert f.evidence["blocks"] == sum(e["action"] == "alloc" for e in snap["device_traces"][0])
+    assert "grow_until_oom" in f.location
 
 
 def test_every_alloc_has_its_call_site_and_stack():

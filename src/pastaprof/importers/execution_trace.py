@@ -306,7 +306,8 @@ class ExecutionTraceImporter(Importer):
     def manifest_fields(self, path: Path, metas: list[dict[str, Any]]) -> dict[str, Any]:
         m = metas[0] if metas else {}
         return {"source": str(path), "format": "pytorch_et", "format_version": m.get("format_version"),
-                "command": None, "host": None, "devices": [], "versions": {}, "ranks": [0], "rank_source": {},
+                "command": None, "host": None, "devices": [], "versions": {"execution_trace": m.get("format_version")},
+                "ranks": [0], "rank_source": {},
                 "notes": list(m.get("notes", [])), "skipped": {}, "clock": {"domain": "order_ticks", "anchors": {}},
                 "capture_overhead": None, "dropped_events": None, "category_counts": {},
                 "unknown_categories": {}, "trace_bytes": m.get("bytes", 0),

@@ -131,7 +131,8 @@ class MemorySnapshotImporter(Importer):
     def manifest_fields(self, path: Path, metas: list[dict[str, Any]]) -> dict[str, Any]:
         m = metas[0] if metas else {}
         return {"source": str(path), "format": "memory_snapshot", "format_version": m.get("format_version"),
-                "command": None, "host": None, "devices": m.get("devices", []), "versions": {},
+                "command": None, "host": None, "devices": m.get("devices", []),
+                "versions": {"memory_snapshot": m.get("format_version")},
                 "ranks": sorted({x["rank"] for x in metas}), "rank_source": {},
                 "notes": list(m.get("notes", [])), "skipped": {},
                 "clock": {"domain": "unix_epoch_ns", "source": "the allocator's time_us"},

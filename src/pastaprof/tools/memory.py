@@ -244,6 +244,7 @@ class Memory(Tool):
         tables["steps"] = pa.Table.from_pylist(step_rows) if step_rows else pa.table({"step": pa.array([], pa.string())})
         tables["step_survivors"] = pa.concat_tables(surv_tabs) if surv_tabs else pa.table({"op_name": pa.array([], pa.string())})
         findings += self._findings(dev_rows, tables["never_freed"], leaks)
+        findings += self._ooms(blocks)
         summary = self._summary(dev_rows, leaks, step_rows)
         summary.update(use_info)
         if use_info["use_data"] != "none":  # never a pattern from missing data
@@ -415,6 +416,27 @@ class Memory(Tool):
                                    "bytes": x["bytes"]}))
         allx = pa.concat_tables(parts)
         return _group(allx, ["kind", "rank", "device", "memory_kind"], ["bytes"], count="events")
+
+    def _ooms(self, blocks: pa.Table) -> list[Finding]:
+        """One critical finding per out-of-memory event (a memory snapshot's ``oom`` entries
+        arrive as ranges of domain ``oom``): what was allocated then, and the largest site."""
+        rng = self.table("range")
+        if not rng.num_rows or "domain" not in rng.column_names:
+            return []
+        out = []
+        for r in rng.filter(pc.fill_null(pc.equal(rng["domain"].cast(pa.string()), "oom"), False)).to_pylist():
+            t = r["start_ns"]
+            live = blocks.filter(pc.and_(pc.and_(pc.equal(blocks["rank"], r["rank"]), pc.equal(blocks["device"], r["device"] or 0)),
+                                         pc.and_(pc.fill_null(pc.less_equal(blocks["alloc_ns"], t), True),
+                                                 pc.fill_null(pc.greater(blocks["free_ns"], t), True))))
+            sites = _group(live, ["op_name", "call_site"], ["bytes"]).slice(0, 1).to_pylist()
+            top = sites[0] if sites else {}
+            total = int(pc.sum(live["bytes"]).as_py() or 0)
+            out.append(Finding("critical", f"{r['name']}; {_fmt(total)} was allocated then, in {live.num_rows} blocks",
+                               {"rank": r["rank"], "time_ns": t, "allocated_bytes": total, "blocks": live.num_rows,
+                                "top_site_bytes": top.get("bytes")},
+                               location=" @ ".join(x for x in (top.get("op_name"), top.get("call_site")) if x) or None))
+        return out
 
     def _findings(self, dev_rows: list[dict], never: pa.Table, leaks: list[dict]) -> list[Finding]:
         out: list[Finding] = []
