@@ -228,3 +228,18 @@ def test_fuzz_fixed_seed_one_line_or_events(tmp_path):
             refused += 1
         db.unlink()
     assert ok + refused == 200 and ok > 40 and refused > 20
+
+
+def test_a_column_of_numbers_and_text_across_batches(tmp_path, monkeypatch):
+    """SQLite is typeless: one batch of rows may give a column as numbers, the next as text."""
+    import pastaprof.importers.rocpd as rocpd
+
+    db = tmp_path / "a.db"
+    shutil.copy(DATA / "single_3.0.3.db", db)
+    con = sqlite3.connect(db)
+    con.execute(f"UPDATE rocpd_kernel_dispatch{_uuid(con)} SET start = 'x', dispatch_id = 'y' WHERE id = 12")
+    con.commit()
+    con.close()
+    monkeypatch.setattr(rocpd, "BATCH", 4)
+    ((_rank, tables, meta),) = list(RocpdImporter().import_ranks(db))
+    assert tables["kernel"].num_rows == 11 and meta["dropped"] == {"kernel rows without a time": 1}

@@ -161,13 +161,23 @@ class _Db:
             raise InputError(self.path, f"cannot be read as a rocpd database ({_short(e)})") from None
         if not batches:
             return pa.table({n: pa.array([], pa.null()) for n in names})
-        return pa.concat_tables(batches, promote_options="permissive")
+        try:
+            return pa.concat_tables(batches, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # one batch gave a column as text, another as numbers
+            return pa.concat_tables([pa.table({n: _text(b[n]) for n in names}) for b in batches])
 
     def count(self, base: str) -> int:
         try:
             return int(self.con.execute(f"SELECT count(*) FROM {self.src[base]}").fetchone()[0]) if base in self.src else 0
         except DB_ERRORS:
             return 0
+
+
+def _text(col: pa.ChunkedArray) -> pa.Array:
+    arr = col.combine_chunks()
+    if pa.types.is_binary(arr.type):
+        return pa.array([None if v is None else v.decode("utf-8", "replace") for v in arr.to_pylist()], pa.string())
+    return arr.cast(pa.string())
 
 
 def _arrow(values: tuple) -> pa.Array:
