@@ -93,7 +93,7 @@ def client_for(scheduler: str | None) -> Iterator[Any]:
 
     if scheduler is not None:
         try:
-            client = Client(scheduler, timeout="10s")
+            client = Client(scheduler, timeout="5s")
         except (OSError, TimeoutError, ValueError) as e:
             raise UsageError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
         with client:
@@ -101,7 +101,7 @@ def client_for(scheduler: str | None) -> Iterator[Any]:
         return
     n = max(2, min(os.cpu_count() or 2, LOCAL_WORKERS_MAX))
     with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+                      silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:
         yield client
 
 
