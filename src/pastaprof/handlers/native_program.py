@@ -208,6 +208,8 @@ def read_process(base: Path, kernels: str | None = None) -> tuple[dict[str, Any]
         return {}, {}, status
     if meta.get("status") not in (None, "ok"):
         status["native"] = f"native capture: {str(meta['status'])[:300]}"
+    if isinstance(meta.get("note"), str):
+        status["native_note"] = f"native capture: {meta['note'][:300]}"
     records, trouble = _read_records(base.with_suffix(".rec"))
     if trouble:
         status["native_records"] = trouble

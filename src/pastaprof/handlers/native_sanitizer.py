@@ -178,6 +178,8 @@ def tables(base: Path, meta: dict[str, Any], config: Any, rank: int, pid: int
         for kind, t in drained.items():
             parts.setdefault(kind, []).append(t)
     out = {kind: merge(kind, ts) if len(ts) > 1 else ts[0] for kind, ts in parts.items()}
-    # the copies the tool saw through its API callbacks: CUPTI's, with GPU times, are stored instead
-    out = {k: v for k, v in out.items() if k.startswith("access_")}
+    # the copies the tool saw through its API callbacks: CUPTI's, with GPU times, are stored
+    # instead, unless CUPTI could not be had beside the sanitizer (the library's note says so)
+    if "CUPTI records not taken" not in str(meta.get("note", "")):
+        out = {k: v for k, v in out.items() if k.startswith("access_")}
     return out, h.summary(), trouble

@@ -21,6 +21,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -63,6 +64,8 @@ static char g_ended[32] = "running";
 static size_t g_buffer_bytes = 8u << 20;
 static const char* g_mode = "cuda_injection";
 static int g_sanitizer; /* the instruction-level bridge (inject_sanitizer.c) is running */
+static int g_flush_ms = 2000;
+static char g_note[512];
 static char g_san_status[512];
 
 /* kernel selection: PASTAPROF_SAMPLE (every Nth launch), PASTAPROF_KERNELS (POSIX ERE on the
@@ -204,9 +207,19 @@ static void decode(const CUpti_Activity* a) {
 }
 
 /* ---- CUPTI buffers ------------------------------------------------------------------------ */
+/* Completed buffers are kept for reuse (a few): a fresh 8 MB buffer is new memory whose pages
+ * fault in as CUPTI writes records, partly on the program's launching thread. */
+#define SPARE_SLOTS 4
+static void* g_spare[SPARE_SLOTS];
+static int g_nspare;
+static pthread_mutex_t g_spare_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   void* p = NULL;
-  if (posix_memalign(&p, 8, g_buffer_bytes) != 0) p = NULL;
+  pthread_mutex_lock(&g_spare_mu);
+  if (g_nspare > 0) p = g_spare[--g_nspare];
+  pthread_mutex_unlock(&g_spare_mu);
+  if (!p && posix_memalign(&p, 8, g_buffer_bytes) != 0) p = NULL;
   *buffer = (uint8_t*)p;
   *size = p ? g_buffer_bytes : 0;
   *max_records = 0;
@@ -227,6 +240,12 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* b
     if (g_sanitizer) pp_bridge_drain(); /* the instruction-level tables too, at the same pace */
   }
   pthread_mutex_unlock(&g_mu);
+  pthread_mutex_lock(&g_spare_mu);
+  if (g_nspare < SPARE_SLOTS) {
+    g_spare[g_nspare++] = buffer;
+    buffer = NULL;
+  }
+  pthread_mutex_unlock(&g_spare_mu);
   free(buffer);
 }
 
@@ -262,6 +281,10 @@ static void write_meta(int complete) {
   fprintf(f, ", \"mode\": \"%s\", \"sample\": %lld, \"kernel_filter\": \"%s\", \"status\": ", g_mode,
           (long long)g_sample, g_kernel_filter == 1 ? "posix" : g_kernel_filter == 2 ? "python" : "none");
   json_string(f, g_status, strlen(g_status));
+  if (g_note[0]) {
+    fputs(", \"note\": ", f);
+    json_string(f, g_note, strlen(g_note));
+  }
   if (g_san_status[0]) {
     fputs(", \"sanitizer_status\": ", f);
     json_string(f, g_san_status, strlen(g_san_status));
@@ -329,6 +352,8 @@ static void read_settings(void) {
   if (v && *v) g_kernel_filter = pp_names_filter(v);
   v = getenv("PASTAPROF_NATIVE_BUFFER");
   if (v && atoll(v) >= 4096) g_buffer_bytes = (size_t)atoll(v);
+  v = getenv("PASTAPROF_FLUSH_MS");
+  if (v && *v) g_flush_ms = atoi(v); /* 0: no periodic flush */
   g_off_kernels = pp_off("kernels");
   g_off_api = pp_off("api");
   g_off_memory = pp_off("memory");
@@ -341,19 +366,8 @@ static struct sigaction g_prev[NSIG_OURS];
 static volatile sig_atomic_t g_finishing;
 
 /* Everything recorded so far into the files; `how` says why (exit, signal N). */
-static void finish(const char* how, int final, int from_signal) {
+static void finish(const char* how, int final) {
   if (g_state != 1) return;
-  if (from_signal) {
-    /* the signal may have interrupted this very thread inside our lock (a buffer being
-     * written): then waiting for it would never end; wait a bounded time for another thread */
-    int got = 0;
-    for (int i = 0; i < 200 && !(got = pthread_mutex_trylock(&g_mu) == 0); ++i) {
-      struct timespec ms = {0, 1000000};
-      nanosleep(&ms, NULL);
-    }
-    if (!got) return;
-    pthread_mutex_unlock(&g_mu);
-  }
   if (p_flush) p_flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED); /* completes the buffers: buffer_completed writes */
   pthread_mutex_lock(&g_mu);
   stage_flush();
@@ -365,19 +379,72 @@ static void finish(const char* how, int final, int from_signal) {
 
 static void at_exit(void) {
   if (getpid() != g_stat[PP_STAT_PID]) return; /* a forked child's exit: the files are the parent's */
-  finish("exit", 1, 0);
+  finish("exit", 1);
   g_state = 2;
+}
+
+/* The flusher thread: flushes for a signal handler (CUPTI must not be entered from the
+ * interrupted thread, which may hold the driver's locks inside a launch: flushing there hung),
+ * and drains the sanitizer's tables every PASTAPROF_FLUSH_MS. */
+static int g_wake[2] = {-1, -1}, g_done[2] = {-1, -1};
+static int g_have_flusher;
+static char g_signal_how[32];
+
+static void* flusher_main(void* arg) {
+  (void)arg;
+  for (;;) {
+    struct pollfd p = {g_wake[0], POLLIN, 0};
+    int r = poll(&p, 1, g_sanitizer ? (g_flush_ms > 0 ? g_flush_ms : 2000) : -1);
+    if (r < 0) continue;
+    char c = 0;
+    if (r > 0 && read(g_wake[0], &c, 1) != 1) continue;
+    if (g_state != 1) continue;
+    if (c == 'S') {
+      finish(g_signal_how, 0);
+      if (write(g_done[1], "d", 1) < 0) continue;
+    } else if (g_sanitizer) {
+      pthread_mutex_lock(&g_mu);
+      pp_bridge_drain();
+      pthread_mutex_unlock(&g_mu);
+    }
+  }
+  return NULL;
+}
+
+static void start_flusher(void) {
+  if (pipe2(g_wake, O_CLOEXEC) != 0 || pipe2(g_done, O_CLOEXEC) != 0) return;
+  sigset_t all, old; /* the program's signals go to the program's threads, never to this one */
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  pthread_t t;
+  g_have_flusher = pthread_create(&t, NULL, flusher_main, NULL) == 0;
+  if (g_have_flusher) pthread_detach(t);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* Without the flusher's answer in time: what is staged, and the header, if the lock is free. */
+static void last_words(const char* how) {
+  if (pthread_mutex_trylock(&g_mu) != 0) return;
+  stage_flush();
+  snprintf(g_ended, sizeof g_ended, "%s", how);
+  write_meta(0);
+  pthread_mutex_unlock(&g_mu);
 }
 
 static void on_signal(int sig, siginfo_t* info, void* uc) {
   int i = 0;
   while (i < NSIG_OURS && SIGNALS[i] != sig) ++i;
   if (i == NSIG_OURS) return;
-  if (!g_finishing && getpid() == g_stat[PP_STAT_PID]) {
+  if (!g_finishing && g_state == 1 && getpid() == g_stat[PP_STAT_PID]) {
     g_finishing = 1;
-    char how[32];
-    snprintf(how, sizeof how, "signal %d", sig);
-    finish(how, 0, 1); /* not final: the program's handler may go on running (and exit later) */
+    snprintf(g_signal_how, sizeof g_signal_how, "signal %d", sig);
+    int done = 0; /* not final: the program's handler may go on running (and exit later) */
+    if (g_have_flusher && write(g_wake[1], "S", 1) == 1) {
+      struct pollfd p = {g_done[0], POLLIN, 0};
+      char c;
+      if (poll(&p, 1, 3000) > 0) done = read(g_done[0], &c, 1) == 1;
+    }
+    if (!done) last_words(g_signal_how);
     g_finishing = 0;
   }
   struct sigaction* prev = &g_prev[i];
@@ -414,6 +481,7 @@ static void fork_parent(void) { pthread_mutex_unlock(&g_mu); }
 static void fork_child(void) {
   /* CUDA is unusable in a forked child; a child that execs a CUDA program is injected anew */
   g_state = 2;
+  g_have_flusher = 0; /* the thread stayed in the parent */
   if (g_rec_fd >= 0) close(g_rec_fd);
   if (g_str_fd >= 0) close(g_str_fd);
   g_rec_fd = g_str_fd = -1;
@@ -502,6 +570,44 @@ static int enable_api(void) {
   return n;
 }
 
+/* PASTAPROF_NATIVE_KINDS: the CUPTI kinds to enable (kernel,memcpy,memset,sync,memory,marker,api;
+ * default all), to measure what each costs */
+static int kind_wanted(const char* kind) {
+  const char* v = getenv("PASTAPROF_NATIVE_KINDS");
+  if (!v || !*v) return 1;
+  size_t n = strlen(kind);
+  for (const char* s = v; (s = strstr(s, kind)) != NULL; s += n)
+    if ((s == v || s[-1] == ',') && (s[n] == ',' || s[n] == 0)) return 1;
+  return 0;
+}
+
+static int start_cupti(void) {
+  CUptiResult r = p_register(buffer_requested, buffer_completed);
+  if (r != CUPTI_SUCCESS) {
+    snprintf(g_status, sizeof g_status, "cuptiActivityRegisterCallbacks: %s (%d)", cupti_error(r), (int)r);
+    return -1;
+  }
+  static const struct {
+    CUpti_ActivityKind kind;
+    const char* name;
+  } kinds[] = {{CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, "kernel"}, {CUPTI_ACTIVITY_KIND_MEMCPY, "memcpy"},
+               {CUPTI_ACTIVITY_KIND_MEMSET, "memset"},           {CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, "sync"},
+               {CUPTI_ACTIVITY_KIND_MEMORY2, "memory"},          {CUPTI_ACTIVITY_KIND_MARKER, "marker"}};
+  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; ++i) {
+    if ((g_off_kernels && i == 0) || (g_off_memory && kinds[i].kind == CUPTI_ACTIVITY_KIND_MEMORY2) ||
+        !kind_wanted(kinds[i].name))
+      continue;
+    r = p_enable(kinds[i].kind);
+    if (r != CUPTI_SUCCESS && i == 0) {
+      snprintf(g_status, sizeof g_status, "cuptiActivityEnable(kernels): %s (%d)", cupti_error(r), (int)r);
+      return -1;
+    }
+  }
+  if (!g_off_api && kind_wanted("api")) enable_api();
+  if (p_flush_period && g_flush_ms > 0) p_flush_period((uint32_t)g_flush_ms);
+  return 0;
+}
+
 static int start_capture(const char* mode) {
   g_mode = mode;
   g_stat[PP_STAT_PID] = getpid();
@@ -544,36 +650,20 @@ static int start_capture(const char* mode) {
   int san = pp_bridge_start(g_base, getenv("PASTAPROF_KERNELS"), (long)g_sample, g_san_status, sizeof g_san_status);
   g_sanitizer = san == 0;
   if (san < 0) warn(g_san_status);
-  CUptiResult r = p_register(buffer_requested, buffer_completed);
-  if (r != CUPTI_SUCCESS) {
-    snprintf(g_status, sizeof g_status, "cuptiActivityRegisterCallbacks: %s (%d)", cupti_error(r), (int)r);
-    snprintf(g_ended, sizeof g_ended, "not started");
-    warn(g_status);
-    write_meta(1);
-    return -1;
-  }
-  CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                                CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_SYNCHRONIZATION,
-                                CUPTI_ACTIVITY_KIND_MEMORY2, CUPTI_ACTIVITY_KIND_MARKER};
-  int enabled = 0;
-  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; ++i) {
-    if ((g_off_kernels && kinds[i] == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) ||
-        (g_off_memory && kinds[i] == CUPTI_ACTIVITY_KIND_MEMORY2))
-      continue;
-    r = p_enable(kinds[i]);
-    if (r == CUPTI_SUCCESS) enabled++;
-    else if (kinds[i] == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
-      snprintf(g_status, sizeof g_status, "cuptiActivityEnable(kernels): %s (%d)", cupti_error(r), (int)r);
+  if (start_cupti() != 0) {
+    if (!g_sanitizer) {
       snprintf(g_ended, sizeof g_ended, "not started");
       warn(g_status);
       write_meta(1);
       return -1;
     }
+    /* one CUPTI/sanitizer client at a time on this driver: the instruction-level tables go on */
+    snprintf(g_note, sizeof g_note, "CUPTI records not taken beside the sanitizer (%.300s): kernels are in "
+             "access_launch", g_status);
+    pp_bridge_copies();
   }
-  if (!g_off_api) enabled += enable_api() > 0;
-  const char* flush_ms = getenv("PASTAPROF_FLUSH_MS");
-  if (p_flush_period) p_flush_period(flush_ms && atoi(flush_ms) > 0 ? (uint32_t)atoi(flush_ms) : 2000);
   snprintf(g_status, sizeof g_status, "ok");
+  start_flusher();
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   g_state = 1;
   atexit(at_exit);
@@ -640,6 +730,7 @@ void pp_decode(const void* record) { decode((const CUpti_Activity*)record); }
 void pp_test_end(void) {
   stage_flush();
   write_meta(0);
+  start_flusher();
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   atexit(at_exit);
   install_signals();

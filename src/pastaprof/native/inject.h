@@ -59,6 +59,7 @@ enum {
 #include <stdio.h>
 int pp_bridge_start(const char* base, const char* kernels, long sample, char* err, size_t errlen);
 void pp_bridge_drain(void);
+void pp_bridge_copies(void);
 void pp_bridge_meta(FILE* f, void (*json_string)(FILE*, const char*, size_t));
 
 /* inject.c, for inject_selftest.c */

@@ -39,6 +39,7 @@ typedef const char* (*name_t)(int64_t);
 typedef int64_t (*demangle_t)(const char*, char*, int64_t);
 typedef int64_t (*stat_t)(int);
 
+static int (*p_record_copies)(int);
 static struct {
   take_t take;
   copy_t copy;
@@ -86,6 +87,7 @@ int pp_bridge_start(const char* base, const char* kernels, long sample, char* er
   int_fn_t shards = (int_fn_t)dlsym(h, "pp_san_set_shards");
   str_fn_t cubins = (str_fn_t)dlsym(h, "pp_san_set_cubin_dir");
   init_t init = (init_t)dlsym(h, "InitializeInjection");
+  p_record_copies = (int (*)(int))dlsym(h, "pp_san_record_copies");
   S.take = (take_t)dlsym(h, "pp_san_take");
   S.copy = (copy_t)dlsym(h, "pp_san_copy");
   S.addresses = (addr_t)dlsym(h, "pp_san_copy_addresses");
@@ -128,6 +130,12 @@ int pp_bridge_start(const char* base, const char* kernels, long sample, char* er
     return -1;
   }
   return 0;
+}
+
+/* Copies, memsets and synchronizations from the tool's API callbacks, where CUPTI could not be
+ * had beside it (the Python handler's record_copies). */
+void pp_bridge_copies(void) {
+  if (S.take && p_record_copies) p_record_copies(1);
 }
 
 /* One chunk: what the tool collected since the last one (nothing is written when empty). */
