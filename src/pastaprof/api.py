@@ -15,7 +15,7 @@ from pastaprof.processor.pipeline import Processor
 from pastaprof.store.run import Run, open_run_dir
 from pastaprof.store.safe_read import readable_trace
 from pastaprof.store.writer import MANIFEST, RunWriter
-from pastaprof.tools.base import Finding, Report, RunInfo, Tool
+from pastaprof.tools.base import Finding, Report, Tool
 from pastaprof.tools.registry import resolve
 
 Progress = Callable[[int], None]
@@ -73,12 +73,17 @@ def import_trace(path: str | Path, out: str | Path, ranks: Sequence[int] | None 
 
 def analyze(source: str | Path | Run, tools: Sequence[str | Tool] | None = None,
             ranks: Sequence[int] | None = None, progress: Progress | None = None,
-            out: str | Path | None = None) -> list[Report]:
+            out: str | Path | None = None, engine: str = "local", scheduler: str | None = None) -> list[Report]:
     """Run tools over a run directory, a foreign trace or a loaded Run.
 
     ``tools``: names (see ``pastaprof tools``) or Tool instances; default: the
     built-in set.  ``out``: also store the imported events as a run directory.
+    ``engine``: where the per-rank work runs, ``"local"`` (this process) or ``"dask"``
+    (a Dask cluster: ``scheduler`` is its address, None starts a local one); see docs/scale.md.
     """
+    from pastaprof.engine import check_engine
+
+    check_engine(engine, scheduler)
     instances = _instances(tools)
     rank_list = list(ranks) if ranks is not None else None
     if isinstance(source, Run) or is_run_dir(Path(source)):
@@ -86,11 +91,11 @@ def analyze(source: str | Path | Run, tools: Sequence[str | Tool] | None = None,
             run = source if rank_list is None else source.select_ranks(rank_list)
         else:
             run = open_run_dir(Path(source), rank_list)
-        proc = Processor(instances, info=RunInfo(run.manifest))
-        for kind in KINDS:
-            if proc.wants(kind):
-                proc.submit(kind, run.table(kind))
-        reports = proc.finish()
+        if engine == "dask":
+            from pastaprof.engine.dask import analyze_run
+        else:
+            from pastaprof.engine.local import analyze_run
+        reports = analyze_run(run, instances, scheduler=scheduler)  # rank by rank (engine/)
         from pastaprof.live.supervise import capture_losses
 
         lost = capture_losses(run.manifest)  # dropped / unflushed events: every report says so
@@ -99,11 +104,9 @@ def analyze(source: str | Path | Run, tools: Sequence[str | Tool] | None = None,
         return reports
     path = Path(source)
     writer = RunWriter(out) if out is not None else None
-    # Import only what the tools consume (everything when storing the run).
-    kinds = None if writer is not None else {k for t in instances for k in t.consumes}
     try:
         with readable_trace(path) as src:
-            return _analyze_trace(path, src, instances, writer, rank_list, progress, kinds)
+            return _analyze_trace(path, src, instances, writer, rank_list, progress, engine, scheduler)
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -111,21 +114,17 @@ def analyze(source: str | Path | Run, tools: Sequence[str | Tool] | None = None,
 
 
 def _analyze_trace(path: Path, src: Path, instances: list[Tool], writer: RunWriter | None,
-                   rank_list: list[int] | None, progress: Progress | None, kinds: set[str] | None) -> list[Report]:
-    """analyze() of a foreign trace: ``src`` is read, ``path`` is what the manifest names."""
-    metas: list[dict] = []
-    proc = Processor(instances, sink=writer)
-    for rank, tables, meta in iter_ranks(src, rank_list, progress, kinds):
-        if not metas:
-            proc.info = RunInfo(manifest_for(path, [meta]))
-        proc.ingest_rank(rank, tables)
-        metas.append(meta)
-    if not metas:
-        raise InputError(path, "no trace matches the selected ranks")
-    proc.info.manifest.update(manifest_for(path, metas))
-    reports = proc.finish()
+                   rank_list: list[int] | None, progress: Progress | None, engine: str = "local",
+                   scheduler: str | None = None) -> list[Report]:
+    """analyze() of a foreign trace: ``src`` is read, ``path`` is what the manifest names.
+    Only the kinds the tools consume are imported (every kind when storing the run)."""
+    if engine == "dask":
+        from pastaprof.engine.dask import analyze_trace
+    else:
+        from pastaprof.engine.local import analyze_trace
+    reports, manifest = analyze_trace(path, src, instances, writer, rank_list, progress, scheduler=scheduler)
     if writer is not None:
-        writer.commit(manifest_for(path, metas))
+        writer.commit(manifest)
     return reports
 
 

@@ -157,9 +157,13 @@ def cli() -> None:
                    "between migrating an allocation and pinning it on the CPU.")
 @click.option("--html", "html_out", type=click.Path(path_type=Path),
               help="Also write the HTML report here (one self-contained page; see `pastaprof report`).")
+@click.option("--engine", type=click.Choice(["local", "dask"]), default="local", show_default=True,
+              help="Where the per-rank work runs: this process, or a Dask cluster (docs/scale.md).")
+@click.option("--scheduler", metavar="ADDRESS",
+              help="--engine dask: the scheduler of an existing cluster (default: start a local one).")
 def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path | None, ranks: str | None,
             out: Path | None, rows: int, wide: bool, quiet: bool, uvm_plan: Path | None, access_run: Path | None,
-            html_out: Path | None = None) -> None:
+            engine: str = "local", scheduler: str | None = None, html_out: Path | None = None) -> None:
     """Run analysis tools on a trace file, a folder of per-rank traces, or a run directory."""
     from pastaprof.api import analyze as run_analyze
     from pastaprof.api import example_path
@@ -172,6 +176,9 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
     assert source is not None
     rank_list = _parse_ranks(ranks)
     tool_list = _parse_tools(tools)
+    from pastaprof.engine import check_engine
+
+    _run_guarded(lambda: check_engine(engine, scheduler))  # before anything is read
     from pastaprof.store.outputs import check_output_dir, check_output_file, is_stdout
 
     for target in (json_out, uvm_plan, html_out):
@@ -198,7 +205,8 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
 
     def work() -> None:
         with _progress(source, quiet) as progress:
-            reports = run_analyze(source, tools=tool_list, ranks=rank_list, progress=progress, out=out)
+            reports = run_analyze(source, tools=tool_list, ranks=rank_list, progress=progress, out=out,
+                                  engine=engine, scheduler=scheduler)
         if html_out is not None:
             reports, everything = html_report.split(reports)
             html_report.write_html(everything, html_out, source=str(source))
@@ -251,32 +259,6 @@ def report(path: Path | None, example: bool, dest: Path, tools: str | None, rank
             _echo(f"wrote {dest} ({size / 1e6:.1f} MB)", err=is_stdout(dest))
 
     _run_guarded(work)
-
-
-@cli.command("import")
-@click.argument("path", type=click.Path(path_type=Path))
-@click.option("-o", "--out", required=True, type=click.Path(path_type=Path), help="Run directory to create.")
-@click.option("--ranks", metavar="LIST", help="Only these ranks, e.g. 0,2,4-7.")
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
-def import_cmd(path: Path, out: Path, ranks: str | None, force: bool) -> None:
-    """Import a foreign trace into a run directory (Parquet + run.json)."""
-    from pastaprof.api import import_trace
-
-    def work() -> None:
-        with _progress(path, False) as progress:
-            dest = import_trace(path, out, ranks=_parse_ranks(ranks), force=force, progress=progress)
-        _echo(f"wrote {dest}")
-
-    _run_guarded(work)
-
-
-@cli.command()
-def tools() -> None:
-    """List the installed analysis tools."""
-    from pastaprof.tools.registry import available
-
-    for name, cls in available().items():
-        _echo(f"{name:<14} {cls.description}  [consumes: {', '.join(cls.consumes)}]")
 
 
 @cli.command("import")
