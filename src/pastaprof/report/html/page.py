@@ -116,8 +116,9 @@ def build_page(reports: list[Report], source: str | None = None) -> str:
         view = views.VIEWS.get(r.tool, views.generic_chart)
         try:
             charts_html = view(r, ctx, page)
-        except (KeyError, TypeError, ValueError, IndexError):  # a tool's changed columns cost its chart only
-            charts_html = '<p class="note">(no chart: this tool\'s tables are not in the expected form)</p>'
+        except Exception as e:  # a tool's changed columns cost its chart, never the page
+            charts_html = (f'<p class="note chart-error">(no chart: {esc(type(e).__name__)}: {esc(e)}; '
+                           "the tables below are complete)</p>")
         lead = LEADS.get(r.tool) or descriptions.get(r.tool, "")
         section = report_html(r, page, charts_html)
         if lead:
