@@ -31,7 +31,7 @@ def available() -> dict[str, type[Tool]]:
 
 
 #: The tools ``analyze`` and ``pastaprof run`` use when none are named.
-DEFAULT_TOOLS = ("steps", "kernels", "ops", "timeline", "cuda_api", "copies", "memory")
+DEFAULT_TOOLS = ("steps", "kernels", "ops", "timeline", "cuda_api", "copies", "memory", "gemm")
 
 
 def resolve(names: list[str] | None, default: tuple[str, ...] = DEFAULT_TOOLS) -> list[type[Tool]]:
