@@ -1,0 +1,176 @@
+"""Reading an Nsight Systems SQLite export into Arrow columns, safely and without a Python object per row.
+
+The file is opened read-only and immutable (``file:...?mode=ro&immutable=1``):
+SQLite then never writes, locks or creates a journal beside it, whatever the
+file holds.  The stdlib ``sqlite3`` module yields one tuple per row; instead,
+each chunk of rows is turned into CSV text by SQLite itself (``group_concat`` of
+integer columns, in C) and parsed by Arrow's CSV reader (C++, typed), so the
+Python side handles one string per 256k rows.  Text columns are never put in
+the CSV: names are ids into ``StringIds`` (or into a temporary table of distinct
+inline texts), resolved as dictionary arrays.
+
+Columns are probed with ``PRAGMA table_info``: a column an export lacks reads as
+null (schema versions add columns; ``greenContextId`` is recent).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from pastaprof.errors import InputError
+
+CHUNK_ROWS = 1 << 18
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """``path`` opened read-only, immutable, with no writes anywhere but SQLite's own temp store."""
+    uri = Path(path).resolve().as_uri() + "?mode=ro&immutable=1"
+    try:
+        con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        con.execute("PRAGMA temp_store = MEMORY")  # temp tables (distinct NVTX texts) live in memory
+        con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as e:
+        raise InputError(path, damaged(e)) from None
+    return con
+
+
+def damaged(e: BaseException) -> str:
+    """One line for an SQLite failure on the user's file."""
+    msg = " ".join(str(e).split())[:200] or type(e).__name__
+    return f"corrupt or truncated SQLite database ({msg})"
+
+
+class Db:
+    """An open export with its tables' columns probed once."""
+
+    def __init__(self, path: Path, con: sqlite3.Connection) -> None:
+        self.path, self.con = path, con
+        try:
+            rows = con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
+        except sqlite3.Error as e:
+            raise InputError(path, damaged(e)) from None
+        self.tables = {r[0] for r in rows if isinstance(r[0], str) and _IDENT.match(r[0])}
+        self._cols: dict[str, set[str]] = {}
+
+    def has(self, table: str) -> bool:
+        return table in self.tables
+
+    def columns(self, table: str) -> set[str]:
+        if table not in self._cols:
+            if table not in self.tables:
+                self._cols[table] = set()
+            else:
+                rows = self.query(f'PRAGMA table_info("{table}")')
+                self._cols[table] = {r[1] for r in rows if isinstance(r[1], str)}
+        return self._cols[table]
+
+    def query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        """Rows of a small query (metadata, strings, enums: never per-event tables)."""
+        try:
+            return self.con.execute(sql, args).fetchall()
+        except sqlite3.Error as e:
+            raise InputError(self.path, damaged(e)) from None
+
+    def int_expr(self, table: str, column: str, default: str = "NULL") -> str:
+        """SQL for an integer column of ``table`` (``default`` when the export lacks it)."""
+        if column not in self.columns(table) or not _IDENT.match(column):
+            return default
+        return f'CAST("{column}" AS INTEGER)'
+
+    def fetch(self, table: str, exprs: dict[str, str], where: str = "") -> pa.Table:
+        """``SELECT exprs FROM table [WHERE where]`` as an int64 Arrow table, chunk by chunk.
+        Every expression must yield an integer or NULL."""
+        names = list(exprs)
+        row = " || ',' || ".join(f"ifnull(CAST(({e}) AS INTEGER), '')" for e in exprs.values())
+        cond = f"WHERE {where}" if where else ""
+        lo_hi = self.query(f'SELECT min(rowid), max(rowid) FROM "{table}"')
+        lo, hi = lo_hi[0] if lo_hi else (None, None)
+        if lo is None or not isinstance(lo, int) or not isinstance(hi, int):
+            return _empty(names)
+        parts = []
+        for start in range(lo, hi + 1, CHUNK_ROWS):
+            rng = f"rowid >= {start} AND rowid < {start + CHUNK_ROWS}"
+            sql = (f'SELECT group_concat({row}, char(10)) FROM "{table}" '
+                   f"{cond + ' AND ' if cond else 'WHERE '}{rng}")
+            text = self.query(sql)[0][0]
+            if text:
+                parts.append(_parse(text, names, self.path))
+        return pa.concat_tables(parts) if parts else _empty(names)
+
+
+def _empty(names: list[str]) -> pa.Table:
+    return pa.table({n: pa.array([], pa.int64()) for n in names})
+
+
+def _parse(text: str, names: list[str], path: Path) -> pa.Table:
+    try:
+        return pacsv.read_csv(
+            io.BytesIO(text.encode()),
+            read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 24),
+            parse_options=pacsv.ParseOptions(newlines_in_values=False),
+            convert_options=pacsv.ConvertOptions(column_types={n: pa.int64() for n in names}),
+        )
+    except (pa.ArrowInvalid, ValueError) as e:
+        raise InputError(path, f"an integer column holds a value that is no 64-bit integer ({_short(e)})") from None
+
+
+def _short(e: BaseException) -> str:
+    return " ".join(str(e).split())[:160]
+
+
+class Strings:
+    """Names as dictionary arrays: ``StringIds`` (id -> value) plus the distinct
+    inline texts of one table column, appended after them."""
+
+    def __init__(self, db: Db) -> None:
+        rows = db.query("SELECT id, value FROM StringIds") if db.has("StringIds") else []
+        rows = [(i, v) for i, v in rows if isinstance(i, int) and not isinstance(i, bool)]
+        self.values: list[str] = [v if isinstance(v, str) else "" for _i, v in rows]
+        ids = np.array([i for i, _v in rows], dtype=np.int64)
+        order = np.argsort(ids, kind="stable")
+        self._ids, self._pos = ids[order], order.astype(np.int64)
+        self.inline_base: dict[str, int] = {}
+
+    def add_inline(self, db: Db, table: str, column: str, key: str) -> str:
+        """A temporary table of ``table.column``'s distinct texts, numbered after the
+        StringIds values; returns the SQL expression of a row's index (NULL: none)."""
+        if column not in db.columns(table):
+            return "NULL"
+        tmp = f"_pastaprof_{key}"
+        base = len(self.values)
+        try:
+            db.con.execute(f"CREATE TEMP TABLE {tmp} AS SELECT DISTINCT CAST(\"{column}\" AS TEXT) AS t "
+                           f"FROM \"{table}\" WHERE \"{column}\" IS NOT NULL")
+            db.con.execute(f"CREATE INDEX temp.{tmp}_i ON {tmp}(t)")
+        except sqlite3.Error as e:
+            raise InputError(db.path, damaged(e)) from None
+        texts = db.query(f"SELECT rowid, t FROM temp.{tmp} ORDER BY rowid")
+        self.values.extend(t if isinstance(t, str) else "" for _r, t in texts)
+        first = texts[0][0] if texts else 1
+        self.inline_base[key] = base
+        return (f"(SELECT rowid - {first} + {base} FROM temp.{tmp} "
+                f"WHERE t = CAST(\"{column}\" AS TEXT))")
+
+    def index(self, ids: pa.ChunkedArray | pa.Array) -> np.ndarray:
+        """Dictionary positions of StringIds ``ids`` (-1: null or unknown id)."""
+        a = np.asarray(pa.chunked_array(ids).combine_chunks().fill_null(-1) if isinstance(ids, pa.ChunkedArray)
+                       else ids.fill_null(-1), dtype=np.int64)
+        if len(self._ids) == 0:
+            return np.full(len(a), -1, dtype=np.int64)
+        pos = np.clip(np.searchsorted(self._ids, a), 0, len(self._ids) - 1)
+        hit = self._ids[pos] == a
+        return np.where(hit & (a >= 0), self._pos[pos], -1)
+
+    def dictionary(self, idx: np.ndarray, values: list[str] | None = None) -> pa.DictionaryArray:
+        """A dictionary array over ``values`` (default: all strings) for positions ``idx`` (-1: null)."""
+        vals = pa.array(self.values if values is None else values, pa.string())
+        return pa.DictionaryArray.from_arrays(pa.array(idx.astype(np.int32), pa.int32(), mask=idx < 0), vals)
