@@ -240,3 +240,66 @@ def test_chunks_cover_every_rank_once_in_order():
             cs = _chunks(ranks, n)
             assert [r for c in cs for r in c] == ranks and all(cs)
             assert len(cs) == min(n, n_ranks) and max(map(len, cs)) - min(map(len, cs)) <= 1
+
+
+def test_ranks_only_known_once_read_go_to_one_task(cluster, tmp_path):
+    """Files that state no rank (no distributedInfo, no rank-N name) get ranks by file order:
+    the plan cannot be cut up front, so one task reads them all, with the same answer."""
+    job = tmp_path / "anon"
+    job.mkdir()
+    for r, name in ((0, "a.pt.trace.json.gz"), (1, "b.pt.trace.json.gz")):
+        doc = json.load(gzip.open(DDP / f"rank-{r}.pt.trace.json.gz"))
+        doc.pop("distributedInfo")
+        with gzip.open(job / name, "wt") as f:
+            json.dump(doc, f)
+    a = analyze(job, tools=["kernels", GpuTimePerRank()])
+    b = analyze(job, tools=["kernels", GpuTimePerRank()], engine="dask", scheduler=cluster)
+    assert a[1].summary["ranks"] == [0, 1]
+    a[1].summary.pop("pids"), b[1].summary.pop("pids")
+    assert_same(a, b)
+
+
+def test_no_rank_selected_is_the_same_error(cluster, job6):
+    for engine in ("local", "dask"):
+        with pytest.raises(InputError, match="no trace matches the selected ranks"):
+            analyze(job6, ranks=[99], engine=engine, scheduler=cluster if engine == "dask" else None)
+
+
+class Broken(GpuTimePerRank):
+    name = "broken_map"
+
+    def map_rank(self, rank, tables):
+        if rank == 2:
+            raise ValueError("planted")
+        return super().map_rank(rank, tables)
+
+
+def test_a_tool_bug_in_map_rank_names_the_tool_and_rank(cluster, job6):
+    for engine in ("local", "dask"):
+        with pytest.raises(RuntimeError, match=r"tool 'broken_map': map_rank of rank 2 failed: planted"):
+            analyze(job6, tools=[Broken()], engine=engine, scheduler=cluster if engine == "dask" else None)
+
+
+def test_live_path_maps_the_ranks_at_the_end_with_the_same_answer(job6):
+    """Batches that arrive without rank boundaries (pastaprof run) reach a PerRankTool's
+    default report, which maps rank by rank: the same report as the engine's."""
+    from pastaprof.processor.pipeline import Processor
+
+    run = pastaprof.load(job6)
+    proc = Processor([GpuTimePerRank()])
+    k = run.table("kernel")
+    for i in range(0, k.num_rows, 97):  # small batches, ranks interleaved as they arrive
+        proc.submit("kernel", k.slice(i, 97))
+    (live,) = proc.finish()
+    (offline,) = analyze(job6, tools=[GpuTimePerRank()])
+    assert_same([live], [offline])
+
+
+def test_a_rank_mapped_twice_is_refused():
+    from pastaprof.engine.mapcombine import Combiner, RankResult, plan
+
+    tools = [GpuTimePerRank()]
+    comb = Combiner(tools, plan(tools, store=False))
+    comb.add(RankResult(3, [], {0: {}}))
+    with pytest.raises(InputError, match="rank 3: was mapped twice"):
+        comb.add(RankResult(3, [], {0: {}}))
