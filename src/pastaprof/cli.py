@@ -315,7 +315,8 @@ def info(path: Path, ranks: str | None) -> None:
             run = load(path, ranks=_parse_ranks(ranks), progress=progress)
         m = run.manifest
         console = make_console()
-        console.print(f"[bold]{ms(path)}[/]  format={ms(m.get('format', 'pastaprof'))}"
+        version = f" {m['format_version']}" if m.get("format_version") else ""
+        console.print(f"[bold]{ms(path)}[/]  format={ms(m.get('format', 'pastaprof'))}{ms(version)}"
                       f"  schema={ms(m.get('schema_version', '-'))}  ranks={ms(run.ranks)}")
         for d in m.get("devices", []):
             console.print(ms(f"  device {d.get('id')}: {d.get('name')} ({d.get('numSms', '?')} SMs)"))
