@@ -124,19 +124,23 @@ LOOP_VARIANTS = {  # what each CUPTI part costs the launch-bound loop (the libra
     "kernel records only": {"PASTAPROF_NATIVE_KINDS": "kernel"},
     "kernel records + launch calls": {"PASTAPROF_NATIVE_KINDS": "kernel,api"},
     "buffers registered, no kind": {"PASTAPROF_NATIVE_KINDS": "none"},
-    "no flush period": {"PASTAPROF_FLUSH_MS": "0"},
+    "no flush period": {"PASTAPROF_NATIVE_FLUSH_MS": "0"},
 }
 
 
 def part_loop(exe: dict[str, Path], out: Path, rounds: int = 3) -> None:
-    def loop_s(text: str) -> float:
-        return float(text.split(" in ")[1].split()[0])
+    def loop_s(r: subprocess.CompletedProcess) -> float:
+        try:
+            return float(r.stdout.split(" in ")[1].split()[0])
+        except (IndexError, ValueError):
+            RESULTS.setdefault("loop_errors", []).append(r.stderr[-300:])
+            return float("nan")
 
     times: dict[str, list[float]] = {"bare": [], **{v: [] for v in LOOP_VARIANTS}}
     walls: dict[str, list[float]] = {"bare": [], "pastaprof": []}
     for _ in range(rounds):  # interleaved: the host drifts between minutes
         t0 = time.perf_counter()
-        times["bare"].append(loop_s(sh([str(exe["empty_loop"]), "100000"]).stdout))
+        times["bare"].append(loop_s(sh([str(exe["empty_loop"]), "100000"])))
         walls["bare"].append(time.perf_counter() - t0)
         for name, env in LOOP_VARIANTS.items():
             t0 = time.perf_counter()
@@ -144,7 +148,7 @@ def part_loop(exe: dict[str, Path], out: Path, rounds: int = 3) -> None:
             if name == "pastaprof":
                 walls["pastaprof"].append(time.perf_counter() - t0)
                 k = rows(out / "loop", "kernel")
-            times[name].append(loop_s(r.stdout))
+            times[name].append(loop_s(r))
     check("100,000 empty kernels counted", k == 100001, f"{k} stored (program launched 100,001)")
     med = {n: statistics.median(v) for n, v in times.items()}
     ratio = med["pastaprof"] / med["bare"]

@@ -352,8 +352,9 @@ static void read_settings(void) {
   if (v && *v) g_kernel_filter = pp_names_filter(v);
   v = getenv("PASTAPROF_NATIVE_BUFFER");
   if (v && atoll(v) >= 4096) g_buffer_bytes = (size_t)atoll(v);
-  v = getenv("PASTAPROF_FLUSH_MS");
-  if (v && *v) g_flush_ms = atoi(v); /* 0: no periodic flush */
+  v = getenv("PASTAPROF_NATIVE_FLUSH_MS"); /* native programs' own period; 0: none */
+  if (!v || !*v) v = getenv("PASTAPROF_FLUSH_MS");
+  if (v && *v) g_flush_ms = atoi(v);
   g_off_kernels = pp_off("kernels");
   g_off_api = pp_off("api");
   g_off_memory = pp_off("memory");
@@ -503,9 +504,11 @@ static void warn(const char* what) {
 
 static int bind_cupti(void) {
   const char* path = getenv("PASTAPROF_NATIVE_CUPTI");
-  const char* tries[] = {path, "libcupti.so.13", "libcupti.so.12", "libcupti.so"};
+  /* the libcupti named is the only one tried: never a second copy beside a program's own */
+  const char* tries[] = {path && *path ? path : "libcupti.so.13", path && *path ? NULL : "libcupti.so.12",
+                         path && *path ? NULL : "libcupti.so"};
   for (size_t i = 0; i < sizeof tries / sizeof tries[0] && !g_cupti; ++i)
-    if (tries[i] && *tries[i]) g_cupti = dlopen(tries[i], RTLD_NOW | RTLD_GLOBAL);
+    if (tries[i]) g_cupti = dlopen(tries[i], RTLD_NOW | RTLD_GLOBAL);
   if (!g_cupti) {
     snprintf(g_status, sizeof g_status, "libcupti not loadable (%s)", path && *path ? path : "libcupti.so");
     return -1;
