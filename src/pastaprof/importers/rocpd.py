@@ -114,6 +114,7 @@ class _Db:
         self.src: dict[str, str] = {}
         self.cols: dict[str, set[str]] = {}
         self.live: set[str] = set()
+        self._strings: dict[tuple[str, str | None], pa.Table] = {}
         for base in ("rocpd_string", "rocpd_info_node", "rocpd_info_process", "rocpd_info_thread", "rocpd_info_agent",
                      "rocpd_info_kernel_symbol", "rocpd_event", "rocpd_region", "rocpd_kernel_dispatch",
                      "rocpd_memory_copy", "rocpd_memory_allocate", "rocpd_info_stream", "rocpd_info_queue") + DROPPED:
@@ -166,6 +167,22 @@ class _Db:
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # one batch gave a column as text, another as numbers
             return pa.concat_tables([pa.table({n: _text(b[n]) for n in names}) for b in batches])
 
+    def strings(self, base: str, guid: str | None) -> pa.Table:
+        """(id, value) of the string table (or the kernel symbols' names) of one process,
+        read once: names travel as ids and are looked up column-wise (no string per row)."""
+        key = (base, guid)
+        if key not in self._strings:
+            value = {"rocpd_string": "string", "rocpd_info_kernel_symbol": "display_name"}[base]
+            self.start("S")
+            v = f"COALESCE({self.col(base, 'S', value)}, {self.col(base, 'S', 'kernel_name')})" \
+                if base == "rocpd_info_kernel_symbol" else self.col(base, "S", value)
+            where, params = ("", ())
+            if guid is not None and "guid" in self.cols.get(base, ()):
+                where, params = " WHERE S.guid = ?", (guid,)
+            self._strings[key] = self.rows(f"SELECT S.id, {v} FROM {self.src[base]} S{where}", ["id", "value"], params) \
+                if base in self.src else pa.table({"id": pa.array([], pa.int64()), "value": pa.array([], pa.string())})
+        return self._strings[key]
+
     def count(self, base: str) -> int:
         try:
             return int(self.con.execute(f"SELECT count(*) FROM {self.src[base]}").fetchone()[0]) if base in self.src else 0
@@ -178,6 +195,12 @@ def _text(col: pa.ChunkedArray) -> pa.Array:
     if pa.types.is_binary(arr.type):
         return pa.array([None if v is None else v.decode("utf-8", "replace") for v in arr.to_pylist()], pa.string())
     return arr.cast(pa.string())
+
+
+def _lookup(ids: pa.ChunkedArray, table: pa.Table) -> pa.Array:
+    """The names of ``ids`` in an (id, value) table, dictionary-encoded; unknown ids: null."""
+    idx = pc.index_in(_ints(ids), value_set=_ints(table["id"]))
+    return pa.DictionaryArray.from_arrays(idx.cast(pa.int32()), _strs(table["value"]))
 
 
 def _arrow(values: tuple) -> pa.Array:
@@ -211,8 +234,7 @@ def _kernel_sql(db: _Db) -> tuple[str, list[str]]:
     sel = [c(b, "K", "start"), c(b, "K", "end"), _process_key(db, "K", b), c("rocpd_info_process", "P", "pid"),
            c("rocpd_info_thread", "T", "tid"), c("rocpd_info_agent", "A", "type_index", "logical_index"),
            f"COALESCE({c(b, 'K', 'stream_id')}, {c(b, 'K', 'queue_id')})", c("rocpd_event", "E", "correlation_id"),
-           f"COALESCE({c('rocpd_info_kernel_symbol', 'S', 'display_name')}, "
-           f"{c('rocpd_info_kernel_symbol', 'S', 'kernel_name')})", *grid,
+           c(b, "K", "kernel_id"), *grid,
            *(c(b, "K", "workgroup_size_" + a) for a in "xyz"),
            c("rocpd_info_kernel_symbol", "S", "arch_vgpr_count"), c(b, "K", "group_segment_size")]
     names = ["start_ns", "end_ns", "proc", "pid", "tid", "device", "stream", "correlation", "name",
@@ -231,11 +253,10 @@ def _copy_sql(db: _Db) -> tuple[str, list[str]]:
     b, c, ag = "rocpd_memory_copy", db.col, "rocpd_info_agent"
     db.start("M")
     frm = (f" FROM {db.src[b]} M" + _joins(db, "M", b) +
-           db.join("rocpd_string", "N", c(b, "M", "name_id"), "M", b) +
            db.join(ag, "DA", c(b, "M", "dst_agent_id"), "M", b) + db.join(ag, "SA", c(b, "M", "src_agent_id"), "M", b))
     sel = [c(b, "M", "start"), c(b, "M", "end"), _process_key(db, "M", b), c("rocpd_info_process", "P", "pid"),
            c("rocpd_info_thread", "T", "tid"), f"COALESCE({c(b, 'M', 'stream_id')}, {c(b, 'M', 'queue_id')})",
-           c("rocpd_event", "E", "correlation_id"), c("rocpd_string", "N", "string"), c(b, "M", "size"),
+           c("rocpd_event", "E", "correlation_id"), c(b, "M", "name_id"), c(b, "M", "size"),
            c(ag, "DA", "type"), c(ag, "DA", "type_index", "logical_index"), c(b, "M", "dst_agent_id"),
            c(ag, "SA", "type"), c(ag, "SA", "type_index", "logical_index"), c(b, "M", "src_agent_id"),
            c(b, "M", "dst_address"), c(b, "M", "src_address")]
@@ -246,15 +267,11 @@ def _copy_sql(db: _Db) -> tuple[str, list[str]]:
 
 def _region_sql(db: _Db) -> tuple[str, list[str]]:
     b, c = "rocpd_region", db.col
-    cat = "NULL"
-    if "rocpd_string" in db.src and "rocpd_event" in db.src:
-        guid = " AND CS.guid = E.guid" if "guid" in db.cols["rocpd_string"] and "guid" in db.cols["rocpd_event"] else ""
-        cat = f"(SELECT CS.string FROM {db.src['rocpd_string']} CS WHERE CS.id = {c('rocpd_event', 'E', 'category_id')}{guid})"
     db.start("R")
-    frm = f" FROM {db.src[b]} R" + _joins(db, "R", b) + db.join("rocpd_string", "N", c(b, "R", "name_id"), "R", b)
+    frm = f" FROM {db.src[b]} R" + _joins(db, "R", b)
     sel = [c(b, "R", "start"), c(b, "R", "end"), _process_key(db, "R", b), c("rocpd_info_process", "P", "pid"),
            c("rocpd_info_thread", "T", "tid"), c("rocpd_event", "E", "correlation_id"),
-           c("rocpd_string", "N", "string"), cat]
+           c(b, "R", "name_id"), c("rocpd_event", "E", "category_id")]
     names = ["start_ns", "end_ns", "proc", "pid", "tid", "correlation", "name", "category"]
     return "SELECT " + ", ".join(sel) + frm, names
 
@@ -421,6 +438,8 @@ def _processes(db: _Db) -> list[dict[str, Any]]:
     out = []
     for key, pid, env_text in zip(*(t[c].to_pylist() for c in ("key", "pid", "env")), strict=True):
         out.append({"key": key, "pid": pid if isinstance(pid, int) else None, "env_rank": _env_rank(env_text)})
+    if len(out) == 1:  # one process per file (rocprofv3's way): every row is its, no filter needed
+        out[0]["key"] = None
     return out
 
 
@@ -469,6 +488,11 @@ def _read(db: _Db, key: str | None, rank: int, meta: dict[str, Any]) -> dict[str
             sql += f" WHERE {_process_key(db, alias, base)} = ?"
             params = (key,)
         t = _timed(db.rows(sql, names, params), meta["dropped"], kind)
+        guid = key.rpartition(":")[0] if key is not None else None
+        for col, table in (("name", "rocpd_info_kernel_symbol" if kind == "kernel" else "rocpd_string"),
+                           ("category", "rocpd_string")):
+            if col in t.column_names:
+                t = t.set_column(t.schema.get_field_index(col), col, _lookup(t[col], db.strings(table, guid)))
         if kind == "kernel":
             out["kernel"] = _kernels(t, rank)
         elif kind == "memcpy":

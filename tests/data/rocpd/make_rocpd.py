@@ -26,43 +26,43 @@ from pathlib import Path
 
 COLUMNS: dict[str, str] = {  # logical table -> columns (the types rocpd declares)
     "metadata": "id INTEGER PRIMARY KEY, tag TEXT, value TEXT",
-    "string": "id INTEGER, guid TEXT, string TEXT",
-    "info_node": "id INTEGER, guid TEXT, hash BIGINT, machine_id TEXT, system_name TEXT, hostname TEXT, "
+    "string": "id INTEGER PRIMARY KEY, guid TEXT, string TEXT",
+    "info_node": "id INTEGER PRIMARY KEY, guid TEXT, hash BIGINT, machine_id TEXT, system_name TEXT, hostname TEXT, "
                  "release TEXT, version TEXT, hardware_name TEXT, domain_name TEXT",
-    "info_process": "id INTEGER, guid TEXT, nid INTEGER, ppid INTEGER, pid INTEGER, init BIGINT, fini BIGINT, "
+    "info_process": "id INTEGER PRIMARY KEY, guid TEXT, nid INTEGER, ppid INTEGER, pid INTEGER, init BIGINT, fini BIGINT, "
                     "start BIGINT, \"end\" BIGINT, command TEXT, environment JSONB, extdata JSONB",
-    "info_thread": "id INTEGER, guid TEXT, nid INTEGER, ppid INTEGER, pid INTEGER, tid INTEGER, name TEXT, "
+    "info_thread": "id INTEGER PRIMARY KEY, guid TEXT, nid INTEGER, ppid INTEGER, pid INTEGER, tid INTEGER, name TEXT, "
                    "start BIGINT, \"end\" BIGINT, extdata JSONB",
-    "info_agent": "id INTEGER, guid TEXT, nid INTEGER, pid INTEGER, type TEXT, absolute_index INTEGER, "
+    "info_agent": "id INTEGER PRIMARY KEY, guid TEXT, nid INTEGER, pid INTEGER, type TEXT, absolute_index INTEGER, "
                   "logical_index INTEGER, type_index INTEGER, uuid INTEGER, name TEXT, model_name TEXT, "
                   "vendor_name TEXT, product_name TEXT, user_name TEXT, extdata JSONB",
-    "info_queue": "id INTEGER, guid TEXT, nid INTEGER, pid INTEGER, name TEXT, extdata JSONB",
-    "info_stream": "id INTEGER, guid TEXT, nid INTEGER, pid INTEGER, name TEXT, extdata JSONB",
-    "info_code_object": "id INTEGER, guid TEXT, nid INTEGER, pid INTEGER, agent_id INTEGER, uri TEXT, "
+    "info_queue": "id INTEGER PRIMARY KEY, guid TEXT, nid INTEGER, pid INTEGER, name TEXT, extdata JSONB",
+    "info_stream": "id INTEGER PRIMARY KEY, guid TEXT, nid INTEGER, pid INTEGER, name TEXT, extdata JSONB",
+    "info_code_object": "id INTEGER PRIMARY KEY, guid TEXT, nid INTEGER, pid INTEGER, agent_id INTEGER, uri TEXT, "
                         "load_base BIGINT, load_size BIGINT, load_delta BIGINT, storage_type TEXT, extdata JSONB",
-    "info_kernel_symbol": "id INTEGER, guid TEXT, nid INTEGER, pid INTEGER, code_object_id INTEGER, "
+    "info_kernel_symbol": "id INTEGER PRIMARY KEY, guid TEXT, nid INTEGER, pid INTEGER, code_object_id INTEGER, "
                           "kernel_name TEXT, display_name TEXT, kernel_object INTEGER, kernarg_segment_size INTEGER, "
                           "kernarg_segment_alignment INTEGER, group_segment_size INTEGER, "
                           "private_segment_size INTEGER, sgpr_count INTEGER, arch_vgpr_count INTEGER, "
                           "accum_vgpr_count INTEGER, extdata JSONB",
-    "event": "id INTEGER, guid TEXT, category_id INTEGER, stack_id INTEGER, parent_stack_id INTEGER, "
+    "event": "id INTEGER PRIMARY KEY, guid TEXT, category_id INTEGER, stack_id INTEGER, parent_stack_id INTEGER, "
              "correlation_id INTEGER, call_stack JSONB, line_info JSONB, extdata JSONB",
-    "region": "id INTEGER, guid TEXT, nid INTEGER, pid INTEGER, tid INTEGER, start BIGINT, \"end\" BIGINT, "
+    "region": "id INTEGER PRIMARY KEY, guid TEXT, nid INTEGER, pid INTEGER, tid INTEGER, start BIGINT, \"end\" BIGINT, "
               "name_id INTEGER, event_id INTEGER, extdata JSONB",
-    "kernel_dispatch": "id INTEGER, guid TEXT, nid INTEGER, pid INTEGER, tid INTEGER, agent_id INTEGER, "
+    "kernel_dispatch": "id INTEGER PRIMARY KEY, guid TEXT, nid INTEGER, pid INTEGER, tid INTEGER, agent_id INTEGER, "
                        "kernel_id INTEGER, dispatch_id INTEGER, queue_id INTEGER, stream_id INTEGER, start BIGINT, "
                        "\"end\" BIGINT, private_segment_size INTEGER, group_segment_size INTEGER, "
                        "workgroup_size_x INTEGER, workgroup_size_y INTEGER, workgroup_size_z INTEGER, "
                        "grid_size_x INTEGER, grid_size_y INTEGER, grid_size_z INTEGER, region_name_id INTEGER, "
                        "event_id INTEGER, extdata JSONB",
-    "memory_copy": "id INTEGER, guid TEXT, nid INTEGER, pid INTEGER, tid INTEGER, start BIGINT, \"end\" BIGINT, "
+    "memory_copy": "id INTEGER PRIMARY KEY, guid TEXT, nid INTEGER, pid INTEGER, tid INTEGER, start BIGINT, \"end\" BIGINT, "
                    "name_id INTEGER, dst_agent_id INTEGER, dst_address INTEGER, src_agent_id INTEGER, "
                    "src_address INTEGER, size INTEGER, queue_id INTEGER, stream_id INTEGER, region_name_id INTEGER, "
                    "event_id INTEGER, extdata JSONB",
-    "memory_allocate": "id INTEGER, guid TEXT, nid INTEGER, pid INTEGER, tid INTEGER, agent_id INTEGER, type TEXT, "
+    "memory_allocate": "id INTEGER PRIMARY KEY, guid TEXT, nid INTEGER, pid INTEGER, tid INTEGER, agent_id INTEGER, type TEXT, "
                        "level TEXT, start BIGINT, \"end\" BIGINT, address INTEGER, size INTEGER, queue_id INTEGER, "
                        "stream_id INTEGER, event_id INTEGER, extdata JSONB",
-    "pmc_event": "id INTEGER, guid TEXT, event_id INTEGER, pmc_id INTEGER, value REAL, extdata JSONB",
+    "pmc_event": "id INTEGER PRIMARY KEY, guid TEXT, event_id INTEGER, pmc_id INTEGER, value REAL, extdata JSONB",
 }
 ADDED = {"3.0.3": {"kernel_dispatch": "graph_exec_id INTEGER, graph_node_id INTEGER",
                    "memory_copy": "graph_exec_id INTEGER, graph_node_id INTEGER",
