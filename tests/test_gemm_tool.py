@@ -140,3 +140,23 @@ def test_runs_without_ops_or_devices_say_why():
     assert "no matmul ops" in rep.summary["note"] and not rep.findings
     (rep,) = pastaprof.analyze(DATA / "bert4_infer_2iters.pt.trace.json.gz", tools=["gemm"])
     assert rep.findings == [] and rep.summary["reference_tflops"] > 100  # aligned bf16 BERT: healthy
+
+
+def test_fixed_seed_fuzz_of_the_shape_parser():
+    """Mutated shape strings (the trace's text) never raise and never give a non-positive dimension."""
+    import random
+
+    rnd = random.Random(20261201)
+    seeds = ["[[4096,768],[768,50257]]", "[[768],[4096,768],[768,768],[],[]]", "[[2,4,9],[2,9,6]]"]
+    alphabet = "[],-0123456789.e\"{}: nulltrue"
+    for _ in range(3000):
+        s = list(rnd.choice(seeds))
+        for _ in range(rnd.randint(1, 4)):
+            i = rnd.randrange(len(s) + 1)
+            if rnd.random() < 0.5 and s:
+                del s[min(i, len(s) - 1)]
+            else:
+                s.insert(i, rnd.choice(alphabet))
+        for op in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"):
+            got = gemm_dims(op, "".join(s))
+            assert got is None or all(isinstance(x, int) and x > 0 for x in got)
