@@ -341,13 +341,33 @@ def test_undeclared_kinds_are_dropped_with_one_warning(tmp_path, good_site):
     assert "ticks handler emitted 'kernel' events, not among its kinds (counter): dropped" in p.stderr
 
 
-def test_broken_plugins_do_not_stop_a_run(tmp_path, good_site, bad_site):
-    p, out = _run(tmp_path, PROGRAM, sites=(good_site, bad_site), PASTAPROF_TICKS="2")
+@pytest.mark.parametrize("ticks", ["2", ""])
+def test_broken_plugins_do_not_stop_a_run(tmp_path, good_site, bad_site, ticks):
+    """Each broken plugin is warned about once: with a handler setting set, by the launcher
+    (which checks it, then hands the list on), else by the program's process."""
+    p, out = _run(tmp_path, PROGRAM, sites=(good_site, bad_site), PASTAPROF_TICKS=ticks)
     assert p.returncode == 3 and p.stdout == "program output\n"
-    assert len([r for r in _counters(out) if r["name"] == "tick"]) == 2
-    # each broken plugin warned about once: by the launcher, not again by the program's process
+    assert len([r for r in _counters(out) if r["name"] == "tick"]) == int(ticks or 5)
     for name in ("badkind", "nodrain", "notahandler", "missing", "misnamed"):
         assert p.stderr.count(f"handler plugin '{name}'") == 1, p.stderr
+
+
+def test_the_launcher_loads_handlers_only_to_check_their_settings():
+    """`pastaprof run` checks settings before the program starts; the handlers' modules (pyarrow,
+    numpy: ~0.3 s) load for that only where a handler setting is set."""
+    code = ("import sys; from pastaprof.live.config import CaptureConfig; from pastaprof.handlers import registry; "
+            "c = CaptureConfig.from_env(dict(a.split('=') for a in sys.argv[1:])); "
+            "print('pyarrow' in sys.modules, registry.loaded(), c.setting('SAN_PCS'))")
+
+    def probe(*env: str) -> str:
+        return subprocess.run([sys.executable, "-c", code, *env], capture_output=True, text=True, check=True,
+                              env=_env(), timeout=120).stdout.split()
+
+    assert probe("PASTAPROF_RANGES=a*", "PASTAPROF_STEPS=2:4") == ["False", "False", "None"]
+    assert probe("PASTAPROF_SAN_PCS=4") == ["True", "True", "4"]
+    p = subprocess.run([sys.executable, "-c", code, "PASTAPROF_SAN_PCS=-4"], capture_output=True, text=True,
+                       env=_env(), timeout=120)
+    assert p.returncode == 1 and "UsageError: PASTAPROF_SAN_PCS='-4': must be 0 or more" in p.stderr
 
 
 def test_the_api_takes_handler_settings_as_keywords(tmp_path, good_site):

@@ -5,9 +5,11 @@ would be: one line per handler.  Each is validated as it registers (handlers/bas
 contract: a name, known event kinds, the methods); a handler that fails to load or to
 validate is left out with one warning naming it, and capture goes on with the others.
 
-``pastaprof run`` discovers the handlers once and hands the list to the program's
-processes (``_PASTAPROF_HANDLERS``), so they do not scan the installed distributions
-again at start-up (~25 ms each).
+``pastaprof run`` loads the handlers only where a handler setting (a PASTAPROF_* variable
+outside live/config.py's own) is there to check before the program starts -- their modules
+load pyarrow and numpy, ~0.3 s the program would wait for -- and then hands the list to
+the program's processes (``_PASTAPROF_HANDLERS``), so they do not scan the installed
+distributions again.  Otherwise each captured process discovers them as its session starts.
 """
 
 from __future__ import annotations
@@ -113,6 +115,11 @@ def available(refresh: bool = False) -> dict[str, type[Handler]]:
         handlers[name] = cls
     _cache = dict(sorted(handlers.items(), key=lambda kv: (kv[1].order, kv[0])))
     return _cache
+
+
+def loaded() -> bool:
+    """Whether this process has discovered the handlers already."""
+    return _cache is not None
 
 
 def entries_for_children() -> str:

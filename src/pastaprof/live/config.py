@@ -70,6 +70,9 @@ ENV_PREFIX = "PASTAPROF_"
 # launch calls as CUPTI activity records instead of through its callback API; "gate" keeps the
 # op observer and CUPTI recording outside the --steps/--ranges windows (the store still gates:
 # the A/B check that gating at the source loses nothing inside a window).
+#: the variables CaptureConfig reads itself (others: the handlers' settings), and the launcher's own
+CORE_SETTINGS = frozenset(("OUT", "TOOLS", "RANGES", "KERNELS", "SAMPLE", "STEPS", "RANKS", "FLUSH_MS", "BUFFER_MB",
+                           "SHAPES", "CALL_SITES", "UVM", "UVM_PLAN", "PROCESS", "PAGE", "OFF", "RUN_PARENT", "EAGER"))
 OFF_PARTS = ("kernels", "api", "ext", "ops", "modules", "tensors", "memory", "callbacks", "gate")
 
 
@@ -214,9 +217,13 @@ class CaptureConfig:
         # the settings handlers declare (handlers/base.py Setting; the sanitizer's table sizes
         # and switches among them): checked here, so that a bad value stops `pastaprof run`
         # before the program starts
-        from pastaprof.handlers.registry import check_settings
+        found: dict[str, str] = {}
+        if any(k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):] not in CORE_SETTINGS and env[k] for k in env):
+            # only then: the handlers' modules (pyarrow, numpy) are not loaded by `pastaprof run`
+            # before the program starts when no handler setting is there to check
+            from pastaprof.handlers.registry import check_settings
 
-        found = check_settings(env)
+            found = check_settings(env)
         tools = tuple(t.strip() for t in (get("TOOLS") or "").split(",") if t.strip())
         ranges = tuple(r.strip() for r in (get("RANGES") or "").split(",") if r.strip())
         return cls(

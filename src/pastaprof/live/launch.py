@@ -44,10 +44,14 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
     dest, partial = claim.dest, claim.tmp  # dest is not resolved: --force replaces a link, not its target
     env[ENV_PREFIX + "OUT"] = str(partial)
     env["PASTAPROF_RUN_PARENT"] = "1"
-    from pastaprof.handlers.registry import FOUND_ENV, entries_for_children
+    from pastaprof.handlers import registry
 
-    env[FOUND_ENV] = entries_for_children()  # found once here (from_env above), not in every process
+    if registry.loaded():  # found once here (from_env above, checking handler settings): not again
+        env[registry.FOUND_ENV] = registry.entries_for_children()  # in each of the program's processes
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP), env.get("PYTHONPATH", "")) if p)
+    from pastaprof.handlers import native_program  # native CUDA programs: CUDA_INJECTION64_PATH
+
+    native_program.launch_hook(env, command, config)
 
     t0 = time.perf_counter()
     child = Supervised(command, env)  # signals for the program are passed on (live/supervise.py)
@@ -62,6 +66,7 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
     try:
         code = child.wait()
         note_uncaptured(partial, command, child.pid)  # python -E/-I/-S kept the bootstrap out
+        native_program.finish_hook(partial, config)  # native processes' record files -> parts
         wall = time.perf_counter() - t0
         warm.join(timeout=5)  # bounded: compaction does the same work itself if the warm-up is stuck
         _finish(partial, dest, command, code, wall, list(config.tools), claim, child)
