@@ -232,7 +232,7 @@ def test_fuzz_fixed_seed_one_line_or_events(tmp_path):
 
 def test_a_column_of_numbers_and_text_across_batches(tmp_path, monkeypatch):
     """SQLite is typeless: one batch of rows may give a column as numbers, the next as text."""
-    import pastaprof.importers.rocpd as rocpd
+    import pastaprof.importers.rocpd.db as rocpd
 
     db = tmp_path / "a.db"
     shutil.copy(DATA / "single_3.0.3.db", db)
