@@ -125,6 +125,23 @@ def test_slow_link_in_2d_groups_names_the_rank_whose_link_is_slow(tmp_path):
         assert abs(row["offset_ns"] - job.offsets_ns[row["rank"]]) <= row["error_bound_ns"]
 
 
+def test_straggler_in_2d_groups_is_blamed_for_the_waits_it_causes_downstream(tmp_path):
+    """Rank 11 late in its tensor-parallel group [8..11] makes that group late for the four
+    data-parallel all-reduces: those 12 ranks wait for rank 11 too, not for ranks 8-10."""
+    job = make_job(tmp_path, ranks=16, steps=4, tp=4, seed=4,
+                   plants=[Straggler(11, 2, 20 * MS, "compute"), ClockSkew(spread_ns=3 * MS)])
+    rep = ranks_report(tmp_path)
+    found = by_kind(rep, "straggler")
+    assert len(found) == 1
+    ev = found[0].evidence
+    assert (ev["rank"], ev["step"], ev["waiting_ranks"], ev["downstream_collectives"]) == (11, "ProfilerStep#2", 15, 4)
+    truth = sum(w for (step, _), w in job.waits().items() if step == 2)  # every wait of the step, all groups
+    assert near(ev["delay_ns"], 20 * MS) and near(found[0].impact_ns, truth, 0.02) and near(truth, 15 * 20 * MS)
+    per = {r["rank"]: r for r in rep.tables["per_rank"].to_pylist()}
+    assert all(per[r]["waiting_for"] == 11 and near(per[r]["waiting_for_straggler_ns"], 20 * MS)
+               for r in per if r != 11)
+
+
 def test_consistently_slow_rank_is_one_finding(tmp_path):
     make_job(tmp_path, ranks=8, steps=5, plants=[SlowRank(3, 1.10)])
     rep = ranks_report(tmp_path)

@@ -10,7 +10,9 @@ Definitions (times after clock alignment, see :mod:`.clocks`):
   first step's start for the first one) -- what the rank did between two synchronizations;
 * *delay* of the last arriver: its work minus the median work of the other members, at most its
   arrival minus the others' median arrival.  A rank late only because its previous collective
-  ended late (a slow link upstream) has no delay of its own.
+  ended late (a slow link or a straggler upstream) has no delay of its own;
+* *origin* of an instance: where the lateness of its last arriver comes from (see ``_origins``):
+  the waits of an instance are blamed on its origin's last arriver.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import pyarrow as pa
 from pastaprof.tools._timeline_math import KeyIndex, to_np
 from pastaprof.tools.ranks import clocks
 from pastaprof.tools.ranks.collectives import SYNCHRONIZING, bus_bandwidth, match
+
+OWN_SHARE = 0.5
 
 
 @dataclass
@@ -56,6 +60,7 @@ class Job:
     wait: np.ndarray               # per row
     first_release: np.ndarray      # per rank index: start of its first step (aligned)
     last_end: np.ndarray           # per rank index: end of its last step (aligned)
+    origin: np.ndarray             # per instance: the instance whose own delay it inherits, or -1
 
 
 def _concat(summaries: dict[int, dict[str, pa.Table]], name: str) -> pa.Table:
@@ -145,14 +150,52 @@ def build(summaries: dict[int, dict[str, pa.Table]]) -> Job:
     med_work = _median_without(inst, work.astype(np.float64), last_row, n_inst)
     med_arr = _median_without(inst, start.astype(np.float64), last_row, n_inst)
     delay = np.zeros(n_inst, np.int64)
+    late = np.zeros(n_inst, np.int64)
     if n_inst:
         lw = work[last_row]
         own = np.nan_to_num(lw - med_work, nan=0.0)
-        cap = np.nan_to_num(t_last - med_arr, nan=0.0)
-        delay = np.rint(np.clip(own, 0, np.maximum(cap, 0))).astype(np.int64)
+        late = np.maximum(np.rint(np.nan_to_num(t_last - med_arr, nan=0.0)), 0).astype(np.int64)
+        delay = np.rint(np.clip(own, 0, late)).astype(np.int64)
         delay[per < 2] = 0
+    origin = _origins(inst, n_inst, last_row, start, ridx, t_last, delay, late)
     return Job(ranks, steps, coll, kernels, host, totals, ridx, inst, n_inst, start, end, work, label, offset,
-               bound, aligned, anchors, per, last_row, t_last, t_end, transfer, delay, wait, first, last)
+               bound, aligned, anchors, per, last_row, t_last, t_end, transfer, delay, wait, first, last, origin)
+
+
+def _origins(inst: np.ndarray, n_inst: int, last_row: np.ndarray, start: np.ndarray, ridx: np.ndarray,
+             t_last: np.ndarray, delay: np.ndarray, late: np.ndarray) -> np.ndarray:
+    """Per instance, the instance whose last arriver's own delay explains its last arrival.
+
+    An instance whose last arriver is late mostly by its own work (delay >= ``OWN_SHARE`` of its
+    lateness) is its own origin; one whose last arriver is late because its previous collective
+    ended late inherits that collective's origin (a straggler in a tensor-parallel group makes
+    its group late for the data-parallel collectives: those waits are the straggler's too);
+    -1 where neither holds."""
+    origin = np.full(n_inst, -1, np.int64)
+    if not n_inst:
+        return origin
+    by_rank = np.lexsort((start, ridx))
+    prev = np.full(len(start), -1, np.int64)
+    same = np.r_[False, ridx[by_rank][1:] == ridx[by_rank][:-1]]
+    prev[by_rank[1:][same[1:]]] = by_rank[:-1][same[1:]]
+    own = (late > 0) & (delay >= OWN_SHARE * late)
+    for m in np.argsort(t_last, kind="stable").tolist():
+        if own[m]:
+            origin[m] = m
+            continue
+        p = prev[last_row[m]]
+        if p >= 0 and late[m] > 0:
+            origin[m] = origin[inst[p]]
+    return origin
+
+
+def blamed(job: Job) -> np.ndarray:
+    """Per row: the part of its wait explained by its instance's origin (at most the origin's
+    delay), 0 where the instance has no origin."""
+    if not job.n_inst:
+        return np.zeros(0, np.int64)
+    o = job.origin[job.inst]
+    return np.where(o >= 0, np.minimum(job.wait, job.delay[np.maximum(o, 0)]), 0)
 
 
 def instance_table(job: Job) -> pa.Table:

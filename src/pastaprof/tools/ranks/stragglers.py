@@ -16,8 +16,10 @@ arrived late, the wire was slow.  The rank named is the one member every slow in
 step shares (with 2-D groups that is the rank whose link is slow); ``delay_ns`` is the extra
 transfer time summed over the slow instances that rank took part in.
 
-Attribution: a member's wait at an instance whose last arriver is a straggler event is time
-spent waiting for that rank, not its own exposed communication (table ``per_rank``:
+Attribution: a member's wait at an instance whose origin (see :mod:`.analysis`) is a straggler
+event is time spent waiting for that rank, up to the rank's delay, also downstream (the
+data-parallel collectives a late tensor-parallel group holds up); ``impact_ns`` sums it.  It is
+not the member's own exposed communication (table ``per_rank``:
 ``waiting_ns``, ``waiting_for``, ``own_exposed_comm_ns``).
 """
 
@@ -31,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.tools._timeline_math import to_np
-from pastaprof.tools.ranks.analysis import Job
+from pastaprof.tools.ranks.analysis import Job, blamed
 from pastaprof.tools.ranks.clocks import group_median
 
 MIN_DELAY_NS = 100_000
@@ -89,9 +91,10 @@ def stragglers(job: Job, options: dict) -> tuple[list[dict[str, Any]], float]:
     ranks = np.array(job.ranks)
     last_rank = ranks[job.ridx[job.last_row]]
     labels = job.label[job.last_row]
-    total_wait = np.bincount(job.inst, weights=job.wait, minlength=job.n_inst)
+    part = blamed(job)
+    row_origin = job.origin[job.inst]
     groups: dict[tuple[Any, int], list[int]] = defaultdict(list)
-    for m in np.flatnonzero(job.delay > 0):
+    for m in np.flatnonzero((job.origin == np.arange(job.n_inst)) & (job.delay > 0)):
         groups[(labels[m], int(last_rank[m]))].append(int(m))
     steps = _step_rows(job)
     kernels, host = _labelled(job, job.kernels), _labelled(job, job.host)
@@ -102,9 +105,11 @@ def stragglers(job: Job, options: dict) -> tuple[list[dict[str, Any]], float]:
             continue
         rows = np.flatnonzero(np.isin(job.inst, inst))
         others = sorted({int(x) for x in ranks[job.ridx[rows]]} - {rank})
-        ev: dict[str, Any] = {"rank": rank, "step": label, "delay_ns": delay,
-                              "impact_ns": int(round(total_wait[inst].sum())), "waiting_ranks": len(others),
-                              "collectives": len(inst)}
+        hit = np.isin(row_origin, inst) & (part > 0)  # waits here and downstream that it explains
+        waiting = {int(x) for x in ranks[job.ridx[hit]]} - {rank}
+        ev: dict[str, Any] = {"rank": rank, "step": label, "delay_ns": delay, "impact_ns": int(part[hit].sum()),
+                              "waiting_ranks": len(waiting), "collectives": len(inst),
+                              "downstream_collectives": int(len(set(job.inst[hit].tolist()) - set(inst)))}
         ev.update(_cause(steps, label, rank, others, delay, kernels, host))
         events.append(ev)
     events.sort(key=lambda e: (-e["impact_ns"], e["rank"]))
@@ -165,14 +170,18 @@ def per_rank(job: Job, events: list[dict[str, Any]]) -> pa.Table:
     ranks = np.array(job.ranks)
     strag = {(e["step"], e["rank"]) for e in events}
     lr_rank = ranks[job.ridx[job.last_row]] if job.n_inst else np.zeros(0, np.int64)
-    inst_strag = np.array([(job.label[job.last_row[m]], int(lr_rank[m])) in strag for m in range(job.n_inst)], bool)
     n = len(ranks)
     waiting = np.zeros(n)
     attributed: list[Counter] = [Counter() for _ in range(n)]
     if job.n_inst:
         np.add.at(waiting, job.ridx, job.wait)
-        for row in np.flatnonzero(inst_strag[job.inst] & (job.wait > 0)):
-            attributed[job.ridx[row]][int(lr_rank[job.inst[row]])] += int(job.wait[row])
+        part = blamed(job)
+        o = job.origin[job.inst]
+        for row in np.flatnonzero(part > 0):
+            src = int(o[row])
+            who = int(lr_rank[src])
+            if (job.label[job.last_row[src]], who) in strag and who != job.ranks[job.ridx[row]]:
+                attributed[job.ridx[row]][who] += int(part[row])
     last_count = np.bincount(job.ridx[job.last_row], minlength=n) if job.n_inst else np.zeros(n, np.int64)
     steps = job.steps
     s_rank = to_np(steps["rank"])

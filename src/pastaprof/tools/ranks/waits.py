@@ -3,7 +3,8 @@
 For tools that see every rank at once (the timeline tool) and must not report a rank's wait for
 a late peer as the rank's own exposed communication.  The same matching, alignment and delay as
 the ranks tool (:mod:`.analysis`), on the NCCL kernels and collective rows only: a member's wait
-at an instance counts as waiting for the last arriver up to that rank's own delay there.
+at an instance counts as waiting for the last arriver of the instance's origin (that rank, or
+the one whose lateness it inherits), up to that rank's own delay.
 """
 
 from __future__ import annotations
@@ -57,12 +58,14 @@ def waited_for(kernel: pa.Table, collective: pa.Table | None = None) -> dict[int
         return out
     ranks_a = np.array(job.ranks)
     last = ranks_a[job.ridx[job.last_row]]
-    part = np.minimum(job.wait, job.delay[job.inst])
+    part = analysis.blamed(job)
+    src = job.origin[job.inst]
     for i, r in enumerate(job.ranks):
-        mine = job.ridx == i
+        mine = (job.ridx == i) & (part > 0)
         who: Counter = Counter()
-        for m, ns in zip(job.inst[mine & (part > 0)], part[mine & (part > 0)]):
-            who[int(last[m])] += int(ns)
+        for m, ns in zip(src[mine], part[mine]):
+            if int(last[m]) != r:
+                who[int(last[m])] += int(ns)
         top = who.most_common(1)
         out[r] = {"wait_ns": int(job.wait[mine].sum()), "attributed_ns": int(sum(who.values())),
                   "rank": top[0][0] if top else -1, "rank_ns": top[0][1] if top else 0}
