@@ -211,3 +211,33 @@ def test_fuzz_fixed_seed_one_line_or_ops(tmp_path):
             refused += 1
         p.unlink()
     assert ok + refused == 200 and ok > 50 and refused > 10
+
+
+def test_deeply_nested_or_huge_values_are_one_line_or_read(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"schema": "1.1.1-chakra.0.0.4", "nodes": [' + "[" * 100000 + "]" * 100000 + "]}")
+    huge = tmp_path / "huge.json"
+    doc = _raw_et()
+    doc["nodes"][5]["id"] = 10 ** 30
+    doc["nodes"][6]["ctrl_deps"] = -(10 ** 25)
+    huge.write_text(json.dumps(doc))
+    for p in (deep, huge):
+        try:
+            op, _ = _ops(p)
+            conform("op", op)
+        except PastaprofError as e:
+            assert "\n" not in str(e)
+
+
+def test_a_cut_companion_still_joins_what_it_holds(tmp_path):
+    import shutil
+
+    shutil.copy(KINETO, tmp_path / KINETO.name)
+    text = gzip.decompress(ET.read_bytes())
+    (tmp_path / "rank-0.et.json").write_bytes(text[: len(text) // 2])
+    run = api.import_trace(tmp_path, tmp_path / "run")
+    op = pq.read_table(next((run / "op").glob("*.parquet")))
+    joined = pc.sum(pc.is_valid(op["et_id"]).cast("int64")).as_py()
+    assert 0 < joined < op.num_rows
+    notes = json.loads((run / "run.json").read_text())["notes"]
+    assert any(f"{joined} of {op.num_rows} ops matched" in n for n in notes) and any("is cut" in n for n in notes)

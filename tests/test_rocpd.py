@@ -243,3 +243,25 @@ def test_a_column_of_numbers_and_text_across_batches(tmp_path, monkeypatch):
     monkeypatch.setattr(rocpd, "BATCH", 4)
     ((_rank, tables, meta),) = list(RocpdImporter().import_ranks(db))
     assert tables["kernel"].num_rows == 11 and meta["dropped"] == {"kernel rows without a time": 1}
+
+
+def test_hostile_names_reach_the_terminal_escaped(tmp_path):
+    db = tmp_path / "h.db"
+    shutil.copy(DATA / "single_3.0.3.db", db)
+    con = sqlite3.connect(db)
+    con.execute(f"UPDATE rocpd_info_kernel_symbol{_uuid(con)} SET display_name = ?", ("\x1b[2J\x07<b>evil</b>",))
+    con.commit()
+    con.close()
+    r = _cli("analyze", str(db), "-t", "kernels")
+    assert r.returncode == 0 and "\x1b[2J" not in r.stdout and "\x07" not in r.stdout and "evil" in r.stdout
+
+
+def test_a_folder_skips_sqlite_files_that_are_no_rocpd(tmp_path):
+    shutil.copy(DATA / "single_3.0.0.db", tmp_path / "a.db")
+    con = sqlite3.connect(tmp_path / "b.db")
+    con.execute("CREATE TABLE t (x)")
+    con.commit()
+    con.close()
+    notes: list[str] = []
+    got = list(RocpdImporter().import_ranks(tmp_path, note=notes.append))
+    assert [r for r, _t, _m in got] == [0] and any("b.db" in n and "no rocpd" in n for n in notes)
