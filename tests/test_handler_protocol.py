@@ -404,3 +404,91 @@ def test_capability_mixins_are_what_the_session_tests():
     assert issubclass(UvmPlanApplier, RangeAware) and issubclass(UvmPlanApplier, Summarized)
     for cls in (SanitizerHandler, TorchHandler, CuptiActivityHandler, UvmPlanApplier):
         assert registry.validate(cls, cls.name) is cls
+
+
+def test_a_misbehaving_handler_costs_only_its_own_events(tmp_path, capfd):
+    """Hostile handlers in one session beside a good one: wrong table types, a missing required
+    column, columns that do not cast, and stop/stats/summary/before_drain raising.  The good
+    handler's events are all stored, the manifest is written, each trouble is one warning."""
+    import pyarrow as pa
+
+    from pastaprof.live.config import CaptureConfig
+    from pastaprof.live.session import Session
+    from pastaprof.store.compact import compact
+
+    def counters(n, t0=1000, name="good", **over):
+        cols = {"start_ns": pa.array([t0 + i for i in range(n)], pa.int64()),
+                "end_ns": pa.array([t0 + i for i in range(n)], pa.int64()),
+                "rank": pa.array([0] * n, pa.int32()), "name": [name] * n, "value": [1.0] * n}
+        cols.update(over)
+        return pa.table(cols)
+
+    class Good(Handler):
+        name, kinds = "good", ("counter",)
+
+        def __init__(self):
+            self.flushes = 0
+
+        def drain(self):
+            self.flushes += 1
+            return {"counter": counters(3, t0=1000 * self.flushes)}
+
+    class Dicts(Handler):
+        name, kinds = "dicts", ("counter",)
+
+        def drain(self):
+            return {"counter": [{"start_ns": 1}]}
+
+    class NoRank(Handler):
+        name, kinds = "norank", ("counter",)
+
+        def drain(self):
+            return {"counter": counters(2).drop_columns(["rank"])}
+
+    class Uncastable(Handler):
+        name, kinds = "uncastable", ("range",)
+
+        def drain(self):
+            return {"range": pa.table({"start_ns": ["soon"], "end_ns": ["later"], "rank": pa.array([0], pa.int32()),
+                                       "name": ["x"]})}
+
+    class Raising(Handler, Summarized):
+        name, kinds = "raising", ("counter",)
+
+        def before_drain(self, final):
+            raise RuntimeError("before")
+
+        def drain(self):
+            return {"counter": counters(1, t0=5, name="raising")}
+
+        def stop(self):
+            raise RuntimeError("stop")
+
+        def stats(self):
+            raise RuntimeError("stats")
+
+        def summary(self):
+            raise RuntimeError("summary")
+
+    out = tmp_path / "run"
+    s = Session(CaptureConfig(out=str(out), flush_ms=100000), gpu=False).start()
+    # the hostile ones first: a good handler after them in the list loses nothing
+    s.handlers += [Dicts(), NoRank(), Uncastable(), Raising(), good := Good()]
+    s.flush()
+    s.stop()
+    compact(out)
+    names = [r["name"] for r in pastaprof.load(out).table("counter").to_pylist()]
+    assert names.count("good") == 3 * good.flushes == 6  # one periodic flush, the final one
+    assert names.count("raising") == 2  # its drain still ran after before_drain raised
+    assert len(names) == 8
+    proc = _process(out)
+    assert set(proc["status"]["drain failed"].split()) == {"dicts", "norank", "range", "raising"}
+    assert proc["handlers"]["raising"]["error"] == "stats(): RuntimeError: stats"
+    assert proc["handlers"]["good"]["records"] == 0  # it keeps no count: the default row
+    assert proc["summaries"]["raising"] == {"error": "RuntimeError: summary"}
+    err = capfd.readouterr().err
+    assert err.count("dicts events of a flush lost: TypeError: counter events as a list") == 1
+    assert err.count("norank events of a flush lost: ValueError: counter events without the column(s) rank") == 1
+    assert err.count("range events of a flush lost (conform)") == 1
+    assert err.count("raising events of a flush lost (before_drain): RuntimeError: before") == 1
+    assert err.count("raising handler did not stop cleanly: RuntimeError: stop") == 1

@@ -31,7 +31,10 @@ def handler_stats(h: Any) -> dict[str, Any]:
     subclasses but drain like one (appended to ``session.handlers`` by hand) give the
     standard counters."""
     if isinstance(h, Handler):
-        return h.stats()
+        try:
+            return h.stats()
+        except Exception as e:  # noqa: BLE001 -- its counters are not worth the manifest
+            return {**Handler.stats(h), "error": f"stats(): {type(e).__name__}: {e}"}
     return {"records": h.records, "dropped": h.dropped, "sampled_out": h.sampled_out,
             "kernels_seen": h.kernels_seen, "reattached": 0, "mechanism": "python", "buffers": None,
             "gate_changes": None, "gate_seconds": 0.0}

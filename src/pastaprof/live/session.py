@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pastaprof.events.schema import conform, merge
+from pastaprof.events.schema import conform, merge, schema
 from pastaprof.handlers import registry
 from pastaprof.handlers.base import Handler
 from pastaprof.live import exits
@@ -111,6 +111,7 @@ class Session(Wiring, Gates, Manifests, Linking, FlushScheduler):
         self.consumed = _consumed_kinds(tools or [], config.tools)  # kinds the chosen tools read
         self._uvm_pending = bool(config.uvm or "uvm" in self.consumed)  # until the counters are configured
         self._bad_kinds: set[tuple[str, str]] = set()
+        self._troubles: set[str] = set()  # (handler or kind, place) already warned about
         self._launches = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # recent (correlation, launch ns)
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -235,7 +236,11 @@ class Session(Wiring, Gates, Manifests, Linking, FlushScheduler):
         try:
             t1 = time.perf_counter()
             for h in self.handlers:
-                h.stop()
+                try:
+                    h.stop()
+                except Exception as e:  # one handler's trouble must not cost the others' last events
+                    _warn(f"{getattr(h, 'name', type(h).__name__)} handler did not stop cleanly: "
+                          f"{type(e).__name__}: {e}")
             self.stop_handlers_seconds = time.perf_counter() - t1
             self._close_gate()
             t1 = time.perf_counter()
@@ -261,7 +266,10 @@ class Session(Wiring, Gates, Manifests, Linking, FlushScheduler):
         t0 = time.perf_counter()
         for h in self.handlers:
             if isinstance(h, Handler):
-                h.before_drain(final)
+                try:
+                    h.before_drain(final)
+                except Exception as e:  # its drain may still deliver; the others' surely
+                    self._handler_trouble(h.name, "before_drain", e)
         phases: dict[str, float] = {}  # where this flush's time went (the final one's is in the manifest)
         with self._lock:
             tables: dict[str, pa.Table] = {}
@@ -299,8 +307,12 @@ class Session(Wiring, Gates, Manifests, Linking, FlushScheduler):
         for kind, t in tables.items():
             if t.num_rows == 0:
                 continue
-            t = conform(kind, t.append_column("pid", pa.array(np.full(t.num_rows, self.pid, np.int64)))
-                        if "pid" not in t.column_names else t)
+            try:
+                t = conform(kind, t.append_column("pid", pa.array(np.full(t.num_rows, self.pid, np.int64)))
+                            if "pid" not in t.column_names else t)
+            except (pa.ArrowException, ValueError, TypeError) as e:  # columns that do not cast to the schema
+                self._handler_trouble(kind, "conform", e)
+                continue
             t = sort_by_start(t)
             self._write_part(kind, t, part)
             with self._lock:  # flushes may overlap (live/flush.py)
@@ -330,8 +342,23 @@ class Session(Wiring, Gates, Manifests, Linking, FlushScheduler):
                 continue
             if isinstance(t, pa.RecordBatch):
                 t = pa.Table.from_batches([t])
+            elif not isinstance(t, pa.Table):
+                raise TypeError(f"{kind} events as a {type(t).__name__}, not a pyarrow Table or RecordBatch")
+            if declared is not None and kind not in _INTERNAL_KINDS and type(h).__module__.split(".")[0] != "pastaprof":
+                # a plugin's (pastaprof's own add columns like rank while linking, after the drain)
+                missing = [f.name for f in schema(kind) if not f.nullable and f.name not in t.column_names]
+                if missing:
+                    raise ValueError(f"{kind} events without the column(s) {', '.join(missing)}")
             tables[kind] = merge(kind, [tables[kind], t]) if kind in tables else t
         return tables
+
+    def _handler_trouble(self, what: str, where: str, e: Exception) -> None:
+        """One warning per handler (or kind) and place; the events concerned of that flush are lost."""
+        key = f"{what} {where}"
+        if key not in self._troubles:
+            self._troubles.add(key)
+            _warn(f"{what} events of a flush lost ({where}): {type(e).__name__}: {e}")
+            self.status["drain failed"] = f"{self.status.get('drain failed', '')} {what}".strip()
 
     def _write_part(self, kind: str, table: pa.Table, part: int) -> None:
         write_part(self.out / kind / f"rank-{self.rank}-pid-{self.pid}-part-{part:05d}.parquet", table)
