@@ -34,12 +34,12 @@ def _load(name: str) -> dict:
 
 
 def _replay(snap: dict) -> dict:
-    """Peak of allocated bytes (alloc +, free_completed -), with the level before the trace
+    """Peak of allocated bytes (alloc +, free_requested -: torch's allocated_bytes), with the level before the trace
     from the blocks still active at the dump; the blocks live at the first peak."""
     trace = snap["device_traces"][0]
-    end = sum(b["size"] for s in snap["segments"] for b in s["blocks"] if b["state"].startswith("active"))
+    end = sum(b["size"] for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
     deltas = [(e["size"] if e["action"] == "alloc" else -e["size"], e) for e in trace
-              if e["action"] in ("alloc", "free_completed")]
+              if e["action"] in ("alloc", "free_requested")]
     level = offset = end - sum(d for d, _ in deltas)
     peak, live, at_peak = level, {}, {}
     for d, e in deltas:
@@ -77,13 +77,13 @@ def test_train_step_steps_come_from_the_record_function_annotations():
     assert [s["step"] for s in steps] == ["train_step_0", "train_step_1", "train_step_2"] or len(steps) == 3
     snap = _load("train_step.pickle")
     assert rep.summary["alloc_events"] == sum(e["action"] == "alloc" for e in snap["device_traces"][0])
-    assert rep.summary["free_events"] == sum(e["action"] == "free_completed" for e in snap["device_traces"][0])
+    assert rep.summary["free_events"] == sum(e["action"] == "free_requested" for e in snap["device_traces"][0])
 
 
 def test_leak_site_grows_by_what_it_keeps_per_step():
     snap = _load("leak.pickle")
     kept = [e for e in snap["device_traces"][0] if e["action"] == "alloc" and e["frames"][0]["name"] == "leaky_cache_append"]
-    freed = {e["addr"] for e in snap["device_traces"][0] if e["action"] == "free_completed"}
+    freed = {e["addr"] for e in snap["device_traces"][0] if e["action"] == "free_requested"}
     assert kept and not any(e["addr"] in freed for e in kept)
     rep = _memory(DATA / "leak.pickle")
     assert rep.summary["leak_bytes_per_step"] == kept[0]["size"] == 2 << 20
@@ -125,7 +125,7 @@ def test_every_alloc_has_its_call_site_and_stack():
     snap = _load("train_step.pickle")
     tables, _ = snapshot_tables(snap, DATA / "train_step.pickle")
     linked = link_rank(tables)
-    with_stack = [e for e in snap["device_traces"][0] if e["action"] in ("alloc", "free_completed", "oom")]
+    with_stack = [e for e in snap["device_traces"][0] if e["action"] in ("alloc", "free_requested", "oom")]
     assert linked["op"].num_rows == len(with_stack)
     assert linked["frame"].num_rows == sum(len(e["frames"]) for e in with_stack)
     sites = linked["op"]["call_site"].to_pylist()

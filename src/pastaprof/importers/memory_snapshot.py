@@ -9,7 +9,9 @@ That is all a real snapshot holds; anything else is one clear error line.
 What is mapped (one rank, one process; device ``i`` is ``device_traces[i]``):
 
 * ``tensor`` (caching-allocator blocks): one event per ``alloc`` (+size) and per
-  ``free_completed`` (-size; the block is reusable only then), ``total_allocated`` and
+  ``free_requested`` (-size: where the allocator's ``allocated_bytes``, i.e.
+  ``torch.cuda.memory_allocated()``, drops; ``free_completed`` only says the block is
+  reusable, after the streams that used it are done), ``total_allocated`` and
   ``total_reserved`` rebuilt backwards from the segments' state at the dump, so the
   memory tool's replay and its "before the trace" offset are exact even when the
   history ring buffer (``max_entries``) dropped the start;
@@ -48,7 +50,7 @@ MAX_FRAMES = 24          # innermost frames kept per stack
 SNIFF_BYTES = 4096
 TICK = 2 * MAX_FRAMES + 4  # ns between two entries of one microsecond: room for one frame nest each
 KEYS = (b"segments", b"device_traces")
-FREE_ACTIONS = ("free_completed",)
+FREE_ACTIONS = ("free_requested",)
 LIBRARY_PARTS = ("/torch/", "/site-packages/", "/dist-packages/", "/pastaprof/")
 
 
@@ -178,7 +180,7 @@ def _check(snap: Any, path: Path) -> tuple[list, list]:
 
 
 def _end_state(segs: list) -> tuple[dict[int, int], dict[int, int], int]:
-    """Per device: bytes allocated (active blocks) and reserved (segments) at the dump."""
+    """Per device: bytes allocated (blocks in use, not awaiting free) and reserved (segments) at the dump."""
     alloc: dict[int, int] = {}
     reserved: dict[int, int] = {}
     n = 0
@@ -189,7 +191,7 @@ def _end_state(segs: list) -> tuple[dict[int, int], dict[int, int], int]:
         d = _int(s.get("device"), 0)
         reserved[d] = reserved.get(d, 0) + max(_int(s.get("total_size")), 0)
         for b in _list(s.get("blocks")):
-            if isinstance(b, dict) and str(b.get("state", "")).startswith("active"):
+            if isinstance(b, dict) and b.get("state") == "active_allocated":  # awaiting_free: freed already
                 alloc[d] = alloc.get(d, 0) + max(_int(b.get("size")), 0)
     return alloc, reserved, n
 

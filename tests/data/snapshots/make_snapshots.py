@@ -85,13 +85,16 @@ class Allocator:
                            "frames": frames})
         return addr
 
-    def release(self, addr: int, frames: list) -> None:
+    def release(self, addr: int, frames: list, completed: bool = True) -> None:
+        """free_requested, then (unless another stream still uses the block: record_stream)
+        free_completed; until then the block is active_awaiting_free and not reusable."""
         b = self.blocks[addr]
-        for action in ("free_requested", "free_completed"):
+        for action in ("free_requested", "free_completed") if completed else ("free_requested",):
             self.trace.append({"action": action, "addr": addr, "size": b["size"], "stream": 0,
                                "time_us": self.tick(0), "frames": frames})
-        b["state"] = "inactive"
-        self.free.setdefault(b["size"], []).append(addr)
+        b["state"] = "inactive" if completed else "active_awaiting_free"
+        if completed:
+            self.free.setdefault(b["size"], []).append(addr)
 
     def annotate(self, name: str, stage: str) -> None:
         self.ann.append({"device": 0, "name": name, "stage": stage, "time_us": self.tick()})
@@ -140,6 +143,8 @@ def train_step() -> dict:
         for g in grads:
             a.release(g, [fr(f"{TORCH}/optim/optimizer.py", 980, "zero_grad"), *user(86, "train_step")])
         a.annotate(f"train_step_{step}", "END")
+    side = a.alloc(batch * width * 4, user(90, "copy_on_side_stream"))
+    a.release(side, user(91, "copy_on_side_stream"), completed=False)  # still used by another stream at the dump
     return a.snapshot()
 
 
