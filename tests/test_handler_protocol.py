@@ -492,3 +492,44 @@ def test_a_misbehaving_handler_costs_only_its_own_events(tmp_path, capfd):
     assert err.count("range events of a flush lost (conform)") == 1
     assert err.count("raising events of a flush lost (before_drain): RuntimeError: before") == 1
     assert err.count("raising handler did not stop cleanly: RuntimeError: stop") == 1
+
+
+def test_fuzzed_handler_lists_from_the_launcher_never_break_discovery(monkeypatch):
+    """_PASTAPROF_HANDLERS (the launcher's list) fuzzed with a fixed seed: discovery never raises;
+    a list that is not the launcher's shape is ignored (the installed handlers are scanned);
+    each entry that does not load is left out."""
+    import random
+
+    rng = random.Random(1234)
+    atoms = ["", "[", "]", "{", "}", '"', ",", ":", "null", "1", "[[]]", '["a"]', '[["cupti"]]', "\x01", "é",
+             '["torch", "pastaprof.handlers.torch_ops:TorchHandler"]', '"os:system"', '"pastaprof:__version__"',
+             '"pastaprof.handlers.base:Handler"', '"no.such.module:X"', '"pastaprof.handlers.cupti_activity:"']
+    warnings: list[str] = []
+    monkeypatch.setattr(registry, "_warn", warnings.append)
+    try:
+        for _ in range(300):
+            text = "".join(rng.choice(atoms) for _ in range(rng.randint(1, 12)))
+            if rng.random() < 0.3:
+                text = "[" + ",".join(f"[{rng.choice(atoms)},{rng.choice(atoms)}]" for _ in range(rng.randint(0, 3))) + "]"
+            monkeypatch.setenv(registry.FOUND_ENV, text)
+            warnings.clear()
+            found = registry.available(refresh=True)
+            try:
+                shaped = json.loads(text)
+            except ValueError:
+                shaped = None
+            ok_shape = isinstance(shaped, list) and all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in shaped)
+            if not ok_shape:
+                assert BUILTIN <= set(found), text  # scanned instead
+                assert not warnings
+            else:  # the launcher's shape: exactly its entries, each one loaded or warned about
+                names = {n for n, _ in shaped}
+                assert set(found) <= names
+                warned = {n for n in names if any(f"handler plugin {n!r}" in w for w in warnings)}
+                assert warned | set(found) == names, (text, warnings)
+                assert len(warnings) <= len(shaped)
+            assert all(isinstance(c, type) and issubclass(c, Handler) for c in found.values())
+    finally:
+        monkeypatch.delenv(registry.FOUND_ENV)
+        registry.forget()

@@ -77,10 +77,13 @@ def _entries() -> list[tuple[str, str]]:
     found = os.environ.get(FOUND_ENV)
     if found:
         try:
-            pairs = [(str(n), str(v)) for n, v in json.loads(found)]
-            return pairs
-        except (ValueError, TypeError):
-            pass  # not ours to trust: scan instead
+            pairs = json.loads(found)
+        except ValueError:
+            pairs = None
+        if isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+                                           for p in pairs):
+            return [(n, v) for n, v in pairs]
+        # not what the launcher writes: scan instead
     from importlib.metadata import entry_points
 
     return sorted((ep.name, ep.value) for ep in entry_points(group=GROUP))
