@@ -1,6 +1,8 @@
 """Record the real PyTorch memory snapshots that tests/data/snapshots/ holds.
 
-Run on a CUDA machine (the lent H200):  python scripts/record_snapshots.py OUTDIR
+Run on a CUDA machine (the lent H200):  python scripts/record_snapshots.py OUTDIR, then copy
+OUTDIR's files into tests/data/snapshots/recorded/ (test_memory_snapshot.py checks them against
+record_info.json: the peak is max_memory_allocated, the end level memory_allocated).
 
 Each scenario starts from an empty caching allocator, turns the allocator's history on
 (``torch.cuda.memory._record_memory_history(max_entries=...)``, Python stacks), runs, and

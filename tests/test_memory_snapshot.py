@@ -232,3 +232,28 @@ def test_fuzz_fixed_seed_one_line_or_events():
         finally:
             p.unlink()
     assert ok + refused == 300 and ok > 50 and refused > 50
+
+
+RECORDED = DATA / "recorded"  # scripts/record_snapshots.py OUT, copied here once a GPU records them
+
+
+def _recorded():
+    import json
+
+    info = RECORDED / "record_info.json"
+    if not info.exists():
+        return []
+    return [s for s in json.loads(info.read_text())["scenarios"].values() if "file" in s]
+
+
+@pytest.mark.skipif(not _recorded(), reason="no real snapshots recorded yet (scripts/record_snapshots.py)")
+@pytest.mark.parametrize("scenario", _recorded(), ids=lambda s: s["file"])
+def test_recorded_snapshots_match_the_allocators_own_numbers(scenario):
+    """Real snapshots: the peak is torch.cuda.max_memory_allocated() of the recording, the
+    level at the end memory_allocated() (history started on an empty cache, below max_entries)."""
+    rep = _memory(RECORDED / scenario["file"])
+    assert rep.summary["peak_bytes"] == scenario["max_memory_allocated"]
+    dev = rep.tables["devices"].to_pylist()[0]
+    assert dev["end_bytes"] == scenario["memory_allocated"]
+    if scenario.get("oom_request_bytes"):
+        assert any(f.title.startswith("OOM:") for f in rep.findings)
