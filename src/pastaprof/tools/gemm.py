@@ -199,7 +199,7 @@ class Gemm(Tool):
         old = bool(dev and arch and arch < dev)
         narrow = bool(align is not None and size and align * size < 16)
         fp32_no_tc = bool(dt == "float" and dev and dev >= 80 and g["kernels"]
-                          and not any("tf32" in x.lower() for x in g["kernels"]))
+                          and not any("tf32" in (x or "").lower() for x in g["kernels"]))
         return {**g, "m": m, "n": n, "k": k, "batch": b, "dtype": DTYPE_NAMES.get(dt or "", dt), "flops": flops,
                 "tflops": round(flops / g["gpu_ns"] / 1e3, 1) if flops and g["gpu_ns"] else None,
                 "multiple": _pow2(m, n, k) if dims else None, "aligned": aligned, "need": need,

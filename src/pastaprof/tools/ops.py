@@ -33,7 +33,7 @@ def _inclusive(op: pa.Table, self_gpu: np.ndarray) -> np.ndarray:
     if n == 0:
         return total
     parent = np.asarray(op["parent_id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
-    ids = np.asarray(op["id"].to_numpy(zero_copy_only=False), dtype=np.int64)
+    ids = np.asarray(op["id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
     from pastaprof.processor.link import map_keys
 
     ppos = map_keys(parent, ids, np.arange(n, dtype=np.int64))  # by search: ids and depths are data
@@ -55,7 +55,7 @@ def _self_cpu(op: pa.Table, cpu: np.ndarray) -> np.ndarray:
     ranks = np.asarray(op["rank"].to_numpy(zero_copy_only=False), dtype=np.int64)
     child = np.zeros(n, np.int64)
     parent = np.asarray(op["parent_id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
-    ids = np.asarray(op["id"].to_numpy(zero_copy_only=False), dtype=np.int64)
+    ids = np.asarray(op["id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
     for r in np.unique(ranks):
         rows = np.flatnonzero(ranks == r)
         ppos = map_keys(parent[rows], ids[rows], rows)  # by search: ids are data
@@ -110,7 +110,7 @@ class Ops(Tool):
             for r in np.unique(ranks):
                 rows = np.nonzero(ranks == r)[0]
                 sub = op.take(rows)
-                ids = np.asarray(sub["id"].to_numpy(zero_copy_only=False), dtype=np.int64)
+                ids = np.asarray(sub["id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
                 m = np.asarray(per_op["rank"].to_numpy(zero_copy_only=False)) == r
                 oid = np.asarray(per_op["op_id"].to_numpy(zero_copy_only=False), dtype=np.int64)[m]
                 # by search, not an array indexed by id: ids are data (a damaged store's op id of
