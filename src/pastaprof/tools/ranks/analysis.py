@@ -96,10 +96,12 @@ def build(summaries: dict[int, dict[str, pa.Table]]) -> Job:
     n = len(ranks)
     steps, coll = _concat(summaries, "steps"), _concat(summaries, "collectives")
     kernels, host, totals = (_concat(summaries, k) for k in ("kernels", "host", "totals"))
-    pos = np.full(max(ranks) - min(ranks) + 1, -1, np.int64)
-    base = min(ranks)
-    pos[np.array(ranks) - base] = np.arange(n)
-    ridx = pos[to_np(coll["rank"]) - base] if coll.num_rows else np.zeros(0, np.int64)
+    rank_arr = np.array(ranks, np.int64)
+
+    def index(col: pa.ChunkedArray) -> np.ndarray:  # rank -> its position in ``ranks``
+        return np.searchsorted(rank_arr, to_np(col)) if len(col) else np.zeros(0, np.int64)
+
+    ridx = index(coll["rank"]) if coll.num_rows else np.zeros(0, np.int64)
     inst, n_inst = match(coll)
     start, end = to_np(coll["start_ns"]), to_np(coll["end_ns"])
     kinds = coll["kind"].to_pylist() if coll.num_rows else []
@@ -112,7 +114,7 @@ def build(summaries: dict[int, dict[str, pa.Table]]) -> Job:
     offset, bound, aligned, anchors = clocks.estimate(ridx[anchor], inst[anchor], end[anchor], n)
     off = offset.astype(np.int64)
     start, end = start - off[ridx], end - off[ridx]
-    s_r = pos[to_np(steps["rank"]) - base] if steps.num_rows else np.zeros(0, np.int64)
+    s_r = index(steps["rank"]) if steps.num_rows else np.zeros(0, np.int64)
     steps = steps.set_column(steps.schema.get_field_index("start_ns"), "start_ns",
                              pa.array(to_np(steps["start_ns"]) - off[s_r]))
     steps = steps.set_column(steps.schema.get_field_index("end_ns"), "end_ns", pa.array(to_np(steps["end_ns"]) - off[s_r]))

@@ -90,13 +90,12 @@ def imbalance_finding(job: Job, consistent: set[int]) -> Finding | None:
         if med > 0:
             per_step.append({"step": label, "rank": top[1], "compute_ns": int(top[0]), "median_compute_ns": int(med),
                              "spread": (top[0] - med) / med})
-    if not per_step:
+    if len(per_step) < 2:  # "the busiest rank changes" needs steps to compare
         return None
     spread = float(np.median([p["spread"] for p in per_step]))
     slowest = Counter(p["rank"] for p in per_step)
     rank, times = slowest.most_common(1)[0]
-    if spread < IMBALANCE_SHARE or (len(per_step) >= 2 and times > len(per_step) / 2) or rank in consistent \
-            and times == len(per_step):
+    if spread < IMBALANCE_SHARE or times > len(per_step) / 2 or rank in consistent:
         return None
     impact = int(sum(p["compute_ns"] - p["median_compute_ns"] for p in per_step))
     for p in per_step:

@@ -49,10 +49,11 @@ def _step_rows(job: Job) -> dict[tuple[str, int], dict[str, int]]:
     return out
 
 
-def _grew(table: pa.Table, label: str, rank: int, others: list[int]) -> list[dict[str, Any]]:
+def _grew(table: pa.Table, label: str, rank: int, others_list: list[int]) -> list[dict[str, Any]]:
     """Names whose time in step ``label`` on ``rank`` exceeds the other ranks' median the most."""
     if not table.num_rows:
         return []
+    others = set(others_list)
     rows = table.filter(pc.equal(table["step_label"], label)).to_pylist()
     mine: dict[str, int] = defaultdict(int)
     theirs: dict[str, list[int]] = defaultdict(list)
