@@ -19,7 +19,7 @@ from pastaprof.errors import UsageError
 from pastaprof.handlers import registry
 from pastaprof.handlers.base import Gated, Handler, RangeAware, Setting, Summarized, boolean, integer
 
-BUILTIN = {"sanitizer", "cupti", "uvm_plan", "torch"}
+BUILTIN = {"sanitizer", "cupti", "uvm_plan", "torch", "native"}
 
 PLUGIN = textwrap.dedent('''
     """A third party's handlers: one file, one entry-point line each."""
@@ -190,7 +190,7 @@ def test_registry_lists_the_builtin_handlers_in_start_order():
     found = registry.available(refresh=True)
     assert BUILTIN <= set(found)
     order = [n for n in found if n in BUILTIN]
-    assert order == ["sanitizer", "cupti", "uvm_plan", "torch"]  # the sanitizer before CUDA, torch on import
+    assert order == ["sanitizer", "cupti", "uvm_plan", "torch", "native"]  # the sanitizer before CUDA, torch on import
     assert found["torch"].starts_on_import == "torch"
     caps = {h["name"]: set(h["capabilities"]) for h in registry.describe()}
     assert caps["sanitizer"] == {"gated", "summarized"} and caps["cupti"] == {"gated"}

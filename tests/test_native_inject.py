@@ -505,3 +505,17 @@ def test_pastaprof_run_killed_native_process_says_what_was_lost(lib, programs, t
     manifest = json.loads((tmp_path / "run" / "run.json").read_text())
     assert manifest["rows"]["kernel"] == 25  # written before the kill
     assert "final flush" in r.stderr and any("final flush" in v for v in manifest["status"].values())
+
+
+def test_registered_as_a_handler_and_its_settings_checked(tmp_path, programs):
+    """One registration line: listed by `pastaprof handlers`, never created inside a Python
+    session, and a bad PASTAPROF_NATIVE_* value is one line and exit 2 before the program starts."""
+    from pastaprof.handlers import registry
+
+    found = registry.available(refresh=True)
+    assert found["native"] is npg.NativeProgram and npg.NativeProgram.create(None) is None  # type: ignore[arg-type]
+    for var, value in (("PASTAPROF_NATIVE_FLUSH_MS", "soon"), ("PASTAPROF_NATIVE_KINDS", "kernel,bogus"),
+                       ("PASTAPROF_NATIVE_CUPTI", str(tmp_path / "missing.so")), ("PASTAPROF_NATIVE_INJECT", "2")):
+        r = _run(tmp_path, str(programs["plain"]), **{var: value})
+        assert r.returncode == 2 and r.stdout == "", (var, r.stdout)
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"pastaprof: error: {var}="), r.stderr

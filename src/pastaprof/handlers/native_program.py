@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from pastaprof.events.schema import SCHEMA_VERSION, conform
+from pastaprof.handlers.base import Handler, HandlerContext, Setting, boolean, integer
 from pastaprof.handlers.cupti_memory import lookup_names, memory_tables
 from pastaprof.handlers.cupti_records import _MEMCPY_KIND, _SYNC_KIND
 
@@ -46,6 +47,48 @@ K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_API, K_MEMORY, K_MARKER = range(1, 8)
 _FILE_RE = re.compile(r"^rank-(\d+)-pid-(\d+)\.json$")
 _PYTHON_RE = re.compile(r"^(python|pypy)[0-9.]*(-dbg)?$")
 MARKER_INSTANT, MARKER_START, MARKER_END = 1, 2, 4
+
+
+def _kinds(value: str) -> None:
+    bad = [k for k in value.split(",") if k and k not in ("kernel", "memcpy", "memset", "sync", "memory", "marker",
+                                                          "api", "none")]
+    if bad:
+        raise ValueError(f"unknown kind {bad[0]!r} (kernel, memcpy, memset, sync, memory, marker, api, none)")
+
+
+def _library(value: str) -> None:
+    if not os.path.isfile(value):
+        raise ValueError("no such file")
+
+
+class NativeProgram(Handler):
+    """The native-program capture, registered like every handler so that ``pastaprof
+    handlers`` lists it and its settings are checked before the program starts.  It records
+    nothing inside a Python process (``create`` gives None: pastaprof's Python session captures
+    there); the work is the launcher's two hooks below and the injection library."""
+
+    name = "native"
+    kinds = ("kernel", "memcpy", "memset", "sync", "api", "range", "alloc", "free", "access_launch",
+             "access_summary", "access_pc")
+    settings = (
+        Setting("NATIVE_INJECT", "0: no injection into native programs; 1: prepare it without an NVIDIA driver",
+                boolean),
+        Setting("NATIVE_CUPTI", "the libcupti native programs' capture uses (default: the CUDA toolkit's)",
+                _library),
+        Setting("NATIVE_FLUSH_MS", "native programs' CUPTI flush period in ms (0: none; default PASTAPROF_FLUSH_MS "
+                                   "or 2000)", integer(0)),
+        Setting("NATIVE_KINDS", "CUPTI kinds for native programs (kernel,memcpy,memset,sync,memory,marker,api; "
+                                "default all)", _kinds),
+        Setting("NATIVE_BUFFER", "CUPTI buffer bytes in native programs (default 8 MiB)", integer(4096)),
+    )
+    mechanism = "cuda injection (native/inject.c)"
+
+    @classmethod
+    def create(cls, ctx: HandlerContext) -> NativeProgram | None:
+        return None
+
+    def drain(self) -> dict[str, pa.Table]:
+        return {}
 
 
 # ---- before the program starts ------------------------------------------------------------
