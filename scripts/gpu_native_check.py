@@ -157,7 +157,7 @@ def part_loop(exe: dict[str, Path], out: Path, rounds: int = 3) -> None:
           f"loop median bare {med['bare']:.4f} s ({med['bare'] / 100000 * 1e6:.2f} us/launch); {detail}; whole "
           f"process median bare {statistics.median(walls['bare']):.2f} s, pastaprof run "
           f"{statistics.median(walls['pastaprof']):.2f} s")
-    RESULTS["loop_seconds"] = {"times": times, "walls": walls}
+    RESULTS["loop_times"] = {"times": times, "walls": walls}
 
 
 def part_exits(exe: dict[str, Path], out: Path) -> None:
