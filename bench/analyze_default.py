@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
-"""What the steps, cuda_api and copies tools add to ``pastaprof analyze``: time and peak memory.
+"""What the default tools cost in ``pastaprof analyze``: time, CPU seconds and peak memory.
 
 On one big Kineto trace (bench/make_big_trace.py: the bundled example replicated ``--copies``
 times, 57 by default: ~4.0 M events, 1.27 GB), each command is a child process measured from
 the outside with import_bench.measure (wall, peak RSS from wait4 and a sampled process tree,
 CPU seconds):
 
-  default   pastaprof analyze BIG -q --json OUT                       (kernels, ops, timeline, memory)
-  extended  pastaprof analyze BIG -t kernels,ops,timeline,memory,steps,cuda_api,copies -q --json OUT
-  new only  pastaprof analyze BIG -t steps,cuda_api,copies -q --json OUT
+  floor     pastaprof analyze BIG -t kernels,timeline -q --json OUT   (no op import: the import's floor)
+  default   pastaprof analyze BIG -q --json OUT                       (the default tools, registry.DEFAULT_TOOLS)
+  all       pastaprof analyze BIG -t DEFAULT,ranges,sequences,critical_path -q --json OUT
 
-With --repeat N the commands are interleaved (default, extended, new, default, ...) so drift of
-the machine hits each alike; the table reports the median per command, and the extended run's
-steps count (3 per copy) as a check that the tools saw the whole trace.
+With --repeat N the commands are interleaved (floor, default, all, floor, ...) so drift of the
+machine hits each alike; the table reports the median per command (wall, and user+sys CPU
+seconds, which a shared machine's load does not inflate), and the default run's steps count (3
+per copy) as a check that the tools saw the whole trace.
 
 Usage:
     .venv/bin/python bench/analyze_default.py                    # 57 copies, builds the trace if missing
@@ -37,9 +38,11 @@ from import_bench import _git_state, machine_info, measure  # noqa: E402
 
 REPO = HERE.parent
 WORK = Path("/tmp/pastaprof-bench")
-DEFAULT = "kernels,ops,timeline,memory"
-NEW = "steps,cuda_api,copies"
-VARIANTS = {"default": None, "extended": f"{DEFAULT},{NEW}", "new only": NEW}
+sys.path.insert(0, str(HERE.parent / "src"))
+from pastaprof.tools.registry import DEFAULT_TOOLS  # noqa: E402
+
+EXTRA = "ranges,sequences,critical_path"
+VARIANTS = {"floor": "kernels,timeline", "default": None, "all": ",".join([*DEFAULT_TOOLS, EXTRA])}
 
 
 def build(copies: int) -> Path:
@@ -78,18 +81,19 @@ def main(argv: list[str] | None = None) -> int:
         for name, tools in VARIANTS.items():
             m = run_once(pastaprof, trace, tools)
             runs[name].append(m)
-            print(f"{name:9s} rc={m['rc']} wall={m['wall_s']:.2f}s peak_rss={m['peak_rss_bytes'] / 2**20:.0f} MiB "
+            print(f"{name:9s} rc={m['rc']} wall={m['wall_s']:.2f}s cpu={m['user_s'] + m['sys_s']:.2f}s peak_rss={m['peak_rss_bytes'] / 2**20:.0f} MiB "
                   f"tree={m['peak_tree_rss_sampled_bytes'] / 2**20:.0f} MiB steps={m.get('steps')}", flush=True)
     summary = {name: {"wall_s": statistics.median(m["wall_s"] for m in ms),
+                      "cpu_s": statistics.median(m["user_s"] + m["sys_s"] for m in ms),
                       "peak_rss_bytes": statistics.median(m["peak_rss_bytes"] for m in ms),
                       "rc": sorted({m["rc"] for m in ms}), "steps": ms[-1].get("steps")}
                for name, ms in runs.items()}
     base = summary["default"]
     print(f"\ntrace: {trace} ({trace.stat().st_size / 1e9:.2f} GB, {args.copies} copies), median of {args.repeat}")
-    print(f"{'command':10s} {'wall s':>8s} {'vs default':>10s} {'peak RSS MiB':>13s} {'vs default':>10s}")
+    print(f"{'command':10s} {'wall s':>8s} {'cpu s':>8s} {'vs default':>10s} {'peak RSS MiB':>13s}")
     for name, s in summary.items():
-        print(f"{name:10s} {s['wall_s']:8.2f} {s['wall_s'] / base['wall_s']:9.2f}x {s['peak_rss_bytes'] / 2**20:13.0f} "
-              f"{s['peak_rss_bytes'] / base['peak_rss_bytes']:9.2f}x")
+        print(f"{name:10s} {s['wall_s']:8.2f} {s['cpu_s']:8.2f} {s['cpu_s'] / base['cpu_s']:9.2f}x "
+              f"{s['peak_rss_bytes'] / 2**20:13.0f}")
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps({"trace": str(trace), "copies": args.copies, "machine": machine_info(),
                                         "git": _git_state(), "summary": summary, "runs": runs}, indent=1, default=str))

@@ -109,3 +109,24 @@ def test_a_varying_family_is_one_finding_with_its_excess():
     tool = Ranges()
     tool.on_batch("range", conform("range", _ranges_table(durs[:-1])).to_batches()[0])
     assert tool.report().findings == []
+
+
+def test_a_range_ending_before_it_starts_holds_nothing():
+    from pastaprof.events.schema import conform
+
+    t = _ranges_table([1_000_000, 1_000_000])
+    t = t.set_column(1, "end_ns", pa.array([t["start_ns"][0].as_py() - 5, t["end_ns"][1].as_py()], pa.int64()))
+    tool = Ranges()
+    tool.on_batch("range", conform("range", t).to_batches()[0])
+    api = conform("api", pa.table({"start_ns": pa.array([t["start_ns"][0].as_py() - 2], pa.int64()),
+                                   "end_ns": pa.array([t["start_ns"][0].as_py()], pa.int64()),
+                                   "rank": pa.array([0], pa.int32()), "pid": pa.array([1], pa.int64()),
+                                   "tid": pa.array([1], pa.int64()), "correlation": pa.array([9], pa.int64()),
+                                   "name": pa.array(["cudaLaunchKernel"])}))
+    k = conform("kernel", pa.table({"start_ns": pa.array([10**6], pa.int64()), "end_ns": pa.array([2 * 10**6], pa.int64()),
+                                    "rank": pa.array([0], pa.int32()), "correlation": pa.array([9], pa.int64()),
+                                    "name": pa.array(["k"])}))
+    tool.on_batch("api", api.to_batches()[0])
+    tool.on_batch("kernel", k.to_batches()[0])
+    (row,) = tool.report().tables["ranges"].to_pylist()
+    assert row["gpu_ns"] == 0 and row["gpu_activities"] == 0 and row["total_ns"] == 1_000_000

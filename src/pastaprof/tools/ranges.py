@@ -55,7 +55,8 @@ def launched_inside(rng: pa.Table, acts: dict[str, np.ndarray]) -> tuple[np.ndar
     order = np.lexsort((acts["launch"], g_act))
     ga, la, da = g_act[order], acts["launch"][order], acts["dur"][order]
     csum = np.concatenate([[0], np.cumsum(da)])
-    lo_t, hi_t = to_np(rng["start_ns"]), to_np(rng["end_ns"])
+    lo_t = to_np(rng["start_ns"])
+    hi_t = np.maximum(to_np(rng["end_ns"]), lo_t)  # a damaged range ending before it starts holds nothing
     bounds = np.searchsorted(ga, np.arange(int(g.max()) + 2))  # segment of each group in the sorted acts
     for grp in np.unique(g_rng):
         rows = np.flatnonzero(g_rng == grp)
