@@ -3,8 +3,9 @@
 The script reads the chart specs from a ``<script type="application/json">`` element (data,
 never code), draws each with plotly.js (inlined by ``page``), and makes every
 ``table.sortable`` sortable by clicking a header: numbers by their raw ``data-v`` value
-(largest first on the first click), text alphabetically.  ``window.ppReady`` is set when every
-chart is drawn, for tests and for readers' scripts.
+(largest first on the first click), text alphabetically.  Charts are drawn four
+per task, so the page shows and scrolls before the last is drawn; ``window.ppReady`` is set when
+every chart is drawn, for tests and for readers' scripts.
 """
 
 CSS = """
@@ -49,11 +50,19 @@ JS = r"""
   "use strict";
   var specs = JSON.parse(document.getElementById("pp-charts").textContent);
   var config = {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["sendDataToCloud"]};
-  var pending = [];
-  Object.keys(specs).forEach(function (id) {
-    var el = document.getElementById(id);
-    if (el && window.Plotly) { pending.push(Plotly.newPlot(el, specs[id].data, specs[id].layout, config)); }
-  });
+  var pending = [], ids = Object.keys(specs), next = 0;
+  function draw() {  // four charts per task: the page paints and scrolls while the rest are drawn
+    if (next >= ids.length) {
+      Promise.all(pending).then(function () { window.ppReady = true; },
+                                function (e) { window.ppReady = true; throw e; });
+      return;
+    }
+    for (var end = Math.min(next + 4, ids.length); next < end; next++) {
+      var el = document.getElementById(ids[next]);
+      if (el && window.Plotly) { pending.push(Plotly.newPlot(el, specs[ids[next]].data, specs[ids[next]].layout, config)); }
+    }
+    setTimeout(draw, 0);
+  }
   function key(td) {
     if (!td) { return null; }
     var v = td.getAttribute("data-v");
@@ -79,7 +88,6 @@ JS = r"""
   document.querySelectorAll("table.sortable th").forEach(function (th) {
     th.addEventListener("click", function () { sortBy(th); });
   });
-  Promise.all(pending).then(function () { window.ppReady = true; },
-                            function (e) { window.ppReady = true; throw e; });
+  draw();
 })();
 """
