@@ -241,3 +241,15 @@ def test_a_cut_companion_still_joins_what_it_holds(tmp_path):
     assert 0 < joined < op.num_rows
     notes = json.loads((run / "run.json").read_text())["notes"]
     assert any(f"{joined} of {op.num_rows} ops matched" in n for n in notes) and any("is cut" in n for n in notes)
+
+
+def test_a_folder_of_execution_traces_alone_is_one_rank_each(tmp_path):
+    import shutil
+
+    for r in (1, 0):
+        shutil.copy(ET, tmp_path / f"rank-{r}.et.json.gz")
+    assert importer_for(tmp_path)[0].name == "execution_trace"
+    got = [(rank, t["op"].num_rows) for rank, t, _m in ExecutionTraceImporter().import_ranks(tmp_path)]
+    assert got == [(0, 256), (1, 256)]
+    shutil.copy(KINETO, tmp_path / KINETO.name)  # with a Kineto trace beside them they are its companions
+    assert ExecutionTraceImporter().sniff(tmp_path) is None and importer_for(tmp_path)[0].name == "kineto"

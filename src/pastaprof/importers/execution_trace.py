@@ -269,8 +269,10 @@ class ExecutionTraceImporter(Importer):
     accompanies = ("kineto",)
 
     def sniff(self, path: Path) -> Claim | None:
-        if path.is_dir():
-            return None
+        if path.is_dir():  # a folder of execution traces and no Kineto trace (else they are its companions)
+            files = _folder(path)
+            return Claim(self.name, "pytorch_et", LIKELY, None, f"a folder of {len(files)} execution traces") \
+                if files else None
         head = _head(path)
         m = SCHEMA_RE.search(head)
         if not head.lstrip().startswith(b"{") or m is None or b'"nodes"' not in head and b'"start_ts"' not in head:
@@ -280,25 +282,21 @@ class ExecutionTraceImporter(Importer):
 
     def import_ranks(self, path: Path, ranks: list[int] | None = None, *, progress: Progress | None = None,
                      kinds: set[str] | None = None, note: Note | None = None) -> Iterator[RankTables]:
-        header, nodes, cut = parse(path)
-        version = _check_version(path, header)
-        et = node_table(nodes)
-        enter, leave = _ticks(et)
-        n = et.num_rows
-        op = et.drop_columns(["et_id"]).append_column("et_id", et["et_id"])
-        op = op.append_column("start_ns", pa.array(enter)).append_column("end_ns", pa.array(leave))
-        op = op.append_column("rank", pa.array([0] * n, pa.int32()))
-        op = op.append_column("pid", pa.array([_int(header.get("pid"))] * n, pa.int64()))
-        notes = [f"{path.name}: an execution trace has no timing: op times are their order (one tick, 1 ns, per "
-                 "op entered or left), not durations"]
-        if cut:
-            notes.append(f"{path.name}: {cut}")
-        meta = {"rank": 0, "file": path.name, "format_version": version, "nodes": len(nodes), "ops": n,
-                "notes": notes, "pid": _int(header.get("pid")), "bytes": _size(path)}
-        if progress is not None:
-            progress(meta["bytes"])
-        if ranks is None or 0 in ranks:
-            yield 0, {"op": op}, meta
+        files = _folder(path) if path.is_dir() else [path]
+        if not files:
+            raise InputError(path, "folder holds no execution trace")
+        named = [_rank_in_name(f) for f in files]
+        if None in named or len(set(named)) != len(named):
+            named = list(range(len(files)))  # rank-N in every name, else file order
+        notes: list[str] = []
+        for rank, f in sorted(zip(named, files, strict=True)):
+            if ranks is not None and rank not in ranks:
+                continue
+            op, meta = _alone(f, rank)
+            notes += meta["notes"]
+            if progress is not None:
+                progress(meta["bytes"])
+            yield rank, {"op": op}, meta
         if note is not None:
             for line in notes:
                 note(line)
@@ -307,8 +305,9 @@ class ExecutionTraceImporter(Importer):
         m = metas[0] if metas else {}
         return {"source": str(path), "format": "pytorch_et", "format_version": m.get("format_version"),
                 "command": None, "host": None, "devices": [], "versions": {"execution_trace": m.get("format_version")},
-                "ranks": [0], "rank_source": {},
-                "notes": list(m.get("notes", [])), "skipped": {}, "clock": {"domain": "order_ticks", "anchors": {}},
+                "ranks": sorted({x["rank"] for x in metas}),
+                "rank_source": {x["file"]: {"rank": x["rank"], "pid": x["pid"]} for x in metas},
+                "notes": [n for x in metas for n in x.get("notes", [])], "skipped": {}, "clock": {"domain": "order_ticks", "anchors": {}},
                 "capture_overhead": None, "dropped_events": None, "category_counts": {},
                 "unknown_categories": {}, "trace_bytes": m.get("bytes", 0),
                 "execution_trace": {"nodes": m.get("nodes"), "ops": m.get("ops")}}
@@ -329,6 +328,47 @@ class ExecutionTraceImporter(Importer):
         if cut:
             notes.append(f"{f.name}: {cut}")
         return {**tables, "op": op}
+
+
+def _alone(path: Path, rank: int) -> tuple[pa.Table, dict[str, Any]]:
+    """One execution trace as ops (times: their order, see the module docstring)."""
+    header, nodes, cut = parse(path)
+    version = _check_version(path, header)
+    et = node_table(nodes)
+    enter, leave = _ticks(et)
+    n = et.num_rows
+    op = et.append_column("start_ns", pa.array(enter)).append_column("end_ns", pa.array(leave))
+    op = op.append_column("rank", pa.array([rank] * n, pa.int32()))
+    op = op.append_column("pid", pa.array([_int(header.get("pid"))] * n, pa.int64()))
+    notes = [f"{path.name}: an execution trace has no timing: op times are their order (one tick, 1 ns, per "
+             "op entered or left), not durations"]
+    if cut:
+        notes.append(f"{path.name}: {cut}")
+    return op, {"rank": rank, "file": path.name, "format_version": version, "nodes": len(nodes), "ops": n,
+                "notes": notes, "pid": _int(header.get("pid")), "bytes": _size(path)}
+
+
+def _folder(path: Path) -> list[Path]:
+    """The execution traces of a folder that holds no Kineto trace (ETs beside one are its companions)."""
+    from pastaprof.importers.sniff import sniff
+
+    try:
+        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
+                       and p.name.endswith((".json", ".json.gz")))
+    except OSError:
+        return []
+    if any(sniff(p).kind == "trace" and ExecutionTraceImporter().sniff(p) is None for p in files):
+        return []
+    return [p for p in files if ExecutionTraceImporter().sniff(p) is not None]
+
+
+def _rank_in_name(path: Path) -> int | None:
+    from pastaprof.importers.ranks import rank_from_name
+
+    try:
+        return rank_from_name(path)
+    except InputError:
+        return None
 
 
 def join_ops(op: pa.Table, et: pa.Table) -> tuple[pa.Table, int, int]:
