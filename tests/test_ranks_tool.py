@@ -343,3 +343,22 @@ def test_map_is_pure_and_small(tmp_path):
     assert [f.to_dict() for f in a.findings] == [f.to_dict() for f in b.findings]
     assert all(a.tables[k].equals(b.tables[k]) for k in a.tables)
     assert a.findings[0].evidence["rank"] == 3
+
+
+def test_timeline_keeps_a_ranks_own_exposed_communication(tmp_path):
+    """Slow transfers (10 ms per all-reduce, nothing overlaps) are each rank's own exposed
+    communication: the timeline finding stays, minus the wait for the straggler."""
+    phases = default_workload(transfer_ns=10 * MS)
+    make_job(tmp_path, ranks=4, steps=3, workload=phases, plants=[Straggler(2, 1, 15 * MS, "compute")])
+    reports = {r.tool: r for r in api.analyze(tmp_path, tools=["timeline", "ranks"])}
+    tl = {f.location: f for f in reports["timeline"].findings if f.title.startswith("exposed communication")}
+    temporal = {r["rank"]: r for r in reports["timeline"].tables["temporal"].to_pylist()}
+    per = {r["rank"]: r for r in reports["ranks"].tables["per_rank"].to_pylist()}
+    assert set(tl) == {f"rank {r}" for r in range(4)}
+    for r in range(4):
+        ev = tl[f"rank {r}"].evidence
+        waited = ev["waiting_for_peers_ns"]
+        assert waited < MS if r == 2 else near(waited, 15 * MS)
+        assert ev["communication_ns"] == temporal[r]["communication_ns"] - waited
+        assert near(ev["communication_ns"], 3 * 2 * 10 * MS, 0.05)  # 6 transfers of 10 ms
+        assert abs(waited - per[r]["waiting_for_straggler_ns"]) <= 50_000

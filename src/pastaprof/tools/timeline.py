@@ -442,7 +442,8 @@ class Timeline(Tool):
                 if r[f"{label}_pct"] >= NON_COMPUTE_PCT:
                     out.append(Finding("warning", f"{what}: {r[f'{label}_pct']:.1f}% of the GPU span",
                                        {f"{label}_ns": r[f"{label}_ns"], f"{label}_pct": r[f"{label}_pct"],
-                                        "span_ns": r["span_ns"], "compute_pct": r["compute_pct"]}, where,
+                                        "span_ns": r["span_ns"], "compute_pct": r["compute_pct"],
+                                        **({"waiting_for_peers_ns": w["attributed_ns"]} if w else {})}, where,
                                        impact_ns=int(r[f"{label}_ns"])))
         if waiting:
             out.append(self._waiting_finding(waiting))
