@@ -533,3 +533,31 @@ def test_fuzzed_handler_lists_from_the_launcher_never_break_discovery(monkeypatc
     finally:
         monkeypatch.delenv(registry.FOUND_ENV)
         registry.forget()
+
+
+def test_pastaprofs_own_imports_of_the_live_package_do_not_start_capture(tmp_path):
+    """Under `pastaprof run` the program's import of pastaprof.live (its verbs) starts capture;
+    pastaprof's own modules importing the live package (handlers, pastaprof.analyze) do not --
+    capture then starts at the program's first range or step."""
+    program = textwrap.dedent("""
+        import sys
+        from pastaprof.handlers import registry
+        registry.available()  # the handlers' modules import pastaprof.live.config
+        print(sys.modules["pastaprof.live"].current() is None)
+        if sys.argv[1:] == ["verbs"]:
+            import pastaprof
+            with pastaprof.range("after"):
+                pass
+            pastaprof.step()
+            print(sys.modules["pastaprof.live"].current() is None)
+    """)
+    script = tmp_path / "app.py"
+    script.write_text(program)
+    for args, stdout, processes in (([], "True\n", 0), (["verbs"], "True\nFalse\n", 1)):
+        out = tmp_path / f"run{len(args)}"
+        p = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(out), "--", sys.executable,
+                            str(script), *args], capture_output=True, text=True, timeout=240, env=_env())
+        assert p.returncode == 0 and p.stdout == stdout, p.stderr
+        assert len(json.loads((out / "run.json").read_text())["processes"]) == processes
+        if processes:
+            assert [r["name"] for r in pastaprof.load(out).table("range").to_pylist()] == ["after"]

@@ -31,9 +31,28 @@ if TYPE_CHECKING:  # the session (pyarrow, numpy, handlers) loads only when capt
 F = TypeVar("F", bound=Callable[..., Any])
 
 _session: Session | None = None
+# Under `pastaprof run`, set by the bootstrap when one of pastaprof's own modules imported this
+# package first (not the program): capture then starts at the program's first range or step.
+# It is the bootstrap's import hook that still waits for a framework's import.
+_start_on_first_use: Any = None
 #: keyword arguments of start() / profile(), besides the settings handlers declare
 CONTROLS = ("ranges", "kernels", "sample", "steps", "ranks", "flush_ms")
 OWNED_BY_PARENT = "PASTAPROF_RUN_PARENT"  # set by `pastaprof run`: the CLI compacts the run
+
+
+def _deferred_start() -> None:
+    global _start_on_first_use
+    import sys
+
+    finder, _start_on_first_use = _start_on_first_use, None
+    if finder in sys.meta_path:  # a framework's import during start() must not start another session
+        sys.meta_path.remove(finder)
+    try:
+        start()
+    except Exception as e:  # never harm the profiled program
+        from pastaprof.live.messages import warn
+
+        warn(f"capture not started: {type(e).__name__}: {e}")
 
 
 def current() -> Session | None:
@@ -196,6 +215,8 @@ class range:  # noqa: A001 - the vocabulary's word; shadows the builtin only ins
         self._start = 0
 
     def __enter__(self) -> range:
+        if _start_on_first_use is not None and _session is None:
+            _deferred_start()
         if _session is not None:
             self._start = _session.range_begin(self.name)
         else:
@@ -251,4 +272,6 @@ def track_managed(ptr: int, size: int) -> None:
 
 def step() -> int:
     """Advance the step counter that PASTAPROF_STEPS windows refer to."""
+    if _start_on_first_use is not None and _session is None:
+        _deferred_start()
     return _session.next_step() if _session is not None else 0

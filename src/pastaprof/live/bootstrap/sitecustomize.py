@@ -47,6 +47,18 @@ def _start() -> None:
         sys.stderr.write(f"pastaprof: warning: capture not started: {type(e).__name__}: {e}\n")
 
 
+def _from_pastaprof():
+    """Whether the import of ``pastaprof.live`` comes from one of pastaprof's own modules (the
+    live package holds the launcher and the capture pipeline besides the verbs) rather than
+    from the program, directly or through ``pastaprof.range`` and the other lazy verbs."""
+    f = sys._getframe(2)
+    while f is not None and (f.f_code.co_filename.startswith("<frozen") or
+                             f.f_globals.get("__name__") in ("importlib", "importlib._bootstrap")):
+        f = f.f_back
+    name = f.f_globals.get("__name__", "") if f is not None else ""
+    return name.startswith("pastaprof.")
+
+
 def _find(fullname, path, target):
     """The spec the rest of ``sys.meta_path`` gives (what the import would have found)."""
     for finder in list(sys.meta_path):
@@ -66,6 +78,7 @@ class _StartOnImport:
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in _TRIGGERS and fullname != _VERBS:
             return None
+        internal = fullname == _VERBS and _from_pastaprof()
         try:
             sys.meta_path.remove(self)
         except ValueError:
@@ -87,7 +100,12 @@ class _StartOnImport:
             except AttributeError:
                 pass
             real_exec(module)
-            _start()
+            if internal:  # pastaprof's own modules (pastaprof.analyze's, say): capture starts at the
+                finder = _StartOnImport()  # program's first verb, or at a framework's import
+                module._start_on_first_use = finder  # (which the verb then removes)
+                sys.meta_path.insert(0, finder)
+            else:
+                _start()
 
         loader.exec_module = exec_module
         return spec
