@@ -32,17 +32,27 @@ SELFTEST = r"""
 #include <string.h>
 #include <unistd.h>
 static void on_term(int s) { printf("program handler %d\n", s); fflush(stdout); _exit(7); }
+static void on_info(int s, siginfo_t* i, void* u) {
+  (void)u; printf("siginfo handler %d from %d\n", s, i->si_pid == getpid()); fflush(stdout); _exit(9); }
 int main(int argc, char** argv) {
   void* h = dlopen(argv[1], RTLD_NOW);
   if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 3; }
   int (*st)(int, int, int, int) = (int (*)(int, int, int, int))dlsym(h, "pp_inject_selftest");
   const char* how = argc > 2 ? argv[2] : "exit";
   int kernels = argc > 3 ? atoi(argv[3]) : 25;
+  int mangled = argc > 4 ? atoi(argv[4]) : 1;
   if (!strcmp(how, "own")) signal(SIGTERM, on_term);
-  int r = st(kernels, 3, 4, 1);
+  if (!strcmp(how, "ign")) signal(SIGTERM, SIG_IGN);
+  if (!strcmp(how, "siginfo")) {
+    struct sigaction sa; memset(&sa, 0, sizeof sa); sa.sa_sigaction = on_info; sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGINT, &sa, NULL);
+  }
+  int r = st(kernels, 3, 4, mangled);
   printf("selftest %d\n", r);
   fflush(stdout);
   if (!strcmp(how, "abort")) abort();
+  if (!strcmp(how, "siginfo") || !strcmp(how, "int")) raise(SIGINT);
+  if (!strcmp(how, "ign")) { raise(SIGTERM); printf("survived\n"); return 5; }
   if (!strcmp(how, "term") || !strcmp(how, "own")) raise(SIGTERM);
   if (!strcmp(how, "kill")) raise(SIGKILL);
   if (!strcmp(how, "child")) { if (fork() == 0) _exit(0); }
@@ -236,7 +246,10 @@ def test_sample_and_kernel_regex(lib, programs, tmp_path):
 @pytest.mark.parametrize("how,code,ended,line", [
     ("abort", -signal.SIGABRT, "signal 6", ""),
     ("term", -signal.SIGTERM, "signal 15", ""),
+    ("int", -signal.SIGINT, "signal 2", ""),
     ("own", 7, "signal 15", "program handler 15\n"),
+    ("siginfo", 9, "signal 2", "siginfo handler 2 from 1\n"),  # SA_SIGINFO handler chained, its info intact
+    ("ign", 5, "exit", "survived\n"),  # an ignored signal stays ignored
     ("kill", -signal.SIGKILL, "running", ""),
 ])
 def test_exits_and_signals(lib, programs, tmp_path, how, code, ended, line):
@@ -249,6 +262,8 @@ def test_exits_and_signals(lib, programs, tmp_path, how, code, ended, line):
     assert meta["ended"] == ended and t["kernel"].num_rows == 25 and t["range"].num_rows == 3
     if how == "kill":
         assert meta["complete"] is False and "final flush" in status["native_end"]
+    elif how == "ign":
+        assert meta["complete"] is True and status == {}
     else:
         assert f"ended by {ended}" in status.get("native_end", f"ended by {ended}")
 
@@ -519,3 +534,37 @@ def test_registered_as_a_handler_and_its_settings_checked(tmp_path, programs):
         r = _run(tmp_path, str(programs["plain"]), **{var: value})
         assert r.returncode == 2 and r.stdout == "", (var, r.stdout)
         assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"pastaprof: error: {var}="), r.stderr
+
+
+def test_hostile_names_and_arguments(lib, programs, tmp_path):
+    """A 5,000-byte kernel name with escapes, quotes, a newline and invalid UTF-8, and argv with
+    UTF-8 and control characters: valid JSON, the name kept (up to the 4,096-byte cap) with
+    replacement characters, nothing raised."""
+    weird = "r\u00e9sum\u00e9-\u65e5\u672c\x07\"q"
+    r = subprocess.run([str(programs["selftest"]), str(lib), "exit", "5", "2", weird], capture_output=True,
+                       text=True, env=_env(PASTAPROF_OUT=str(tmp_path)), timeout=60)
+    assert r.returncode == 5
+    meta, t, status = _one(tmp_path)
+    assert meta["argv"][-1] == weird  # valid UTF-8 kept as it is, the control character escaped
+    names = t["kernel"]["name"].to_pylist()
+    assert len(names) == 6 and names[:5] == [f"kernel_{j % 3}()" for j in range(5)]
+    assert names[5].startswith("\x1b[31m\"q\\\n\ufffd\ufffd") and len(names[5].encode()) <= 4096 + 6
+
+
+def test_unwritable_output_is_one_line(lib, programs, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    env = _env(PASTAPROF_OUT=str(blocker / "run"), LD_PRELOAD=str(lib), PASTAPROF_NATIVE_EAGER="1")
+    r = subprocess.run([str(programs["plain"])], capture_output=True, text=True, env=env)
+    assert (r.returncode, r.stdout) == (3, "hello 1\n")
+    assert r.stderr.count("\n") == 1 and "native capture not started: cannot create" in r.stderr
+    assert blocker.read_text() == "x"
+
+
+def test_rank_not_selected_records_nothing(lib, programs, tmp_path):
+    env = _env(PASTAPROF_OUT=str(tmp_path), LD_PRELOAD=str(lib), PASTAPROF_NATIVE_EAGER="1", RANK="2",
+               PASTAPROF_RANKS="0-1,3", PASTAPROF_RUN_PARENT="1")
+    r = subprocess.run([str(programs["plain"])], capture_output=True, text=True, env=env)
+    assert (r.returncode, r.stderr) == (3, "")
+    meta, t, status = _one(tmp_path)
+    assert t == {} and meta["rank"] == 2 and "not selected" in status["native"]

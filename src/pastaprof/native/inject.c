@@ -256,12 +256,27 @@ static int64_t now_ns(void) {
   return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
+/* Length of the UTF-8 sequence at s (at most n bytes), or 0 when it is not one. */
+static size_t utf8_len(const unsigned char* s, size_t n) {
+  size_t len = s[0] >= 0xf0 && s[0] < 0xf5 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2 : 0;
+  if (!len || len > n) return 0;
+  for (size_t i = 1; i < len; ++i)
+    if ((s[i] & 0xc0) != 0x80) return 0;
+  return len;
+}
+
+/* A JSON string: valid UTF-8 kept, control characters and other bytes escaped (an invalid
+ * byte becomes the code point of its value): never invalid JSON, whatever argv holds. */
 static void json_string(FILE* f, const char* s, size_t n) {
   fputc('"', f);
   for (size_t i = 0; i < n; ++i) {
     unsigned char c = (unsigned char)s[i];
-    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-    else if (c < 0x20 || c >= 0x7f) fprintf(f, "\\u%04x", c); /* bytes as code points: never invalid JSON */
+    size_t len = c >= 0x80 ? utf8_len((const unsigned char*)s + i, n - i) : 0;
+    if (len) {
+      fwrite(s + i, 1, len, f);
+      i += len - 1;
+    } else if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c < 0x20 || c >= 0x7f) fprintf(f, "\\u%04x", c);
     else fputc(c, f);
   }
   fputc('"', f);

@@ -14,7 +14,8 @@
 
 /* ---- test-only entry point: synthetic CUPTI records through decode() and the writer ----------- */
 /* Writes into $PASTAPROF_OUT/native as a capture would: `kernels` kernel records (names
- * "kernel_<i % names>" mangled as _Z..v where `mangled`), one runtime cudaLaunchKernel record per
+ * "kernel_<i % names>" mangled as _Z..v where `mangled`; mangled == 2 adds one kernel with a
+ * hostile 5,000-byte name), one runtime cudaLaunchKernel record per
  * kernel (and, with PASTAPROF_NATIVE_CUPTI's names, one cudaGetDevice record per kernel, which
  * decode() drops), `copies` HtoD memcpy records of 4096*(i+1)
  * bytes, one NVTX range per 10 kernels (domain "pp"), and one alloc + one free.  Installs the
@@ -78,6 +79,18 @@ EXPORT int pp_inject_selftest(int kernels, int names, int copies, int mangled) {
       m.domain = NULL;
       pp_decode(&m);
     }
+  }
+  if (mangled == 2) { /* a hostile name: escapes, quotes, a newline, invalid UTF-8, 5,000 bytes */
+    static char hostile[5001];
+    memset(hostile, 'x', 5000);
+    memcpy(hostile, "\x1b[31m\"q\\\n\xff\xfe", 11);
+    CUpti_ActivityKernel10 k;
+    memset(&k, 0, sizeof k);
+    k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+    k.name = hostile;
+    k.start = (uint64_t)(t + 1000LL * kernels);
+    k.end = k.start + 1;
+    pp_decode(&k);
   }
   for (int i = 0; i < copies; ++i) {
     CUpti_ActivityMemcpy6 m;
