@@ -21,7 +21,6 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -375,12 +374,7 @@ static void read_settings(void) {
   g_off_memory = pp_off("memory");
 }
 
-/* ---- exits and signals ---------------------------------------------------------------------- */
-static const int SIGNALS[] = {SIGTERM, SIGINT, SIGHUP, SIGABRT};
-#define NSIG_OURS 4
-static struct sigaction g_prev[NSIG_OURS];
-static volatile sig_atomic_t g_finishing;
-
+/* ---- exits (signals and the flusher thread: inject_exits.c) ---------------------------------------------------------------------- */
 /* Everything recorded so far into the files; `how` says why (exit, signal N). */
 static void finish(const char* how, int final) {
   if (g_state != 1) return;
@@ -399,47 +393,20 @@ static void at_exit(void) {
   g_state = 2;
 }
 
-/* The flusher thread: flushes for a signal handler (CUPTI must not be entered from the
- * interrupted thread, which may hold the driver's locks inside a launch: flushing there hung),
- * and drains the sanitizer's tables every PASTAPROF_FLUSH_MS. */
-static int g_wake[2] = {-1, -1}, g_done[2] = {-1, -1};
-static int g_have_flusher;
-static char g_signal_how[32];
+/* for inject_exits.c (signals and the flusher thread) */
+int pp_capturing(void) { return g_state == 1 && getpid() == g_stat[PP_STAT_PID]; }
+int pp_poll_ms(void) { return g_sanitizer ? (g_flush_ms > 0 ? g_flush_ms : 2000) : -1; }
+void pp_finish(const char* how) { finish(how, 0); }
 
-static void* flusher_main(void* arg) {
-  (void)arg;
-  for (;;) {
-    struct pollfd p = {g_wake[0], POLLIN, 0};
-    int r = poll(&p, 1, g_sanitizer ? (g_flush_ms > 0 ? g_flush_ms : 2000) : -1);
-    if (r < 0) continue;
-    char c = 0;
-    if (r > 0 && read(g_wake[0], &c, 1) != 1) continue;
-    if (g_state != 1) continue;
-    if (c == 'S') {
-      finish(g_signal_how, 0);
-      if (write(g_done[1], "d", 1) < 0) continue;
-    } else if (g_sanitizer) {
-      pthread_mutex_lock(&g_mu);
-      pp_bridge_drain();
-      pthread_mutex_unlock(&g_mu);
-    }
-  }
-  return NULL;
-}
-
-static void start_flusher(void) {
-  if (pipe2(g_wake, O_CLOEXEC) != 0 || pipe2(g_done, O_CLOEXEC) != 0) return;
-  sigset_t all, old; /* the program's signals go to the program's threads, never to this one */
-  sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, &old);
-  pthread_t t;
-  g_have_flusher = pthread_create(&t, NULL, flusher_main, NULL) == 0;
-  if (g_have_flusher) pthread_detach(t);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+void pp_drain_sanitizer(void) {
+  if (!g_sanitizer) return;
+  pthread_mutex_lock(&g_mu);
+  pp_bridge_drain();
+  pthread_mutex_unlock(&g_mu);
 }
 
 /* Without the flusher's answer in time: what is staged, and the header, if the lock is free. */
-static void last_words(const char* how) {
+void pp_last_words(const char* how) {
   if (pthread_mutex_trylock(&g_mu) != 0) return;
   stage_flush();
   snprintf(g_ended, sizeof g_ended, "%s", how);
@@ -447,57 +414,12 @@ static void last_words(const char* how) {
   pthread_mutex_unlock(&g_mu);
 }
 
-static void on_signal(int sig, siginfo_t* info, void* uc) {
-  int i = 0;
-  while (i < NSIG_OURS && SIGNALS[i] != sig) ++i;
-  if (i == NSIG_OURS) return;
-  if (!g_finishing && g_state == 1 && getpid() == g_stat[PP_STAT_PID]) {
-    g_finishing = 1;
-    snprintf(g_signal_how, sizeof g_signal_how, "signal %d", sig);
-    int done = 0; /* not final: the program's handler may go on running (and exit later) */
-    if (g_have_flusher && write(g_wake[1], "S", 1) == 1) {
-      struct pollfd p = {g_done[0], POLLIN, 0};
-      char c;
-      if (poll(&p, 1, 3000) > 0) done = read(g_done[0], &c, 1) == 1;
-    }
-    if (!done) last_words(g_signal_how);
-    g_finishing = 0;
-  }
-  struct sigaction* prev = &g_prev[i];
-  if (prev->sa_flags & SA_SIGINFO) {
-    if (prev->sa_sigaction) prev->sa_sigaction(sig, info, uc);
-    return;
-  }
-  if (prev->sa_handler == SIG_IGN) return;
-  if (prev->sa_handler == SIG_DFL) { /* the default action, as without pastaprof */
-    sigaction(sig, prev, NULL);
-    raise(sig); /* delivered when this handler returns (the signal is blocked in it) */
-    return;
-  }
-  prev->sa_handler(sig);
-}
-
-static void install_signals(void) {
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_sigaction = on_signal;
-  sa.sa_flags = SA_SIGINFO | SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  for (int i = 0; i < NSIG_OURS; ++i) {
-    struct sigaction cur;
-    if (sigaction(SIGNALS[i], NULL, &cur) != 0) continue;
-    if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN) continue; /* ignored stays ignored */
-    g_prev[i] = cur;
-    sigaction(SIGNALS[i], &sa, NULL);
-  }
-}
-
 static void fork_prepare(void) { pthread_mutex_lock(&g_mu); }
 static void fork_parent(void) { pthread_mutex_unlock(&g_mu); }
 static void fork_child(void) {
   /* CUDA is unusable in a forked child; a child that execs a CUDA program is injected anew */
   g_state = 2;
-  g_have_flusher = 0; /* the thread stayed in the parent */
+  pp_exits_forked(); /* the flusher thread stayed in the parent */
   if (g_rec_fd >= 0) close(g_rec_fd);
   if (g_str_fd >= 0) close(g_str_fd);
   g_rec_fd = g_str_fd = -1;
@@ -681,11 +603,11 @@ static int start_capture(const char* mode) {
     pp_bridge_copies();
   }
   snprintf(g_status, sizeof g_status, "ok");
-  start_flusher();
+  pp_start_flusher();
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   g_state = 1;
   atexit(at_exit);
-  install_signals();
+  pp_install_signals();
   write_meta(0);
   return 0;
 }
@@ -748,9 +670,9 @@ void pp_decode(const void* record) { decode((const CUpti_Activity*)record); }
 void pp_test_end(void) {
   stage_flush();
   write_meta(0);
-  start_flusher();
+  pp_start_flusher();
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   atexit(at_exit);
-  install_signals();
+  pp_install_signals();
   pthread_mutex_unlock(&g_mu);
 }

@@ -81,3 +81,14 @@ void pp_names_forget_staged(void);
 int pp_env_rank(void);
 int pp_rank_selected(int rank);
 int pp_off(const char* part);
+
+/* inject.c, for inject_exits.c */
+int pp_capturing(void);
+int pp_poll_ms(void);
+void pp_finish(const char* how);
+void pp_drain_sanitizer(void);
+void pp_last_words(const char* how);
+/* inject_exits.c */
+void pp_start_flusher(void);
+void pp_install_signals(void);
+void pp_exits_forked(void);
