@@ -303,3 +303,15 @@ def test_a_rank_mapped_twice_is_refused():
     comb.add(RankResult(3, [], {0: {}}))
     with pytest.raises(InputError, match="rank 3: was mapped twice"):
         comb.add(RankResult(3, [], {0: {}}))
+
+
+def test_the_ranks_tool_is_the_same_on_both_engines(job6, cluster):
+    """The ranks tool (a PerRankTool: clocks, collectives, stragglers across ranks)."""
+    from pastaprof.tools.registry import available
+
+    if "ranks" not in available():
+        pytest.skip("no ranks tool installed")
+    a = analyze(job6, tools=["ranks"])
+    b = analyze(job6, tools=["ranks"], engine="dask", scheduler=cluster)
+    assert a[0].tables and any(t.num_rows for t in a[0].tables.values())
+    assert_same(a, b)

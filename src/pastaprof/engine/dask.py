@@ -100,8 +100,13 @@ def client_for(scheduler: str | None) -> Iterator[Any]:
             yield client
         return
     n = max(2, min(os.cpu_count() or 2, LOCAL_WORKERS_MAX))
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:
+    try:
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                               silence_logs=logging.CRITICAL)
+    except (RuntimeError, OSError) as e:  # e.g. a script without a __main__ guard (workers re-import it)
+        raise UsageError(f"cannot start a local Dask cluster ({e}); from a Python script, call analyze() "
+                         "under `if __name__ == \"__main__\":`, or pass --scheduler") from None
+    with cluster, Client(cluster) as client:
         yield client
 
 
