@@ -27,6 +27,7 @@ from pastaprof.tools.ranks import clocks
 from pastaprof.tools.ranks.collectives import SYNCHRONIZING, bus_bandwidth, match
 
 OWN_SHARE = 0.5
+OUTSIDE_STEPS = "(outside steps)"  # the step label of collectives issued in no step of their rank
 
 
 @dataclass
@@ -131,7 +132,7 @@ def build(summaries: dict[int, dict[str, pa.Table]]) -> Job:
         first, last = np.where(no_steps, fa, first), np.where(no_steps, la, last)
     # labels of the rows' steps
     srow = KeyIndex(s_r, to_np(steps["step"])).find(ridx, to_np(coll["step"])) if coll.num_rows else ridx
-    labels = np.array(steps["label"].to_pylist() + [None], dtype=object)
+    labels = np.array(steps["label"].to_pylist() + [OUTSIDE_STEPS], dtype=object)
     label = labels[np.where(srow >= 0, srow, len(labels) - 1)]
     # per instance
     last_row = _last_per_group(inst, start, n_inst)

@@ -102,7 +102,7 @@ def stragglers(job: Job, options: dict) -> tuple[list[dict[str, Any]], float]:
     events = []
     for (label, rank), inst in groups.items():
         delay = int(job.delay[inst].sum())
-        if delay < threshold or label is None:
+        if delay < threshold:
             continue
         rows = np.flatnonzero(np.isin(job.inst, inst))
         others = sorted({int(x) for x in ranks[job.ridx[rows]]} - {rank})
@@ -151,8 +151,6 @@ def slow_links(job: Job, options: dict) -> list[dict[str, Any]]:
         by_step[job.label[lr[m]]].append(int(m))
     out = []
     for label, inst in by_step.items():
-        if label is None:
-            continue
         sets = [set(ranks[job.ridx[job.inst == m]].tolist()) for m in inst]
         common = set.intersection(*sets)
         rank = min(common) if len(common) == 1 else None
