@@ -362,3 +362,13 @@ def test_timeline_keeps_a_ranks_own_exposed_communication(tmp_path):
         assert ev["communication_ns"] == temporal[r]["communication_ns"] - waited
         assert near(ev["communication_ns"], 3 * 2 * 10 * MS, 0.05)  # 6 transfers of 10 ms
         assert abs(waited - per[r]["waiting_for_straggler_ns"]) <= 50_000
+
+
+def test_dask_engine_gives_the_same_report(tmp_path):
+    pytest.importorskip("distributed")
+    make_job(tmp_path, ranks=4, steps=3, plants=[Straggler(2, 1, 8 * MS, "host"), ClockSkew(spread_ns=3 * MS)])
+    a = ranks_report(tmp_path)
+    b = ranks_report(tmp_path, engine="dask")
+    assert [f.to_dict() for f in a.findings] == [f.to_dict() for f in b.findings]
+    assert all(a.tables[k].equals(b.tables[k]) for k in a.tables) and a.summary == b.summary
+    assert a.findings[0].evidence["rank"] == 2
