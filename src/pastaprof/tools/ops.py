@@ -182,7 +182,8 @@ class Ops(Tool):
         by_site = con.sql("""
             SELECT call_site, count(*) AS ops, sum(self_gpu_ns)::BIGINT AS gpu_ns, sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
                    (sum(launch_delay_sum_ns) / NULLIF(sum(delayed_launches), 0))::BIGINT AS launch_delay_ns
-            FROM ops WHERE call_site IS NOT NULL GROUP BY 1 ORDER BY gpu_ns DESC, self_cpu_ns DESC, call_site LIMIT 50
+            FROM ops WHERE call_site IS NOT NULL GROUP BY 1
+            ORDER BY greatest(sum(self_gpu_ns), sum(self_cpu_ns)) DESC, call_site LIMIT 50
         """).to_arrow_table()
         totals = con.execute("""
             SELECT (SELECT coalesce(sum(d), 0) FROM gpu)::BIGINT,
