@@ -93,8 +93,26 @@ class _Terminated(BaseException):
         self.signum = signum
 
 
+#: Signals _terminate raised _Terminated for: a library that swallows the exception (DuckDB turns
+#: it into "RuntimeError: Query interrupted") still ends the command as that signal, not a traceback.
+_PENDING_SIGNALS: list[int] = []
+
+
 def _terminate(signum: int, _frame: Any) -> None:
+    _PENDING_SIGNALS.append(signum)
     raise _Terminated(signum)
+
+
+def _die_of(signum: int) -> None:
+    import signal
+
+    from pastaprof.store.outputs import discard_unpublished
+
+    discard_unpublished()
+    sys.stdout.flush()
+    signal.signal(signum, signal.SIG_DFL)  # die of it, as the sender expects
+    signal.raise_signal(signum)
+    sys.exit(128 + signum)
 
 
 def _run_guarded(fn: Callable[[], Any], signals: bool = True) -> Any:
@@ -102,11 +120,18 @@ def _run_guarded(fn: Callable[[], Any], signals: bool = True) -> Any:
     cleans up first (``pastaprof run`` passes those to its program instead)."""
     import signal
 
+    _PENDING_SIGNALS.clear()
     old = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)} if signals else {}
     try:
         return fn()
-    except PastaprofError as e:
-        _fail(str(e))
+    except Exception as e:
+        if _PENDING_SIGNALS:  # our _Terminated, swallowed and re-raised as another error by a library
+            _die_of(_PENDING_SIGNALS[-1])
+        if isinstance(e, PastaprofError):
+            _fail(str(e))
+        if isinstance(e, MemoryError):
+            _fail("out of memory")
+        raise
     except KeyboardInterrupt:
         from pastaprof.store.outputs import discard_unpublished
 
@@ -114,15 +139,7 @@ def _run_guarded(fn: Callable[[], Any], signals: bool = True) -> Any:
         click.echo("pastaprof: interrupted", err=True)
         sys.exit(130)
     except _Terminated as e:
-        from pastaprof.store.outputs import discard_unpublished
-
-        discard_unpublished()
-        sys.stdout.flush()
-        signal.signal(e.signum, signal.SIG_DFL)  # die of it, as the sender expects
-        signal.raise_signal(e.signum)
-        sys.exit(128 + e.signum)
-    except MemoryError:
-        _fail("out of memory")
+        _die_of(e.signum)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
