@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.processor.link import _np as _i64
+from pastaprof.tools._by_rank import rows_of_rank
 
 CATEGORIES = ("optimizer_state", "gradients", "parameters", "activations", "temporaries", "unknown", "before_trace")
 OPTIMIZER_STEP = "Optimizer.step#"
@@ -50,7 +51,7 @@ def optimizer_ranges(ranges: pa.Table, ops: pa.Table, rank: int) -> tuple[np.nda
     for t in (ranges, ops):
         if t.num_rows == 0:
             continue
-        t = t.filter(pc.equal(t["rank"], rank))
+        t = rows_of_rank(t, rank)
         hit = t.filter(pc.fill_null(pc.starts_with(t["name"].cast(pa.string()), OPTIMIZER_STEP), False))
         if "domain" in hit.column_names:
             hit = hit.filter(pc.fill_null(pc.not_equal(hit["domain"].cast(pa.string()), "gpu_user"), True))

@@ -161,11 +161,18 @@ class Tool:
         self._batches[kind].append(batch)
 
     def table(self, kind: str) -> pa.Table:
-        """All batches of ``kind`` received so far, as one table."""
+        """All batches of ``kind`` received so far, as one table (the same object until another
+        batch arrives: tools call this in per-rank loops, and a job has thousands of batches)."""
         batches = self._batches.get(kind, [])
         if not batches:
             return schema(kind).empty_table()
-        return pa.Table.from_batches(batches)
+        cache = self.__dict__.setdefault("_table_cache", {})
+        hit = cache.get(kind)
+        if hit is not None and hit[0] == len(batches) and hit[1] is batches[-1]:
+            return hit[2]
+        t = pa.Table.from_batches(batches)
+        cache[kind] = (len(batches), batches[-1], t)
+        return t
 
     def report(self) -> Report:
         raise NotImplementedError

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.processor.intervals import group_codes, innermost_enclosing
+from pastaprof.tools._by_rank import rows_of_rank
 from pastaprof.tools._memory_categories import CATEGORIES, classify, optimizer_ranges
 from pastaprof.tools._memory_patterns import block_uses, device_label, find_patterns
 from pastaprof.tools._ranges import host_ranges
@@ -331,8 +332,8 @@ class Memory(Tool):
         """Step windows of rank ``r``: ProfilerStep#N, user ``stepN`` ranges, optimizer steps,
         else exact repetition of the top-level op sequence on the busiest thread."""
         rng, ops = self.table("range"), self.table("op")
-        rng = host_ranges(rng.filter(pc.equal(rng["rank"], r)))
-        ops = ops.filter(pc.equal(ops["rank"], r))
+        rng = host_ranges(rows_of_rank(rng, r))
+        ops = rows_of_rank(ops, r)
         named = pa.concat_tables([x.select(["name", "start_ns", "end_ns"]).cast(
             pa.schema([("name", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])) for x in (rng, ops)])
         for pattern, source in ((PROFILER_STEP_RE, "ProfilerStep"), (PASTAPROF_STEP_RE, "pastaprof.step()"),
@@ -370,7 +371,7 @@ class Memory(Tool):
             r = int(rank[s])
             if r not in windows:
                 mine = rank == r
-                hi = max([int(t[mine].max())] + [int(_i64(x.filter(pc.equal(x["rank"], r))["end_ns"]).max(initial=0))
+                hi = max([int(t[mine].max())] + [int(_i64(rows_of_rank(x, r)["end_ns"]).max(initial=0))
                                                  for x in (ops, rng)])
                 windows[r] = self._step_windows(r, int(t[mine].min()), hi + 1)
             starts, ends, labels, source = windows[r]

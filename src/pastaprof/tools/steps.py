@@ -56,6 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.events.schema import GPU_ACTIVITY_KINDS
+from pastaprof.tools._by_rank import rows_of_rank
 from pastaprof.tools._ranges import host_ranges
 from pastaprof.tools._timeline_math import (
     COMMUNICATION,
@@ -184,8 +185,7 @@ class Steps(Tool):
         """(first start, last end) of the rank's host events (ops, API calls, user ranges)."""
         lo, hi = [], []
         for kind in ("op", "api", "range"):
-            t = self.table(kind)
-            t = t.filter(pc.equal(t["rank"], rank))
+            t = rows_of_rank(self.table(kind), rank)
             if kind == "range":  # gpu_user ranges are GPU-side projections, not host events
                 t = host_ranges(t)
             if t.num_rows:
@@ -199,9 +199,8 @@ class Steps(Tool):
                                                                                          list[str], str]:
         """(starts, ends, labels, rule) of the rank's steps; see the module docstring."""
         rng, ops = self.table("range"), self.table("op")
-        rng = rng.filter(pc.equal(rng["rank"], rank))
-        rng = host_ranges(rng)
-        ops = ops.filter(pc.equal(ops["rank"], rank))
+        rng = host_ranges(rows_of_rank(rng, rank))
+        ops = rows_of_rank(ops, rank)
         coded = [(x, *name_codes(x["name"])) for x in (rng, ops)]
         for pattern, rule in ((PROFILER_STEP_RE, "ProfilerStep"), (PASTAPROF_STEP_RE, "pastaprof.step()"),
                               (USER_STEP_RE, "step ranges")):

@@ -369,18 +369,17 @@ class Timeline(Tool):
         if not keep.any() or op.num_rows == 0:
             return None
         launch, gap = launch[keep], gap[keep]
-        mine = to_np(api["rank"], dtype=np.int32)[launch] == rank
+        api_rank, api_op, index, roots = self._op_index(api, op)  # once, not once per rank
+        mine = api_rank[launch] == rank
         launch, gap = launch[mine], gap[mine]
-        row = KeyIndex(to_np(op["rank"], dtype=np.int32), to_np(op["id"])).find(
-            np.full(len(launch), rank, np.int32), to_np(api["op_id"])[launch])
+        row = index.find(np.full(len(launch), rank, np.int32), api_op[launch])
         linked = row >= 0
         if not linked.any():
             return None
-        from pastaprof.tools.cuda_api import root_ops  # not at import: cuda_api imports steps, steps this module
 
         row, gap = row[linked], gap[linked]
         site = pc.coalesce(op["call_site"].take(pa.array(row)).cast(pa.string()),
-                           op["call_site"].take(pa.array(root_ops(op)[row])).cast(pa.string()))
+                           op["call_site"].take(pa.array(roots()[row])).cast(pa.string()))
         valid = pc.is_valid(site).to_numpy(zero_copy_only=False)
         if not valid.any():
             return None
@@ -390,6 +389,26 @@ class Timeline(Tool):
         top = int(np.argmax(per_site))
         evidence["top_call_site_host_wait_ns"] = int(round(per_site[top]))
         return f"rank {rank}: {sites[top]}"
+
+    def _op_index(self, api: pa.Table, op: pa.Table) -> tuple:
+        """(api rank, api op_id, KeyIndex of ops by (rank, id), lazy root_ops) for these tables,
+        computed once for all ranks (per rank it cost ranks x ops on a 1,024-rank job)."""
+        hit = getattr(self, "_op_index_memo", None)
+        if hit is not None and hit[0] is api and hit[1] is op:
+            return hit[2]
+        from pastaprof.tools.cuda_api import root_ops  # not at import: cuda_api imports steps, steps this module
+
+        memo: dict[str, np.ndarray] = {}
+
+        def roots() -> np.ndarray:
+            if "roots" not in memo:
+                memo["roots"] = root_ops(op)
+            return memo["roots"]
+
+        out = (to_np(api["rank"], dtype=np.int32), to_np(api["op_id"]),
+               KeyIndex(to_np(op["rank"], dtype=np.int32), to_np(op["id"])), roots)
+        self._op_index_memo = (api, op, out)
+        return out
 
     def _peer_waits(self) -> dict[int, dict[str, int]]:
         from pastaprof.tools.ranks.waits import waited_for  # not at import: it imports the steps tool
