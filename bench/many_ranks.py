@@ -133,7 +133,8 @@ def main() -> None:
         rows.append(m)
         print(f"{n:5d} ranks  {events:>10,} events  rc={m['rc']}  wall {m['wall_s']:7.1f} s  "
               f"peak RSS {m['peak_rss_bytes'] / 2**20:7.0f} MiB (tree {m['peak_tree_rss_sampled_bytes'] / 2**20:.0f})"
-              f"  {m['wall_s'] / events * 1e6:.1f} us/event  findings {m.get('findings')}", flush=True)
+              f"  CPU {m['user_s'] + m['sys_s']:7.1f} s ({(m['user_s'] + m['sys_s']) / events * 1e6:.1f} us/event)"
+              f"  findings {m.get('findings')}", flush=True)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps({"machine": machine_info(), "git": _git_state(), "engine": args.engine,
                                         "rows": rows}, indent=1, default=str))
