@@ -89,6 +89,21 @@ def manifest_for(path: Path, metas: list[dict[str, Any]]) -> dict[str, Any]:
 
     name = metas[0].get("importer", DEFAULT_IMPORTER) if metas else DEFAULT_IMPORTER
     fields = get(name).manifest_fields(Path(path), metas)
+    _check_manifest(name, fields)
     fields.setdefault("format_version", (metas[0].get("claim") or {}).get("version") if metas else None)
     fields["importer"] = name
     return fields
+
+
+def _check_manifest(importer: str, fields: Any) -> None:
+    """The manifest an importer wrote must be one pastaprof reads back (store/manifest_check.py)."""
+    from pastaprof.store.manifest_check import MANIFEST_FIELDS, _type_error
+
+    if not isinstance(fields, dict):
+        raise ImporterBug(f"importer {importer!r}: manifest_fields returned {type(fields).__name__}, not a dict")
+    if not isinstance(fields.get("format"), str):
+        raise ImporterBug(f"importer {importer!r}: the manifest names no format")
+    for name, spec in MANIFEST_FIELDS.items():
+        problem = _type_error(spec, fields[name]) if name in fields else None
+        if problem:
+            raise ImporterBug(f"importer {importer!r}: manifest field {name!r} {problem}")

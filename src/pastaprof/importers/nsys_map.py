@@ -68,7 +68,7 @@ def header(db: Db, meta: dict[str, str], version: str | None, clk: dict[str, Any
                    if isinstance(n, str) and isinstance(v, str)}
     args = [capture[k] for k in sorted((k for k in capture if k.startswith("PROCESS_0:ARGUMENT_")),
                                        key=lambda k: int(k.rsplit("_", 1)[1]) if k.rsplit("_", 1)[1].isdigit() else 0)]
-    command = " ".join([capture["PROCESS_0:COMMAND"], *args]) if "PROCESS_0:COMMAND" in capture else None
+    command = [capture["PROCESS_0:COMMAND"], *args] if "PROCESS_0:COMMAND" in capture else None
     versions = {"nsys": meta.get("EXPORT_PRODUCT_VERSION"), "export_schema": version,
                 "cuda_driver_version": env.get("CudaDriverVersion"), "nvidia_driver": env.get("NvDriverVersion")}
     return {"schema_version": version, "versions": {k: v for k, v in versions.items() if v},
