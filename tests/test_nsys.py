@@ -331,8 +331,16 @@ def test_a_sqlite_that_is_not_nsys_and_other_foreign_files(tmp_path):
 def test_string_values_in_integer_columns_are_one_line(tmp_path):
     p = _edit(tmp_path, "text_in_int.sqlite", "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'soon' WHERE rowid = 5",
               "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET gridX = 'a,b\nc' WHERE rowid = 6")
-    run = load(p)  # CAST(... AS INTEGER): 'soon' reads as 0, the CSV is never broken by the text
-    assert run.table("kernel").num_rows == 4010
+    with pytest.raises(InputError, match="integer column holds"):
+        load(p)
+    line = cli_error(p)
+    assert "integer column holds" in line and str(p) in line
+    # a crafted text that would pass as extra CSV rows is caught by the row count
+    q = _edit(tmp_path, "rows_in_text.sqlite",
+              "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET gridX = '1' || char(10) || (SELECT group_concat(x, ',') FROM "
+              "(SELECT 7 AS x FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 17)) WHERE rowid = 6")
+    with pytest.raises(InputError, match="integer column holds"):
+        load(q)
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -262,8 +262,11 @@ def _plan_ranks(db: Db, path: Path, tables: dict[str, pa.Table], notes: list[str
 
 
 def _pairs(p: np.ndarray, d: np.ndarray) -> set[tuple[int, int]]:
-    u = np.unique(np.stack([p, d], axis=1), axis=0)
-    return {(int(a), int(b)) for a, b in u}
+    """Distinct (pid, device) pairs (pids < 2^24, devices clipped to 2^20): one 1-D unique."""
+    ok = d >= 0
+    p, d = p[ok], d[ok]
+    u = np.unique((p << 20) | np.clip(d, -1, (1 << 20) - 1) & ((1 << 20) - 1))
+    return {(int(c >> 20), int(c & ((1 << 20) - 1))) for c in u if c >= 0}
 
 
 def _rank_rows(t: pa.Table, pid: int, rank: int) -> pa.Table:

@@ -228,7 +228,7 @@ def nvtx(db: Db, strings: Strings, offset: int) -> tuple[pa.Table, pa.Table]:
     e["inline"] = inline
     where = f"CAST(eventType AS INTEGER) IN {NVTX_RANGE_TYPES} AND \"end\" IS NOT NULL" \
         if "eventType" in db.columns(NVTX) and "end" in db.columns(NVTX) else "0"
-    t = db.fetch(NVTX, e, where)
+    t = db.fetch(NVTX, e, where, parallel=False)  # the inline-text index reads a temp table of this connection
     idx = np.asarray(t["inline"].fill_null(-1), dtype=np.int64)
     idx = np.where(idx >= 0, idx, strings.index(t["textId"]))
     values = pa.array(strings.values, pa.string())

@@ -27,6 +27,7 @@ import pyarrow.csv as pacsv
 from pastaprof.errors import InputError
 
 CHUNK_ROWS = 1 << 18
+FETCH_THREADS = 2     # connections reading chunks at once (the dev machine has 2 cores)
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -60,6 +61,7 @@ class Db:
             raise InputError(path, damaged(e)) from None
         self.tables = {r[0] for r in rows if isinstance(r[0], str) and _IDENT.match(r[0])}
         self._cols: dict[str, set[str]] = {}
+        self._plain: set[tuple[str, str]] = set()
 
     def has(self, table: str) -> bool:
         return table in self.tables
@@ -71,6 +73,10 @@ class Db:
             else:
                 rows = self.query(f'PRAGMA table_info("{table}")')
                 self._cols[table] = {r[1] for r in rows if isinstance(r[1], str)}
+                # declared INTEGER NOT NULL: SQLite's type affinity keeps such values integers
+                # (text that looks like one is converted on insert), so no CAST is needed
+                self._plain.update((table, r[1]) for r in rows if isinstance(r[2], str)
+                                   and r[2].upper() == "INTEGER" and r[3])
         return self._cols[table]
 
     def query(self, sql: str, args: tuple = ()) -> list[tuple]:
@@ -84,27 +90,54 @@ class Db:
         """SQL for an integer column of ``table`` (``default`` when the export lacks it)."""
         if column not in self.columns(table) or not _IDENT.match(column):
             return default
-        return f'CAST("{column}" AS INTEGER)'
+        return f'"{column}"' if (table, column) in self._plain else f'CAST("{column}" AS INTEGER)'
 
-    def fetch(self, table: str, exprs: dict[str, str], where: str = "") -> pa.Table:
-        """``SELECT exprs FROM table [WHERE where]`` as an int64 Arrow table, chunk by chunk.
+    def _chunk(self, sql: str, names: list[str], own: bool) -> pa.Table | None:
+        """One chunk's CSV text, fetched on a connection of this thread (``own``) and parsed:
+        sqlite3 and Arrow's parser release the GIL, so chunks run in parallel."""
+        con = connect(self.path) if own else self.con
+        try:
+            text, count = con.execute(sql).fetchone()
+        except sqlite3.Error as e:
+            raise InputError(self.path, damaged(e)) from None
+        finally:
+            if own:
+                con.close()
+        if not text:
+            return None
+        t = _parse(text, names, self.path)
+        if t.num_rows != count:  # a text value with a newline in an integer column made rows of its own
+            raise InputError(self.path, f"an integer column holds text ({t.num_rows} rows parsed, {count} in the table)")
+        return t
+
+    def fetch(self, table: str, exprs: dict[str, str], where: str = "", parallel: bool = True) -> pa.Table:
+        """``SELECT exprs FROM table [WHERE where]`` as an int64 Arrow table, chunk by chunk
+        (``parallel``: on FETCH_THREADS connections; not for SQL that reads temp tables).
         Every expression must yield an integer or NULL."""
         names = list(exprs)
-        row = " || ',' || ".join(f"ifnull(CAST(({e}) AS INTEGER), '')" for e in exprs.values())
+        row = " || ',' || ".join(e if _plain_col(e) else f"ifnull(CAST(({e}) AS INTEGER), '')" for e in exprs.values())
         cond = f"WHERE {where}" if where else ""
         lo_hi = self.query(f'SELECT min(rowid), max(rowid) FROM "{table}"')
         lo, hi = lo_hi[0] if lo_hi else (None, None)
         if lo is None or not isinstance(lo, int) or not isinstance(hi, int):
             return _empty(names)
-        parts = []
-        for start in range(lo, hi + 1, CHUNK_ROWS):
-            rng = f"rowid >= {start} AND rowid < {start + CHUNK_ROWS}"
-            sql = (f'SELECT group_concat({row}, char(10)) FROM "{table}" '
-                   f"{cond + ' AND ' if cond else 'WHERE '}{rng}")
-            text = self.query(sql)[0][0]
-            if text:
-                parts.append(_parse(text, names, self.path))
+        sqls = [f'SELECT group_concat({row}, char(10)), count(*) FROM "{table}" '
+                f"{cond + ' AND ' if cond else 'WHERE '}rowid >= {start} AND rowid < {start + CHUNK_ROWS}"
+                for start in range(lo, hi + 1, CHUNK_ROWS)]
+        if parallel and len(sqls) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(FETCH_THREADS) as pool:
+                got = list(pool.map(lambda q: self._chunk(q, names, True), sqls))
+        else:
+            got = [self._chunk(q, names, False) for q in sqls]
+        parts = [t for t in got if t is not None]
         return pa.concat_tables(parts) if parts else _empty(names)
+
+
+def _plain_col(expr: str) -> bool:
+    """A bare quoted column (an INTEGER NOT NULL one, see ``int_expr``)."""
+    return expr.startswith('"') and expr.endswith('"') and expr.count('"') == 2
 
 
 def _empty(names: list[str]) -> pa.Table:
