@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pastaprof.errors import InputError
+from pastaprof.errors import InputError, PastaprofError
 from pastaprof.importers.kineto_importer import TRACE_SUFFIXES, scan
 from pastaprof.importers.ranks import rank_from_name
 
@@ -31,8 +31,8 @@ def trace_files(path: Path) -> list[Path]:
     return scan(path)[0]
 
 
-class ImporterBug(RuntimeError):
-    """An importer broke the raw-table contract (docs/events.md): a plugin bug, named."""
+class ImporterBug(PastaprofError):
+    """An importer broke the raw-table contract (docs/events.md): a plugin bug, named in one line."""
 
 
 def _check_tables(importer: str, rank: Any, tables: Any) -> None:
