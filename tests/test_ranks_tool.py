@@ -235,8 +235,9 @@ def test_fixed_seed_random_plants(tmp_path, seed):
     n, steps = int(rng.integers(2, 7)), int(rng.integers(2, 5))
     plant = Straggler(int(rng.integers(0, n)), int(rng.integers(0, steps)), int(rng.integers(3, 30)) * MS,
                       str(rng.choice(["host", "compute"])))
-    job = make_job(tmp_path, ranks=n, steps=steps, seed=seed, tp=None,
+    job = make_job(tmp_path, ranks=n, steps=steps, seed=seed, tp=None, gzip_files=bool(seed % 2),
                    plants=[plant, ClockSkew(spread_ns=int(rng.integers(0, 9)) * MS)])
+    assert len(list(tmp_path.glob("rank-*.pt.trace.json" + (".gz" if seed % 2 else "")))) == n
     rep = ranks_report(tmp_path)
     found = by_kind(rep, "straggler")
     assert len(found) == 1, [f.title for f in rep.findings]
