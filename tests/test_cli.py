@@ -76,7 +76,9 @@ def test_build_native_says_what_it_built():
     r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "build-native"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lines = dict(line.split(": ", 1) for line in r.stdout.strip().splitlines())
-    assert set(lines) == {"cupti", "torch", "sanitizer"}
+    assert set(lines) == {"cupti", "torch", "sanitizer", "inject"}
+    # the injection library for native programs needs CUPTI's headers: built, or one reason why not
+    assert lines["inject"].startswith("not built: ") or lines["inject"].split(" ")[0].endswith(".so")
     assert lines["torch"].split(" ")[0].endswith("pastaprof_torch.so")   # the observer builds wherever torch is
     # the sanitizer tool needs the Compute Sanitizer API and nvcc: built, or one reason why not
     assert lines["sanitizer"].startswith("not built: ") or ".so (patches " in lines["sanitizer"]

@@ -265,10 +265,10 @@ def test_two_files_claiming_one_rank_at_the_same_time_are_refused(tmp_path):
 
 # -- what else a folder holds ----------------------------------------------------------------------------
 
-def test_execution_trace_and_config_beside_kineto_traces_are_skipped(tmp_path):
+def test_execution_trace_and_config_beside_kineto_traces(tmp_path):
     """A real execution trace (ExecutionTraceObserver) and a config next to a DDP job's two
-    traces: both skipped with one note, the two ranks imported (the old code rejected the
-    whole folder)."""
+    traces: the config is skipped with one note, the execution traces are read as companions
+    of the Kineto traces (said in notes), and the two ranks are imported."""
     for r in (0, 1):
         shutil.copy(DDP / f"rank-{r}.pt.trace.json.gz", tmp_path / f"rank-{r}.pt.trace.json.gz")
     (tmp_path / "pytorch_et.json").write_bytes(gzip.open(RANKS / "pytorch_et.json.gz").read())
@@ -277,28 +277,36 @@ def test_execution_trace_and_config_beside_kineto_traces_are_skipped(tmp_path):
     run, said, _ = load_quiet(tmp_path)
     assert run.ranks == [0, 1]
     assert kernels_per_rank(run) == {r: count(DDP / f"rank-{r}.pt.trace.json.gz", "kernel") for r in (0, 1)}
-    assert len(said) == 1 and said[0].startswith("skipped 3 files that are no Kineto trace (config.json: JSON without")
-    assert run.manifest["skipped"] == {"config.json": "JSON without a traceEvents array",
-                                       "pytorch_et.json": "a PyTorch execution trace (Chakra ET; no importer for it yet)",
-                                       "rank-0_et.json.gz": "a PyTorch execution trace (Chakra ET; no importer for it yet)"}
+    assert said[0] == "skipped 1 file that is no Kineto trace (config.json: JSON without a traceEvents array)"
+    assert any("execution_trace importer" in n and "pytorch_et.json" in n and "rank-0_et.json.gz" in n for n in said)
+    assert run.manifest["skipped"] == {"config.json": "JSON without a traceEvents array"}
+    assert sorted(run.manifest["companions"]["execution_trace"]) == ["pytorch_et.json", "rank-0_et.json.gz"]
     r = cli("import", str(tmp_path), "-o", str(tmp_path / "out"))
-    assert r.returncode == 0 and len(notes(r.stderr)) == 1, r.stderr
+    assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "out" / "run.json").read_text())["ranks"] == [0, 1]
 
 
-def test_folder_without_any_kineto_trace_is_one_line(tmp_path):
+def test_folder_of_an_execution_trace_and_a_config_reads_the_trace(tmp_path):
     (tmp_path / "pytorch_et.json").write_bytes(gzip.open(RANKS / "pytorch_et.json.gz").read())
     (tmp_path / "config.json").write_text('{"lr": 0.1}')
+    r = cli("info", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "format=pytorch_et 1.1.1-chakra" in " ".join(r.stdout.split())
+
+
+def test_a_folder_of_nothing_readable_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_text('{"lr": 0.1}')
+    (tmp_path / "notes.json").write_text('[1, 2]')
     line = one_error_line(cli("analyze", str(tmp_path)))
-    assert "folder holds no Kineto trace" in line and "pytorch_et.json: a PyTorch execution trace" in line
     assert "config.json: JSON without a traceEvents array" in line
 
 
-def test_an_execution_trace_given_alone_is_one_line(tmp_path):
+def test_an_execution_trace_given_alone_is_read(tmp_path):
     et = tmp_path / "pytorch_et.json"
     et.write_bytes(gzip.open(RANKS / "pytorch_et.json.gz").read())
     for f in (et, RANKS / "pytorch_et.json.gz"):
-        assert "is a PyTorch execution trace (Chakra ET" in one_error_line(cli("info", str(f)))
+        r = cli("info", str(f))
+        assert r.returncode == 0 and "format=pytorch_et 1.1.1-chakra" in " ".join(r.stdout.split()), r.stderr
 
 
 def test_hidden_files_are_skipped_and_a_broken_rank_can_be_left_out(tmp_path):
@@ -413,12 +421,12 @@ def test_recorded_gpu_tensorboard_schedule_is_one_rank():
 
 def test_recorded_execution_trace_beside_its_kineto_trace():
     """The real ET written by profile(execution_trace_observer=...) is named rank-0.et.json.gz:
-    recognized by content and skipped; the Kineto trace beside it is rank 0 with its 44 kernels."""
+    recognized by content and joined to the Kineto trace beside it (rank 0, its 44 kernels):
+    every one of its 252 ops matched by record function id."""
     folder = RECORDED / "et_beside_kineto"
     run, said, _ = load_quiet(folder)
     assert count(folder / "rank-0.pt.trace.json.gz", "kernel") == 44
     assert run.ranks == [0] and kernels_per_rank(run) == {0: 44}
-    assert run.manifest["skipped"] == {"rank-0.et.json.gz": "a PyTorch execution trace (Chakra ET; no importer for "
-                                                            "it yet)"}
-    assert said == ["skipped 1 file that is no Kineto trace (rank-0.et.json.gz: a PyTorch execution trace "
-                    "(Chakra ET; no importer for it yet))"]
+    assert run.manifest["skipped"] == {}
+    assert run.manifest["companions"] == {"execution_trace": ["rank-0.et.json.gz"]}
+    assert said[-1] == "rank-0.et.json.gz: execution trace joined to rank 0: 252 of 252 ops matched by record function id"
