@@ -104,8 +104,13 @@ def _pow2(*dims: int) -> int:
 
 def device_arch(devices: list[dict[str, Any]]) -> int | None:
     """The lowest compute capability among the run's devices, as 90 for 9.0."""
-    caps = [int(d["computeMajor"]) * 10 + int(d.get("computeMinor", 0)) for d in devices
-            if isinstance(d, dict) and isinstance(d.get("computeMajor"), int)]
+    def number(v: Any) -> int | None:  # the manifest is the trace's: any JSON value may be there
+        return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 100 else None
+
+    caps = []
+    for d in devices if isinstance(devices, list) else []:
+        if isinstance(d, dict) and number(d.get("computeMajor")) is not None:
+            caps.append(number(d.get("computeMajor")) * 10 + (number(d.get("computeMinor", 0)) or 0))
     return min(caps) if caps else None
 
 
