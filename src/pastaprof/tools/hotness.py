@@ -29,13 +29,13 @@ class Hotness(Tool):
             FROM e GROUP BY ALL HAVING sum(n) > 0 ORDER BY accesses DESC, object_address, page LIMIT {TOP_PAGES}
         """).to_arrow_table()
         objects = con.sql("""
-            WITH e AS (SELECT rank, object_address, object_bytes, correlation, reads + writes AS a, page_bytes,
+            WITH e AS (SELECT rank, object_address, object_bytes, correlation, coalesce(reads, 0) + coalesce(writes, 0) AS a, page_bytes,
                               len(list_filter(page_counts, lambda x: x > 0)) AS pages_touched,
                               list_position(page_counts, list_max(page_counts)) - 1 AS hot_page,
                               list_max(page_counts) AS hot_page_accesses
                        FROM s WHERE object_address IS NOT NULL)
             SELECT rank, object_address, object_bytes, count(DISTINCT correlation) AS launches,
-                   sum(a)::BIGINT AS accesses, max(pages_touched) AS max_pages_touched, any_value(page_bytes) AS page_bytes,
+                   coalesce(sum(a), 0)::BIGINT AS accesses, max(pages_touched) AS max_pages_touched, any_value(page_bytes) AS page_bytes,
                    arg_max(hot_page, hot_page_accesses) AS hottest_page
             FROM e GROUP BY rank, object_address, object_bytes ORDER BY accesses DESC
         """).to_arrow_table()
