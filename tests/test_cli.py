@@ -92,3 +92,25 @@ def test_terminal_report_does_not_turn_device_names_into_emoji(capsys):
     print_reports([Report("memory", findings=[Finding("warning", "cpu:-1: memory grows 2.00 MiB per step", {})])])
     out = capsys.readouterr().out
     assert "cpu:-1: memory grows" in out and "\N{THUMBS DOWN SIGN}" not in out
+
+
+def test_info_times_are_offsets_from_the_first_event_and_lines_never_wrap():
+    """Epoch nanoseconds say nothing to a reader: first/last are offsets from the trace's first event,
+    computed here from the raw JSON (complete events but the profiler's own span; us), and at 40 columns the header stays one line."""
+    import os
+
+    trace = DATA / "mlp_train_3steps.pt.trace.json.gz"
+    ev = [e for e in raw_events(trace) if e.get("ph") == "X" and "ts" in e and e.get("cat") != "Trace"]
+    t0 = min(float(e["ts"]) for e in ev)
+    kernels = [e for e in ev if e.get("cat") == "kernel"]
+    last_us = max(float(e["ts"]) + float(e.get("dur", 0)) for e in kernels) - t0
+    r = subprocess.run([*PY, "info", str(trace)], capture_output=True, text=True, env=dict(os.environ, COLUMNS="40"))
+    assert r.returncode == 0, r.stderr
+    header = r.stdout.splitlines()[0]
+    assert header.endswith("ranks=[0]") and "format=kineto" in header
+    row = next(line for line in r.stdout.splitlines() if "kernel" in line and f"{len(kernels):,}" in line)
+    assert "1779" not in row and "17" not in row.split("│")[3][:3]  # no epoch digits
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    value, unit = cells[3].split()
+    scale = {"s": 1e6, "ms": 1e3, "us": 1.0, "ns": 1e-3}[unit]
+    assert abs(float(value.replace(",", "")) * scale - last_us) <= 0.01 * scale + 1e-3 * last_us, (cells, last_us)

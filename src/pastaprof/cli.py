@@ -321,7 +321,6 @@ def handlers_cmd() -> None:
 @click.option("--ranks", metavar="LIST", help="Only these ranks.")
 def info(path: Path, ranks: str | None) -> None:
     """What a run or trace holds: manifest, ranks, devices, event counts per kind."""
-    from rich.table import Table
 
     from pastaprof.api import load
     from pastaprof.report.terminal import make_console
@@ -334,25 +333,38 @@ def info(path: Path, ranks: str | None) -> None:
         console = make_console()
         version = f" {m['format_version']}" if m.get("format_version") else ""
         console.print(f"[bold]{ms(path)}[/]  format={ms(m.get('format', 'pastaprof'))}{ms(version)}"
-                      f"  schema={ms(m.get('schema_version', '-'))}  ranks={ms(run.ranks)}")
+                      f"  schema={ms(m.get('schema_version', '-'))}  ranks={ms(run.ranks)}", soft_wrap=True)
         for d in m.get("devices", []):
             console.print(ms(f"  device {d.get('id')}: {d.get('name')} ({d.get('numSms', '?')} SMs)"))
         if m.get("versions"):
-            console.print(ms("  versions: " + ", ".join(f"{k}={v}" for k, v in m["versions"].items())))
+            console.print(ms("  versions: " + ", ".join(f"{k}={v}" for k, v in m["versions"].items())), soft_wrap=True)
         if m.get("unknown_categories"):
-            console.print(ms(f"  unknown categories (skipped): {m['unknown_categories']}"))
+            console.print(ms(f"  unknown categories (skipped): {m['unknown_categories']}"), soft_wrap=True)
         notes = m.get("notes") if run.path is not None else None  # a trace's notes went to stderr as it was read
         for line in notes if isinstance(notes, list) else []:
-            console.print(ms(f"  note: {line}"))
-        t = Table("kind", "events", "first", "last", title="events")
-        for kind, table in run.iter_tables():
-            if table.num_rows:
-                import pyarrow.compute as pc
-
-                t.add_row(ms(kind), f"{table.num_rows:,}", str(pc.min(table['start_ns'])), str(pc.max(table['end_ns'])))
-        console.print(t)
+            console.print(ms(f"  note: {line}"), soft_wrap=True)
+        console.print(_events_table(run))
 
     _run_guarded(work)
+
+
+def _events_table(run: Any) -> Any:
+    """Events per kind, first and last as offsets from the run's first event (epoch ns say nothing to a reader)."""
+    import pyarrow.compute as pc
+    from rich.table import Table
+
+    from pastaprof.report.terminal import format_value
+    from pastaprof.report.terminal import markup_safe as ms
+
+    spans = [(kind, table.num_rows, pc.min(table["start_ns"]).as_py(), pc.max(table["end_ns"]).as_py())
+             for kind, table in run.iter_tables() if table.num_rows]
+    starts = [s for _, _, s, _ in spans if s is not None]
+    t0 = min(starts, default=0)
+    t = Table("kind", "events", "first (from start)", "last (from start)", title="events")
+    for kind, n, first, last in spans:
+        t.add_row(ms(kind), f"{n:,}", "-" if first is None else format_value("duration_ns", first - t0),
+                  "-" if last is None else format_value("duration_ns", last - t0))
+    return t
 
 
 @cli.command()
