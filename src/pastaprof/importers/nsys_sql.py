@@ -4,8 +4,9 @@ The file is opened read-only and immutable (``file:...?mode=ro&immutable=1``):
 SQLite then never writes, locks or creates a journal beside it, whatever the
 file holds.  The stdlib ``sqlite3`` module yields one tuple per row; instead,
 each chunk of rows is turned into CSV text by SQLite itself (``group_concat`` of
-integer columns, in C) and parsed by Arrow's CSV reader (C++, typed), so the
-Python side handles one string per 256k rows.  Text columns are never put in
+one ``printf('%s,%s,...')`` per row, in C; ``%s`` writes NULL as an empty
+field) and parsed by Arrow's CSV reader (C++, typed), so the Python side handles
+one string per 256k rows.  Text columns are never put in
 the CSV: names are ids into ``StringIds`` (or into a temporary table of distinct
 inline texts), resolved as dictionary arrays.
 
@@ -115,7 +116,9 @@ class Db:
         (``parallel``: on FETCH_THREADS connections; not for SQL that reads temp tables).
         Every expression must yield an integer or NULL."""
         names = list(exprs)
-        row = " || ',' || ".join(e if _plain_col(e) else f"ifnull(CAST(({e}) AS INTEGER), '')" for e in exprs.values())
+        # one printf per row: half the work of joining the columns with || (a new string per column)
+        args = ", ".join(e if _plain_col(e) else f"CAST(({e}) AS INTEGER)" for e in exprs.values())
+        row = f"printf('{','.join(['%s'] * len(names))}', {args})"
         cond = f"WHERE {where}" if where else ""
         lo_hi = self.query(f'SELECT min(rowid), max(rowid) FROM "{table}"')
         lo, hi = lo_hi[0] if lo_hi else (None, None)
