@@ -438,11 +438,14 @@ def build_native() -> None:
               help="Reduce instruction-level accesses on the GPU (default) or on the CPU from raw records "
                    "(PASTAPROF_PROCESS).")
 @click.option("--page-bytes", metavar="N", help="Page size of access hotness histograms (PASTAPROF_PAGE, 65536).")
+@click.option("--probe", "probes", metavar="SPEC", multiple=True,
+              help="eBPF probe, repeatable: LIB:FUNCTION (uprobe+uretprobe) or usdt:BINARY:PROVIDER:PROBE, "
+                   "optionally :args=N (PASTAPROF_PROBE; docs/probes.md).")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | None, sample: str | None,
         steps: str | None, ranks_: str | None, shapes: str | None, no_shapes: bool, call_sites: bool | None, uvm: bool | None,
-        uvm_plan: str | None, process: str | None, page_bytes: str | None, force: bool,
+        uvm_plan: str | None, process: str | None, page_bytes: str | None, probes: tuple[str, ...], force: bool,
         command: tuple[str, ...]) -> None:
     """Profile a program without changing it:  pastaprof run [OPTIONS] -- python train.py ARGS
 
@@ -459,6 +462,8 @@ def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | 
              "RANKS": ranks_, "SHAPES": "none" if no_shapes else shapes, "CALL_SITES": onoff(call_sites), "UVM": onoff(uvm),
              "UVM_PLAN": str(Path(uvm_plan).resolve()) if uvm_plan else None, "PROCESS": process,
              "PAGE": page_bytes}
+    if probes:  # the session (its probe handler) starts with the program's first Python process
+        flags.update({"PROBE": ";".join(probes), "EAGER": "1"})
     code = _run_guarded(lambda: launch(list(command), out, flags, force), signals=False)
     sys.exit(code)
 

@@ -229,6 +229,17 @@ _SPECIFIC: dict[str, list[pa.Field]] = {
         pa.field("reads", pa.int64()),
         pa.field("writes", pa.int64()),
     ],
+    # One call of a probed host function (uprobe + uretprobe: ``start_ns`` at entry, ``end_ns`` at
+    # return) or one firing of a USDT probe (instant), recorded by eBPF (handlers/probe.py).
+    # ``name``: the probe as asked (``libc.so.6:malloc``); ``lib``: the library or binary's path;
+    # ``function``: the function, or ``provider:probe``; ``args``: the first integer arguments
+    # asked for (``:args=N``); ``ret``: a function's return value (null for USDT).
+    "probe": [
+        pa.field("lib", NAME),
+        pa.field("function", NAME),
+        pa.field("args", pa.list_(pa.int64())),
+        pa.field("ret", pa.int64()),
+    ],
 }
 
 KINDS: tuple[str, ...] = tuple(_SPECIFIC)

@@ -24,6 +24,9 @@ PASTAPROF_PROCESS   --process gpu|cpu        where instruction-level accesses ar
                                              working_set, hotness, coalescing, heatmap): on the
                                              GPU (default) or, from raw records, on the CPU
 PASTAPROF_PAGE      --page-bytes N           page size of the access hotness histograms (65536)
+PASTAPROF_PROBE     --probe SPEC             eBPF probes (``;``-separated SPECs: ``LIB:FUNCTION``,
+                                             ``usdt:BINARY:PROVIDER:PROBE``, ``:args=N``; the
+                                             probe handler's setting, docs/probes.md)
 PASTAPROF_TOOLS     -t kernels,ops           tools whose reports print at exit
 PASTAPROF_OUT       -o DIR                   the run directory
 PASTAPROF_FLUSH_MS  (env only)               flush period (default 1000); a flush also starts when
