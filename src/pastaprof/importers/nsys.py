@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from pastaprof.errors import InputError
 from pastaprof.importers import nsys_map
 from pastaprof.importers.base import FALLBACK, STRONG, Claim, Importer, Note, Progress, RankTables
-from pastaprof.importers.nsys_sql import SQLITE_MAGIC, Db, Strings, connect, damaged
+from pastaprof.importers.nsys_sql import SQLITE_MAGIC, Db, Strings, connect, damaged, ints
 from pastaprof.importers.ranks import rank_from_name, show
 
 FORMAT = "nsys-sqlite"
@@ -131,10 +131,11 @@ class NsysImporter(Importer):
                 except OSError:
                     pass
             next_rank = max([next_rank - 1, *plan["ranks"].values()]) + 1
+            orders = {k: _Order(t) for k, t in plan["tables"].items()}
             for pid, rank in sorted(plan["ranks"].items(), key=lambda kv: kv[1]):
                 if ranks is not None and rank not in ranks:
                     continue
-                tables = {k: _rank_rows(t, pid, rank) for k, t in plan["tables"].items()}
+                tables = {k: orders[k].rows(t, pid, rank) for k, t in plan["tables"].items()}
                 meta = {"rank": rank, "file": f.name, "pid": pid, "process": plan["process_names"].get(pid),
                         "devices_used": plan["devices_used"].get(pid, []), "rank_from": plan["rank_from"],
                         "header": plan["header"], "counts": {k: t.num_rows for k, t in tables.items()},
@@ -227,10 +228,10 @@ def _plan_ranks(db: Db, path: Path, tables: dict[str, pa.Table], notes: list[str
         t = tables.get(kind)
         if t is None or not t.num_rows:
             continue
-        p = np.asarray(t["pid"].fill_null(-1), dtype=np.int64)
-        pids.update(int(x) for x in np.unique(p) if x >= 0)
+        p = ints(t["pid"], -1)
+        pids.update(int(x) for x in _distinct(p) if x >= 0)
         if kind != "api":
-            d = np.asarray(t["device"].fill_null(-1), dtype=np.int64)
+            d = ints(t["device"], -1)
             for pid_, dev in set(zip(p.tolist(), d.tolist())) if t.num_rows < 4096 else _pairs(p, d):
                 if dev >= 0:
                     devices.setdefault(pid_, set()).add(dev)
@@ -265,12 +266,31 @@ def _pairs(p: np.ndarray, d: np.ndarray) -> set[tuple[int, int]]:
     """Distinct (pid, device) pairs (pids < 2^24, devices clipped to 2^20): one 1-D unique."""
     ok = d >= 0
     p, d = p[ok], d[ok]
-    u = np.unique((p << 20) | np.clip(d, -1, (1 << 20) - 1) & ((1 << 20) - 1))
+    u = _distinct((p << 20) | np.clip(d, -1, (1 << 20) - 1) & ((1 << 20) - 1))
     return {(int(c >> 20), int(c & ((1 << 20) - 1))) for c in u if c >= 0}
 
 
-def _rank_rows(t: pa.Table, pid: int, rank: int) -> pa.Table:
-    """The rows of process ``pid``, as rank ``rank``, in time order."""
-    sub = t.filter(pc.equal(t["pid"], pa.scalar(pid, pa.int64())))
-    sub = sub.append_column("rank", pa.array(np.full(sub.num_rows, rank, dtype=np.int32)))
-    return sub.take(pc.sort_indices(sub, [("start_ns", "ascending")]))
+def _distinct(a: np.ndarray) -> np.ndarray:
+    """The distinct values of ``a`` by hashing (Arrow), not by sorting millions of rows."""
+    return np.asarray(pc.unique(pa.array(a)))
+
+
+class _Order:
+    """A table's pids and its rows in time order, computed once for all its ranks."""
+
+    def __init__(self, t: pa.Table) -> None:
+        self.pid = ints(t["pid"], -1)
+        start = t["start_ns"]
+        if start.null_count:
+            self.order = np.asarray(pc.sort_indices(t, [("start_ns", "ascending")]))
+        else:
+            s = ints(start, 0)
+            # exports are mostly written in time order: a sort only when they are not
+            self.order = (np.arange(len(s)) if bool(np.all(s[1:] >= s[:-1]))
+                          else np.argsort(s, kind="stable"))
+
+    def rows(self, t: pa.Table, pid: int, rank: int) -> pa.Table:
+        """The rows of process ``pid``, as rank ``rank``, in time order (ties in file order)."""
+        sel = self.order[self.pid[self.order] == pid]
+        sub = t.take(pa.array(sel))
+        return sub.append_column("rank", pa.array(np.full(sub.num_rows, rank, dtype=np.int32)))

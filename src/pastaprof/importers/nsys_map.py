@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pastaprof.importers.nsys_sql import Db, Strings
+from pastaprof.importers.nsys_sql import Db, Strings, ints
 
 KERNEL, MEMCPY, MEMSET = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"
 SYNC, RUNTIME, NVTX = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"
@@ -120,12 +120,12 @@ def _i32(t: pa.Table, c: str) -> pa.Array:
 
 
 def _pid(col: pa.ChunkedArray) -> pa.Array:
-    g = np.asarray(col.fill_null(-1), dtype=np.int64)
+    g = ints(col, -1)
     return pa.array((g >> 24) & 0xFFFFFF, pa.int64(), mask=g < 0)
 
 
 def _tid(col: pa.ChunkedArray) -> pa.Array:
-    g = np.asarray(col.fill_null(-1), dtype=np.int64)
+    g = ints(col, -1)
     return pa.array(g & 0xFFFFFF, pa.int64(), mask=g < 0)
 
 
@@ -160,7 +160,7 @@ def kernels(db: Db, strings: Strings, offset: int) -> pa.Table:
     t = db.fetch(KERNEL, e)
     idx = strings.index(t["demangledName"])
     idx = np.where(idx >= 0, idx, strings.index(t["shortName"]))
-    shared = pc.add(t["staticSharedMemory"].fill_null(0), t["dynamicSharedMemory"].fill_null(0))
+    shared = pa.array(ints(t["staticSharedMemory"], 0) + ints(t["dynamicSharedMemory"], 0))
     return pa.table({**_gpu_table(t, offset), "name": strings.dictionary(idx),
                      "grid_x": _i32(t, "gridX"), "grid_y": _i32(t, "gridY"), "grid_z": _i32(t, "gridZ"),
                      "block_x": _i32(t, "blockX"), "block_y": _i32(t, "blockY"), "block_z": _i32(t, "blockZ"),
@@ -170,8 +170,8 @@ def kernels(db: Db, strings: Strings, offset: int) -> pa.Table:
 def memcpys(db: Db, offset: int) -> pa.Table:
     e = _gpu_common(db, MEMCPY) | {c: db.int_expr(MEMCPY, c) for c in ("bytes", "copyKind", "srcKind", "dstKind")}
     t = db.fetch(MEMCPY, e)
-    kind = np.asarray(t["copyKind"].fill_null(0), dtype=np.int64)
-    src, dst = (np.clip(np.asarray(t[c].fill_null(7), dtype=np.int64), 0, 255) for c in ("srcKind", "dstKind"))
+    kind = ints(t["copyKind"], 0)
+    src, dst = (np.clip(ints(t[c], 7), 0, 255) for c in ("srcKind", "dstKind"))
     code = (np.clip(kind, 0, 255) << 16) | (src << 8) | dst
     name = _coded_names(code, lambda c: f"Memcpy {COPY_DIRECTION.get(c >> 16, 'unknown')} "
                                         f"({MEM_KIND.get((c >> 8) & 255, 'Unknown')} -> {MEM_KIND.get(c & 255, 'Unknown')})")
@@ -182,7 +182,7 @@ def memcpys(db: Db, offset: int) -> pa.Table:
 def memsets(db: Db, offset: int) -> pa.Table:
     e = _gpu_common(db, MEMSET) | {c: db.int_expr(MEMSET, c) for c in ("bytes", "memKind")}
     t = db.fetch(MEMSET, e)
-    mk = np.asarray(t["memKind"].fill_null(7), dtype=np.int64)
+    mk = ints(t["memKind"], 7)
     return pa.table({**_gpu_table(t, offset), "bytes": t["bytes"],
                      "name": _coded_names(mk, lambda c: f"Memset ({MEM_KIND.get(c, 'Unknown')})")})
 
@@ -193,7 +193,7 @@ def syncs(db: Db, offset: int) -> pa.Table:
     if db.has(SYNC):
         e = _gpu_common(db, SYNC) | {"syncType": db.int_expr(SYNC, "syncType")}
         t = db.fetch(SYNC, e)
-        st = np.asarray(t["syncType"].fill_null(0), dtype=np.int64)
+        st = ints(t["syncType"], 0)
         names = _coded_names(st, lambda c: SYNC_NAME.get(c, "Unknown Sync"))
         parts.append(pa.table({**_gpu_table(t, offset), "name": names, "sync_kind": names}))
     if db.has(CUDA_EVENT):
@@ -211,7 +211,7 @@ def api_calls(db: Db, strings: Strings, offset: int) -> pa.Table:
     idx = strings.index(t["nameId"])
     clean = pc.replace_substring_regex(pa.array(strings.values, pa.string()), API_SUFFIX_RE, "")
     names = pa.DictionaryArray.from_arrays(pa.array(idx.astype(np.int32), mask=idx < 0), clean)
-    cls = np.asarray(t["eventClass"].fill_null(-1), dtype=np.int64)
+    cls = ints(t["eventClass"], -1)
     if t.num_rows and (cls < 0).all():  # no eventClass column: the name says (cu* is the driver API)
         low = pc.fill_null(pc.starts_with(names.cast(pa.string()), "cuda"), True)
         cls = np.where(np.asarray(low), 0, 1)
@@ -229,7 +229,7 @@ def nvtx(db: Db, strings: Strings, offset: int) -> tuple[pa.Table, pa.Table]:
     where = f"CAST(eventType AS INTEGER) IN {NVTX_RANGE_TYPES} AND \"end\" IS NOT NULL" \
         if "eventType" in db.columns(NVTX) and "end" in db.columns(NVTX) else "0"
     t = db.fetch(NVTX, e, where, parallel=False)  # the inline-text index reads a temp table of this connection
-    idx = np.asarray(t["inline"].fill_null(-1), dtype=np.int64)
+    idx = ints(t["inline"], -1)
     idx = np.where(idx >= 0, idx, strings.index(t["textId"]))
     values = pa.array(strings.values, pa.string())
     parsed = pc.extract_regex(values, OP_RE)
@@ -269,8 +269,8 @@ def memory(db: Db, offset: int) -> tuple[pa.Table, pa.Table] | None:
     e = {c: db.int_expr(MEMORY, c) for c in ("start", "globalPid", "deviceId", "address", "bytes", "memKind",
                                               "memoryOperationType", "correlationId", "streamId")}
     t = db.fetch(MEMORY, e)
-    op = np.asarray(t["memoryOperationType"].fill_null(0), dtype=np.int64)
-    mk = np.asarray(t["memKind"].fill_null(7), dtype=np.int64)
+    op = ints(t["memoryOperationType"], 0)
+    mk = ints(t["memKind"], 7)
     tab = pa.table({**_times(t, offset, end="start"), "device": _i32(t, "deviceId"), "stream": t["streamId"],
                     "pid": _pid(t["globalPid"]), "correlation": t["correlationId"],
                     "address": pc.cast(t["address"], pa.uint64(), safe=False), "bytes": t["bytes"],
