@@ -168,16 +168,20 @@ def instrument() -> None:
     orig_connect = kineto._connect
     kineto._connect = lambda *a, **k: TimedCon(orig_connect(*a, **k))
     REC.wrap(kineto, "_project", "kineto._project (all DuckDB work)")
-    import pastaprof.importers as importers
+    import pastaprof.engine.mapcombine as mapcombine
+    import pastaprof.importers.kineto_importer as kineto_importer
 
-    REC.wrap(importers, "import_file", "import_file (stage + DuckDB + temp cleanup)")
+    REC.wrap(kineto_importer, "import_file", "import_file (stage + DuckDB + temp cleanup)")
     REC.wrap(kineto, "_collectives", "collectives from ops")
     if hasattr(kineto, "_borrow_flow_ids"):
         REC.wrap(kineto, "_borrow_flow_ids", "borrow flow ids (old traces)")
     REC.wrap(pipeline, "link_rank", "link_rank")
+    REC.wrap(mapcombine, "link_rank", "link_rank")
     for f in ("link_ops", "place_ops", "link_api", "link_activity"):
         REC.wrap(link, f)
     REC.wrap(pipeline, "conform", "conform (cast to schema)")
+    REC.wrap(mapcombine, "conform", "conform (cast to schema)")
+    REC.wrap(mapcombine.Combiner, "add", "combiner add (tables to tools)")
     orig_submit = pipeline.Processor.submit
 
     def submit(self, kind, table, rank=0):

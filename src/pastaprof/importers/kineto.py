@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from pastaprof.errors import InputError
@@ -228,7 +229,6 @@ class _Sql:
                  WHEN regexp_matches(name, 'DtoD|DeviceToDevice|D2D') THEN 'DtoD'
                  WHEN regexp_matches(name, 'HtoH|HostToHost|H2H') THEN 'HtoH'
                  WHEN regexp_matches(name, 'PtoP|PeerToPeer|P2P') THEN 'PtoP' ELSE 'unknown' END"""
-        frame_re = "'^(.*)\\((\\d+)\\): '"
         gpu_range = "lcat = 'gpu_user_annotation'"
         return {
             "kernel": f"""SELECT {self.common(rank, dev, stream, True)},
@@ -256,14 +256,8 @@ class _Sql:
                                              f"CASE WHEN {gpu_range} THEN {stream} END")},
                 CASE WHEN {gpu_range} THEN 'gpu_user' ELSE 'user' END AS domain, {ext} AS id
                 FROM ev WHERE kind = 'range'""",
-            "frame": f"""SELECT {self.common(rank)}, {arg('Python id')} AS id, {arg('Python parent id')} AS parent_id,
-                CASE WHEN starts_with(name, 'nn.Module: ') THEN NULL
-                     ELSE NULLIF(regexp_extract(name, {frame_re}, 1), '') END AS file,
-                TRY_CAST(NULLIF(regexp_extract(name, {frame_re}, 2), '') AS INTEGER) AS line,
-                CASE WHEN starts_with(name, 'nn.Module: ') THEN substr(name, 12)
-                     WHEN regexp_matches(name, {frame_re}) THEN regexp_replace(name, {frame_re}, '')
-                     ELSE name END AS function,
-                starts_with(name, 'nn.Module: ') AS is_module
+            # file, line, function and is_module come from the name: see _frame_fields
+            "frame": f"""SELECT {self.common(rank)}, {arg('Python id')} AS id, {arg('Python parent id')} AS parent_id
                 FROM ev WHERE kind = 'frame'""",
             "tensor": f"""SELECT {self.common(rank, arg('Device Id', 'INTEGER'))},
                 CAST({arg('Addr', 'UBIGINT')} AS UBIGINT) AS address, {arg('Bytes')} AS bytes,
@@ -377,7 +371,8 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
         tables = {}
         for k, q in sql.queries(rank).items():
             if k in kinds:  # fetched one by one, names dictionary-encoded at once: a lower peak
-                tables[k] = _encode_names(k, con.sql(q + " ORDER BY start_ns").to_arrow_table())
+                t = con.sql(q + " ORDER BY start_ns").to_arrow_table()
+                tables[k] = _encode_names(k, _frame_fields(con, t) if k == "frame" else t)
                 con.execute(f"DELETE FROM ev WHERE kind = '{k}'")
     except (duckdb.Error, UnicodeDecodeError) as e:
         raise InputError(path, _describe_duckdb_error(e)) from None
@@ -415,6 +410,37 @@ def _encode_names(kind: str, t: pa.Table) -> pa.Table:
         i = t.schema.get_field_index(field.name)
         if i >= 0 and pa.types.is_dictionary(field.type) and not pa.types.is_dictionary(t.schema.field(i).type):
             t = t.set_column(i, field.name, t.column(i).cast(field.type))
+    return t
+
+
+_FRAME_RE = "'^(.*)\\((\\d+)\\): '"
+_FRAME_FIELDS = f"""
+    CASE WHEN starts_with(name, 'nn.Module: ') THEN NULL
+         ELSE NULLIF(regexp_extract(name, {_FRAME_RE}, 1), '') END AS file,
+    TRY_CAST(NULLIF(regexp_extract(name, {_FRAME_RE}, 2), '') AS INTEGER) AS line,
+    CASE WHEN starts_with(name, 'nn.Module: ') THEN substr(name, 12)
+         WHEN regexp_matches(name, {_FRAME_RE}) THEN regexp_replace(name, {_FRAME_RE}, '')
+         ELSE name END AS function,
+    starts_with(name, 'nn.Module: ') AS is_module"""
+
+
+def _frame_fields(con, t: pa.Table) -> pa.Table:
+    """Append file, line, function and is_module, parsed from each frame's name.  A trace
+    repeats a few thousand distinct Python frames across millions of events, so the
+    regular expressions run once per distinct name (in DuckDB, the same SQL as per row
+    would be) and their results are gathered onto the rows by the name's position."""
+    import pyarrow.compute as pc
+
+    names = t["name"]
+    distinct = pc.unique(names)
+    codes = pc.index_in(names, value_set=distinct)
+    con.register("frame_names", pa.table({"i": np.arange(len(distinct), dtype=np.int64), "name": distinct}))
+    try:
+        fields = con.sql(f"SELECT i, {_FRAME_FIELDS} FROM frame_names ORDER BY i").to_arrow_table()
+    finally:
+        con.unregister("frame_names")
+    for col in ("file", "line", "function", "is_module"):
+        t = t.append_column(col, fields[col].take(codes))
     return t
 
 
