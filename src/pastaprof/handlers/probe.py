@@ -129,23 +129,25 @@ def unavailable() -> str | None:
     exe = shutil.which("bpftrace")
     if exe is None:
         return "bpftrace not found (apt-get install bpftrace)"
-    if os.geteuid() != 0 and not _has_bpf_caps():
-        return "eBPF needs root (or CAP_BPF and CAP_PERFMON)"
+    if not _has_bpf_caps():
+        return "eBPF needs root's capabilities (CAP_SYS_ADMIN, or CAP_BPF and CAP_PERFMON)"
     if not os.path.exists("/sys/kernel/btf/vmlinux"):
         return "the kernel has no BTF (/sys/kernel/btf/vmlinux)"
     return None
 
 
 def _has_bpf_caps() -> bool:
-    """Whether this process has CAP_BPF (39) and CAP_PERFMON (38) in its effective set."""
+    """Whether this process's effective capabilities (bpftrace inherits them) allow loading
+    eBPF programs: CAP_SYS_ADMIN (21), or CAP_BPF (39) with CAP_PERFMON (38).  Unreadable:
+    assumed so (bpftrace then says what fails)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("CapEff:"):
                 eff = int(line.split()[1], 16)
-                return bool(eff & (1 << 39)) and bool(eff & (1 << 38))
+                return bool(eff & (1 << 21)) or (bool(eff & (1 << 39)) and bool(eff & (1 << 38)))
     except (OSError, ValueError):
         pass
-    return False
+    return True
 
 
 class BpftraceSession:
@@ -201,8 +203,9 @@ class BpftraceSession:
             if done(data):
                 return
             if self.proc is None or self.proc.poll() is not None:
+                line = self.error_line()
                 self._cleanup()
-                raise ProbeError(f"bpftrace could not {what}: {self.error_line()}")
+                raise ProbeError(f"bpftrace could not {what}: {line}")
             if time.monotonic() > deadline:
                 self.stop()
                 raise ProbeError(f"bpftrace did not {what} within {timeout:.0f} s")

@@ -151,8 +151,8 @@ def script(specs: tuple[ProbeSpec, ...], root_pid: int, calibration_tid: int, li
         args = ",".join(f"(int64)arg{j}" if j < s.nargs else "0" for j in range(MAX_ARGS))
         if s.kind == "usdt":
             lines.append(f"usdt:{s.lib}:{s.function} {{ {member} if (@in[pid] == 1) {{ "
-                         f"$t = nsecs; printf(\"P,{i},%d,%d,%llu,%llu,%ld,%ld,%ld,%ld,%ld,%ld,0\\n\", pid, tid, "
-                         f"$t, $t, {args}); @n[pid, {i}] = count(); }} }}")
+                         f"$now = nsecs; printf(\"P,{i},%d,%d,%llu,%llu,%ld,%ld,%ld,%ld,%ld,%ld,0\\n\", pid, tid, "
+                         f"$now, $now, {args}); @n[pid, {i}] = count(); }} }}")
             continue
         saves = " ".join(f"@a{j}[tid, {i}] = (int64)arg{j};" for j in range(s.nargs))
         lines.append(f"uprobe:{s.lib}:{s.function} {{ {member} if (@in[pid] == 1) {{ "
@@ -162,8 +162,10 @@ def script(specs: tuple[ProbeSpec, ...], root_pid: int, calibration_tid: int, li
         lines.append(f"uretprobe:{s.lib}:{s.function} /@s[tid, {i}]/ {{ "
                      f"printf(\"P,{i},%d,%d,%llu,%llu,%ld,%ld,%ld,%ld,%ld,%ld,%ld\\n\", pid, tid, @s[tid, {i}], nsecs, "
                      f"{got}, (int64)retval); @n[pid, {i}] = count(); delete(@s[tid, {i}]); {drop} }}")
-    lines.append("END { print(@n); clear(@n); clear(@in); clear(@s); " + " ".join(f"clear(@a{j});" for j in range(MAX_ARGS)
-                                                          if any(s.nargs > j for s in specs)) + " }")
+    uprobes = [s for s in specs if s.kind == "uprobe"]
+    maps = ["@n", "@in"] + (["@s"] if uprobes else []) + [f"@a{j}" for j in range(MAX_ARGS)
+                                                           if any(s.nargs > j for s in uprobes)]
+    lines.append("END { print(@n); " + " ".join(f"clear({m});" for m in maps) + " }")
     return "\n".join(lines) + "\n"
 
 
