@@ -1,26 +1,38 @@
-"""When a session flushes: loss bounded in time and memory, whatever the machine's load.
+"""When a session flushes: loss bounded in time, op rows in memory bounded by construction.
 
 The flush thread runs at nice 19, so that a periodic flush landing in a
 CPU-bound region does not deschedule the program's OpenMP workers (2-core dev VM: an
 MLP training loop took 2-4x as long at nice 0).  But nice 19 starves on a busy host: a
 hot loop on a loaded 2-core machine wrote its first part after more than 8 s.  So a
-deadline thread, at the program's priority and asleep but for a look every 50 ms (one
-ctypes call per handler), hands a flush to one of two spill threads (also at the
+deadline thread, at the program's priority, waits in C with the GIL released
+(``pp_obs_wait``, a futex) and hands a flush to one of two spill threads (also at the
 program's priority, asleep until then), and goes on watching,
 
 * when the last flush ended more than ``DEADLINE_PERIODS`` flush periods ago
-  (``deadline_ms``), even while a starved flush of the nice thread is in progress
-  (flushes may overlap: each writes its own part numbers);
-* when more op rows than ``PASTAPROF_BUFFER_MB`` allows (``buffer_rows``) wait in the
-  op observer's buffer: they are written to disk, never dropped (past twice that, while a
-  flush is still writing the previous rows, beside it).  Past half of it the flush
+  (``deadline_ms``; the wait times out every 50 ms to look), even while a starved flush of
+  the nice thread is in progress (flushes may overlap: each writes its own part numbers);
+* when the op observer's buffer reaches ``buffer_rows`` (``PASTAPROF_BUFFER_MB``) rows, or
+  another multiple of it: the op that reaches it wakes the deadline thread at once (one
+  futex wake per ``buffer_rows`` ops, never a wait or a lock on the program's thread), and
+  the rows are written to disk (past twice that, while a flush is still writing the
+  previous rows, by a second flush beside it).  Past half of it, at a look, the flush
   thread is woken early;
 * periodically in its place, for a while, once the flush thread's last flush took far
   longer in wall time than in CPU time (it was starved).
 
-A process that dies of SIGKILL loses what it recorded after its last flush: at most
-``deadline_ms`` plus one flush's duration, at most ``buffer_rows`` op rows.  The bounds
-are in each process's ``capture_overhead.bounds`` in run.json.
+Bounds, whatever the load:
+
+* the observer's buffer never holds more than ``cap_rows`` = ``CAP_BUFFERS`` x
+  ``buffer_rows`` op rows (checked under its lock for each op, from the first op on): the
+  rows of ops past it are not recorded but counted, and said in the exit line and in
+  run.json's ``dropped_events``.  Its most at once is ``capture_overhead.max_pending_rows``
+  (exact, kept by the observer).  Flushes in progress (at most ``_SPILLERS`` + 1) each hold
+  the rows they took, at most ``cap_rows`` each;
+* a process that dies of SIGKILL loses what it recorded after its last flush: at most
+  ``deadline_ms`` plus one flush's duration, at most ``cap_rows`` op rows (normally about
+  ``buffer_rows``: the spill starts as the buffer reaches it).
+
+The bounds are in each process's ``capture_overhead.bounds`` in run.json.
 """
 
 from __future__ import annotations
@@ -35,7 +47,8 @@ from typing import Any
 from pastaprof.live.messages import warn as _warn
 from pastaprof.store.parts import warm_up
 
-ROW_BYTES = 128  # an op row in the observer's buffer: 14 columns + ~2 input pointers
+ROW_BYTES = 128  # an op row in the observer's buffer: 14 columns + ~2 input pointers (torch_observer.cpp: kRowBytes)
+CAP_BUFFERS = 16  # the observer keeps at most this many buffers' rows (torch_observer.cpp: kCapBuffers)
 DEADLINE_PERIODS = 2
 _TICK_S = 0.05
 _STARVED_PERIODS = 10  # after a starved flush, the deadline thread flushes for this many periods
@@ -103,7 +116,7 @@ class FlushScheduler:
         self._starved_until = 0.0
         self.deadline_flushes = 0  # flushes the deadline thread made (the flush thread was late or starved)
         self.starved_flushes = 0  # flush-thread flushes that took > 3x their CPU time in wall time
-        self.max_pending_rows = 0
+        self._observers: list[Any] = []  # the native op observers' libraries, their limits set
         self._threads: list[threading.Thread] = []
 
     def _start_threads(self) -> None:
@@ -117,6 +130,8 @@ class FlushScheduler:
 
     def _join_threads(self, timeout: float) -> None:
         self._wake.set()
+        for lib in self._observers:
+            lib.pp_obs_notify()  # the deadline thread waits in C
         for go, _busy in getattr(self, "_spill", []):
             go.set()
         end = time.monotonic() + timeout
@@ -125,18 +140,32 @@ class FlushScheduler:
                 th.join(timeout=max(0.0, end - time.monotonic()))
 
     def bounds(self) -> dict[str, int]:
-        """What a process's end may lose at most: rows recorded since its last flush."""
+        """What a process's end may lose at most (rows recorded since its last flush), and
+        the most op rows its buffer holds (``cap_rows``: more are dropped, counted)."""
+        rows = (self.config.buffer_mb << 20) // ROW_BYTES
         return {"flush_ms": self.config.flush_ms, "deadline_ms": DEADLINE_PERIODS * self.config.flush_ms,
-                "buffer_bytes": self.config.buffer_mb << 20, "buffer_rows": (self.config.buffer_mb << 20) // ROW_BYTES}
+                "buffer_bytes": self.config.buffer_mb << 20, "buffer_rows": rows, "cap_rows": CAP_BUFFERS * rows}
+
+    @property
+    def max_pending_rows(self) -> int:
+        """The most op rows the observer's buffer held at once (exact, counted in C)."""
+        return max((int(lib.pp_obs_max_pending()) for lib in self._observer_libs()), default=0)
+
+    def _observer_libs(self) -> list[Any]:
+        """The native op observers' libraries (one, shared, where torch is observed), each
+        given the buffer's limits the first time it is seen (the observer starts with the
+        same ones, from PASTAPROF_BUFFER_MB)."""
+        for h in list(self.handlers):
+            lib = getattr(getattr(h, "native", None), "lib", None)
+            if lib is not None and hasattr(lib, "pp_obs_wait") and all(lib is not o for o in self._observers):
+                b = self.bounds()
+                lib.pp_obs_limits(b["buffer_rows"], b["cap_rows"])
+                self._observers.append(lib)
+        return self._observers
 
     def _pending_rows(self) -> int:
-        """Op rows waiting in the native observer's buffer (0 where it cannot say)."""
-        n = 0
-        for h in list(self.handlers):
-            pending = getattr(getattr(getattr(h, "native", None), "lib", None), "pp_obs_pending", None)
-            if pending is not None:
-                n += int(pending())
-        return n
+        """Op rows waiting in the native observers' buffers (0 where none runs)."""
+        return sum(int(lib.pp_obs_pending()) for lib in self._observers)
 
     def _timed_flush(self) -> tuple[float, float]:
         """One flush from this thread; (wall, CPU) seconds it took."""
@@ -203,9 +232,9 @@ class FlushScheduler:
             age = now - self._last_flush
             oldest = min(self._active.values(), default=None)
             running = len(self._active)
-        if rows > 2 * b["buffer_rows"] and running <= _SPILLERS:
+        if rows >= 2 * b["buffer_rows"] and running <= _SPILLERS:
             return True  # a flush in progress cannot keep up: a second one takes the rows since
-        if rows > b["buffer_rows"] or age > b["deadline_ms"] / 1000:
+        if rows >= b["buffer_rows"] or age > b["deadline_ms"] / 1000:
             return oldest is None or now - oldest > period  # overlap a flush only if it is stuck
         if now < self._starved_until:
             return age > period and oldest is None
@@ -214,12 +243,16 @@ class FlushScheduler:
         return False
 
     def _deadline_loop(self) -> None:
-        tick = min(_TICK_S, self.config.flush_ms / 4000)
-        while not self._stop.wait(tick):
+        tick_ms = max(1, round(min(_TICK_S, self.config.flush_ms / 4000) * 1000))
+        seen = 0
+        while not self._stop.is_set():
             try:
-                rows = self._pending_rows()
-                self.max_pending_rows = max(self.max_pending_rows, rows)
-                if self._deadline_due(rows) and not self._stop.is_set():
+                libs = self._observer_libs()
+                if libs:  # woken at once by an op that fills a buffer_rows; GIL released (ctypes)
+                    seen = libs[0].pp_obs_wait(seen, tick_ms)
+                elif self._stop.wait(tick_ms / 1000):
+                    return
+                if self._deadline_due(self._pending_rows()) and not self._stop.is_set():
                     self._hand_off()
             except Exception as e:
                 _warn(f"capture stopped: {type(e).__name__}: {e}")

@@ -259,9 +259,11 @@ def build_inject() -> Path:
     inc = cupti_include_dirs()
     if not inc:
         raise RuntimeError("CUPTI headers not found (CUDA toolkit or the nvidia-cuda-cupti wheel)")
-    return _build("pastaprof_inject", [HERE / f"inject{p}.c" for p in ("", "_util", "_exits", "_sanitizer", "_selftest")],
-                  [f"-I{i}" for i in inc] + [f"-I{HERE}", "-fvisibility=hidden", "-ldl", "-lpthread",
-                                             f"-DPP_INJECT_HASH={_hash(HERE / 'inject.h')}"], cpp=False)
+    return _build("pastaprof_inject", [HERE / f"inject{p}.c" for p in ("", "_cupti", "_files", "_util", "_exits", "_sanitizer",
+                                                                        "_selftest")],
+                  [f"-I{i}" for i in inc] + [f"-I{HERE}", "-fvisibility=hidden", "-Werror=implicit-function-declaration", "-ldl", "-lpthread",
+                                             f"-DPP_INJECT_HASH={_hash(HERE / 'inject.h')}",
+                                             f"-DPP_STATE_HASH={_hash(HERE / 'inject_state.h')}"], cpp=False)
 
 
 def system_libcupti() -> str | None:
@@ -393,6 +395,12 @@ def _declare_torch(lib: Any) -> None:
     lib.pp_obs_dropped.restype = c.c_int64
     lib.pp_obs_take.restype = c.c_int64
     lib.pp_obs_pending.restype = c.c_int64
+    lib.pp_obs_limits.argtypes = [c.c_int64, c.c_int64]
+    lib.pp_obs_limits.restype = None
+    lib.pp_obs_max_pending.restype = c.c_int64
+    lib.pp_obs_wait.argtypes = [c.c_uint32, c.c_int]
+    lib.pp_obs_wait.restype = c.c_uint32
+    lib.pp_obs_notify.restype = None
     lib.pp_obs_copy_all.argtypes = [c.c_void_p]
     lib.pp_obs_copy_all.restype = None
     lib.pp_obs_release.restype = None

@@ -24,6 +24,7 @@
 
 #include "torch_observer.h"
 
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -32,6 +33,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -159,7 +162,46 @@ void append_ptrs(const int64_t* p, size_t n) {
 }
 std::atomic<int64_t> g_next_id{1};
 std::atomic<int64_t> g_dropped{0};
-size_t g_max_rows = size_t(1) << 22;  // rows kept between drains (1 s apart): ~430 MB of ops; more are counted as dropped
+
+// The buffer's bounds (pp_obs_limits; all under g_mu).  Past g_max_rows rows since the last take,
+// an op's row is not recorded but counted in g_dropped: the buffer's memory is bounded by
+// construction, whatever the load.  Each time the rows since the last take reach a multiple of
+// g_wake_rows, the op's thread bumps g_wake_seq and wakes its futex waiters (the session's
+// deadline thread, in pp_obs_wait with the GIL released): one syscall per g_wake_rows ops, no
+// lock and no wait on the program's thread.
+size_t g_max_rows = size_t(1) << 22;  // default ~460 MB of ops
+size_t g_wake_rows = 0;               // 0: no wake-ups
+size_t g_next_wake = SIZE_MAX;        // g_ops.rows at which the next wake-up is due
+size_t g_max_pending = 0;             // most rows g_ops held at a take
+std::atomic<uint32_t> g_wake_seq{0};  // a futex word: wake-ups so far
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "g_wake_seq is used as a futex word");
+
+long futex(uint32_t op, uint32_t val, const timespec* timeout) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(&g_wake_seq), op, val, timeout, nullptr, 0);
+}
+
+void wake_waiters() {
+  g_wake_seq.fetch_add(1, std::memory_order_release);
+  futex(FUTEX_WAKE_PRIVATE, INT_MAX, nullptr);
+}
+
+// Under g_mu: the rows since the last take start from zero.
+void rearm() { g_next_wake = g_wake_rows ? g_wake_rows : SIZE_MAX; }
+
+// The bounds from the first op on, before the session's deadline thread sets them
+// (pp_obs_limits): PASTAPROF_BUFFER_MB's rows (live/flush.py: ROW_BYTES, CAP_BUFFERS).
+constexpr int64_t kRowBytes = 128, kCapBuffers = 16;
+bool g_limits_set = false;
+void default_limits() {
+  std::lock_guard<SpinLock> g(g_mu);
+  if (g_limits_set) return;
+  const char* env = getenv("PASTAPROF_BUFFER_MB");
+  int64_t mb = env ? atoll(env) : 16;
+  if (mb < 1) mb = 16;
+  g_wake_rows = size_t((mb << 20) / kRowBytes);
+  g_max_rows = size_t(kCapBuffers) * g_wake_rows;
+  rearm();
+}
 
 // forward op (sequence number) -> (module, call site), for backward ops
 constexpr size_t SEQ_SLOTS = size_t(1) << 20;
@@ -294,6 +336,7 @@ std::unique_ptr<at::ObserverContext> on_enter_impl(const at::RecordFunction& fn)
 }
 
 void on_exit_impl(const at::RecordFunction& fn);
+bool record_row(const Frame& fr, int64_t end, int64_t parent, const ThreadState& ts, const int64_t* fptrs);
 
 void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   try {
@@ -320,10 +363,16 @@ void on_exit_impl(const at::RecordFunction& fn) {
     g_pop(g_ext_kind, &ignored);
   }
   int64_t parent = ts.stack.empty() ? -1 : ts.stack.back().id;
+  if (record_row(fr, end, parent, ts, fptrs)) wake_waiters();  // after g_mu is released
+}
+
+// Under g_mu (taken here): the op's row, or a drop past the cap.  True when the rows since the
+// last take just reached a wake-up threshold.
+bool record_row(const Frame& fr, int64_t end, int64_t parent, const ThreadState& ts, const int64_t* fptrs) {
   std::lock_guard<SpinLock> g(g_mu);
   if (g_ops.size() >= g_max_rows) {
     g_dropped.fetch_add(1, std::memory_order_relaxed);
-    return;
+    return false;
   }
   int64_t* r = next_row();
   r[START] = fr.start;
@@ -341,6 +390,9 @@ void on_exit_impl(const at::RecordFunction& fn) {
   r[SITE] = fr.site;
   r[NPTRS] = fr.ptr_count;
   if (fr.ptr_count) append_ptrs(fptrs, fr.ptr_count);
+  if (g_ops.rows != g_next_wake) return false;
+  g_next_wake += g_wake_rows;
+  return true;
 }
 
 
@@ -369,6 +421,9 @@ void fork_child() {
     g_ptr_pool.put(c->ptr_chunks);
     c->rows = c->ptrs = 0;
   }
+  rearm();
+  g_max_pending = 0;
+  g_dropped.store(0);  // the parent's drops are in the parent's shard
   t_state.ptrs.clear();
   g_push = nullptr;
   g_pop = nullptr;
@@ -415,6 +470,7 @@ extern "C" {
 // (0: RecordFunction does not box the op's arguments at all); of which ops, pp_obs_sampling
 // (torch_sampling.cpp) says, called before (default: every op's).
 int pp_obs_start(void* push, void* pop, int ext_kind, int inputs, int sites) {
+  default_limits();
   g_push = reinterpret_cast<push_fn_t>(push);
   g_pop = reinterpret_cast<pop_fn_t>(pop);
   g_ext_kind = ext_kind;
@@ -454,6 +510,36 @@ int64_t pp_obs_pending() {
   return int64_t(g_ops.size());
 }
 
+// The buffer's bounds: a wake-up each time the rows since the last take reach a multiple of
+// wake_rows (0: none), and at most cap_rows rows (more are dropped and counted; 0 keeps the cap).
+void pp_obs_limits(int64_t wake_rows, int64_t cap_rows) {
+  std::lock_guard<SpinLock> g(g_mu);
+  g_limits_set = true;
+  g_wake_rows = wake_rows > 0 ? size_t(wake_rows) : 0;
+  if (cap_rows > 0) g_max_rows = size_t(cap_rows);
+  rearm();
+  while (g_wake_rows && g_next_wake <= g_ops.rows) g_next_wake += g_wake_rows;
+}
+
+// The most rows the buffer held at once so far (exact: rows only grow between takes).
+int64_t pp_obs_max_pending() {
+  std::lock_guard<SpinLock> g(g_mu);
+  return int64_t(std::max(g_max_pending, g_ops.size()));
+}
+
+// Blocks until a wake-up after `seen` (a value this returned before) or timeout_ms; returns the
+// wake-ups so far.  Called through ctypes, which releases the GIL for the wait.
+uint32_t pp_obs_wait(uint32_t seen, int timeout_ms) {
+  uint32_t now = g_wake_seq.load(std::memory_order_acquire);
+  if (now != seen || timeout_ms <= 0) return now;
+  timespec ts{timeout_ms / 1000, long(timeout_ms % 1000) * 1000000L};
+  futex(FUTEX_WAIT_PRIVATE, seen, &ts);  // returns at once if the word is no longer `seen`
+  return g_wake_seq.load(std::memory_order_acquire);
+}
+
+// Wakes pp_obs_wait's waiters now (the session's end).
+void pp_obs_notify() { wake_waiters(); }
+
 // Move the rows recorded so far aside; returns how many.  Then pp_obs_copy_all and
 // pp_obs_release.
 int64_t pp_obs_take() {
@@ -461,7 +547,9 @@ int64_t pp_obs_take() {
   g_op_pool.put(g_taken.chunks);  // normally released already; else never taken twice
   g_ptr_pool.put(g_taken.ptr_chunks);
   g_taken.rows = g_taken.ptrs = 0;
+  g_max_pending = std::max(g_max_pending, g_ops.size());
   std::swap(g_ops, g_taken);  // g_ops starts empty
+  rearm();
   return int64_t(g_taken.size());
 }
 
