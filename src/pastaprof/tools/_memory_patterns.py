@@ -44,8 +44,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pastaprof.processor.intervals import group_codes
 from pastaprof.processor.link import map_keys
+from pastaprof.tools._codes import dense_codes
 from pastaprof.tools.base import Finding
 
 
@@ -169,7 +169,7 @@ def _kernel_uses(acc: pa.Table, kernels: pa.Table):
         return None, set()
     a_rank, a_corr = _i64(acc["rank"], 0), _i64(acc["correlation"])
     k_rank, k_corr = _i64(kernels["rank"], 0), _i64(kernels["correlation"])
-    codes = group_codes(np.r_[a_rank, k_rank], np.r_[a_corr, k_corr])
+    codes = dense_codes(np.r_[a_rank, k_rank], np.r_[a_corr, k_corr])
     a_code, k_code = codes[:len(a_rank)], codes[len(a_rank):]
     a_code[a_corr < 0] = -1
     k_code[k_corr < 0] = -1
@@ -216,7 +216,7 @@ def _producer_writes(ops: pa.Table, op_idx: np.ndarray) -> np.ndarray:
         return out
     (factory,) = _name_flags(ops["name"], (FACTORY_OPS,))
     rank, ident, parent = _i64(ops["rank"], 0), _i64(ops["id"]), _i64(ops["parent_id"])
-    codes = group_codes(np.r_[rank, rank], np.r_[ident, parent])
+    codes = dense_codes(np.r_[rank, rank], np.r_[ident, parent])
     p_code = codes[len(rank):]
     p_code[parent < 0] = -1
     up = map_keys(p_code, codes[:len(rank)], np.arange(len(rank)))   # op -> its parent op, or -1
@@ -247,7 +247,7 @@ def block_uses(blocks: pa.Table, op_idx: np.ndarray, pid: np.ndarray, ops: pa.Ta
     incomplete = _incomplete_ranks(manifest)
     by_ops = np.isin(rank, [r for r in op_ranks if int(r) not in incomplete])
     cov = np.array(sorted(k_cov), np.int64).reshape(-1, 2)
-    codes = group_codes(np.r_[rank, cov[:, 0]], np.r_[dev, cov[:, 1]])
+    codes = dense_codes(np.r_[rank, cov[:, 0]], np.r_[dev, cov[:, 1]])
     by_kernels = gpu & np.isin(codes[:n], codes[n:])
     # uses from both sources: (rank, pid, lo, hi, time)
     parts = []
@@ -264,7 +264,7 @@ def block_uses(blocks: pa.Table, op_idx: np.ndarray, pid: np.ndarray, ops: pa.Ta
         unknown = np.unique(np.r_[rank[pid < 0], u_rank[u_pid < 0]])
         b_pid = np.where(np.isin(rank, unknown), -1, pid)
         u_pid = np.where(np.isin(u_rank, unknown), -1, u_pid)
-        g = group_codes(np.r_[rank, u_rank], np.r_[b_pid, u_pid])
+        g = dense_codes(np.r_[rank, u_rank], np.r_[b_pid, u_pid])
         bg, ug = g[:n], g[n:]
         for k in np.unique(ug):
             bsel, usel = np.flatnonzero(bg == k), np.flatnonzero(ug == k)
