@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from pastaprof.tools._by_rank import rank_rows, take_rows
 from pastaprof.tools.base import Finding, Report, Tool, sql
 
 UNATTRIBUTED_WARN_SHARE = 0.05   # >5% of GPU time not linked to any op is worth a warning
@@ -56,8 +57,9 @@ def _self_cpu(op: pa.Table, cpu: np.ndarray) -> np.ndarray:
     child = np.zeros(n, np.int64)
     parent = np.asarray(op["parent_id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
     ids = np.asarray(op["id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
-    for r in np.unique(ranks):
-        rows = np.flatnonzero(ranks == r)
+    by_rank = rank_rows(ranks)
+    for r in by_rank.ranks():
+        rows = by_rank[r]
         ppos = map_keys(parent[rows], ids[rows], rows)  # by search: ids are data
         ok = ppos >= 0
         np.add.at(child, ppos[ok], cpu[rows[ok]])
@@ -106,30 +108,36 @@ class Ops(Tool):
         lag_n = np.zeros(op.num_rows, dtype=np.int64)
         lag_max = np.full(op.num_rows, -1, dtype=np.int64)
         if op.num_rows:
-            ranks = np.asarray(op["rank"].to_numpy(zero_copy_only=False))
-            for r in np.unique(ranks):
-                rows = np.nonzero(ranks == r)[0]
-                sub = op.take(rows)
-                ids = np.asarray(sub["id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
-                m = np.asarray(per_op["rank"].to_numpy(zero_copy_only=False)) == r
-                oid = np.asarray(per_op["op_id"].to_numpy(zero_copy_only=False), dtype=np.int64)[m]
-                # by search, not an array indexed by id: ids are data (a damaged store's op id of
-                # 3.6e17 asked numpy for 2.5 EiB)
-                from pastaprof.processor.link import map_keys
+            # by search, not an array indexed by id: ids are data (a damaged store's op id of
+            # 3.6e17 asked numpy for 2.5 EiB)
+            from pastaprof.processor.link import map_keys
 
-                pos = map_keys(oid, ids, np.arange(len(rows), dtype=np.int64))
+            def col(t: pa.Table, name: str) -> np.ndarray:
+                return np.asarray(t[name].to_numpy(zero_copy_only=False))
+
+            ranks = col(op, "rank")
+            all_ids = np.asarray(op["id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+            by_rank, gpu_of, lag_of = rank_rows(ranks), rank_rows(col(per_op, "rank")), rank_rows(col(per_op_lag, "rank"))
+            gpu_oid, lag_oid = col(per_op, "op_id").astype(np.int64), col(per_op_lag, "op_id").astype(np.int64)
+            gpu_cols = {"gpu_ns": col(per_op, "gpu_ns"), "launches": col(per_op, "launches")}
+            lag_cols = {c: col(per_op_lag, c) for c in ("d", "n", "mx")}
+            for r in by_rank.ranks():
+                rows = by_rank[r]
+                sub = take_rows(op, rows)
+                ids = all_ids[rows]
+                m = gpu_of[r]
+                pos = map_keys(gpu_oid[m], ids, np.arange(len(rows), dtype=np.int64))
                 ok = pos >= 0
                 at = rows[pos[ok]]
-                self_gpu[at] = np.asarray(per_op["gpu_ns"].to_numpy(zero_copy_only=False))[m][ok]
-                self_launch[at] = np.asarray(per_op["launches"].to_numpy(zero_copy_only=False))[m][ok]
+                self_gpu[at] = gpu_cols["gpu_ns"][m][ok]
+                self_launch[at] = gpu_cols["launches"][m][ok]
                 incl[rows] = _inclusive(sub, self_gpu[rows])
-                m = np.asarray(per_op_lag["rank"].to_numpy(zero_copy_only=False)) == r
-                oid = np.asarray(per_op_lag["op_id"].to_numpy(zero_copy_only=False), dtype=np.int64)[m]
-                pos = map_keys(oid, ids, np.arange(len(rows), dtype=np.int64))
+                m = lag_of[r]
+                pos = map_keys(lag_oid[m], ids, np.arange(len(rows), dtype=np.int64))
                 ok = pos >= 0
                 at = rows[pos[ok]]
-                for arr, col in ((lag_sum, "d"), (lag_n, "n"), (lag_max, "mx")):
-                    arr[at] = np.asarray(per_op_lag[col].to_numpy(zero_copy_only=False))[m][ok]
+                for arr, c in ((lag_sum, "d"), (lag_n, "n"), (lag_max, "mx")):
+                    arr[at] = lag_cols[c][m][ok]
         cpu = (np.asarray(op["end_ns"]) - np.asarray(op["start_ns"])).astype(np.int64) if op.num_rows \
             else np.zeros(0, np.int64)
         ops = pa.table({
