@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.processor.intervals import group_codes, innermost_enclosing
-from pastaprof.tools._by_rank import rows_of_rank
+from pastaprof.tools._by_rank import rank_rows, rows_of_rank
 from pastaprof.tools._memory_categories import CATEGORIES, classify, optimizer_ranges
 from pastaprof.tools._memory_patterns import block_uses, device_label, find_patterns
 from pastaprof.tools._ranges import host_ranges
@@ -302,9 +302,10 @@ class Memory(Tool):
         cat = np.full(len(rows), CATEGORIES.index("unknown"), np.int8)
         brank = rank[rows]
         hi_all = int(t.max()) + 1
-        for r in np.unique(brank):
-            mine = brank == r
-            starts, ends, _, _ = self._step_windows(int(r), int(t[rank == r].min()), hi_all)
+        of_block, of_event = rank_rows(brank), rank_rows(rank)
+        for r in of_block.ranks():
+            mine = of_block[r]
+            starts, ends, _, _ = self._step_windows(int(r), int(t[of_event[r]].min()), hi_all)
             o_s, o_e = optimizer_ranges(self.table("range"), ops, int(r))
             cat[mine] = classify(alloc_ns[mine], free_ns[mine], alloc_bwd[mine], free_bwd[mine], pretrace[mine],
                                  starts, ends, o_s, o_e, hi_all)
@@ -317,7 +318,8 @@ class Memory(Tool):
         parts = [(rank, t, t)] + [(_i64(x["rank"], 0), _i64(x["start_ns"]), _i64(x["end_ns"]))
                                   for x in (self.table("op"), self.table("kernel")) if x.num_rows]
         r, lo, hi = (np.concatenate([p[i] for p in parts]) for i in range(3))
-        return {int(k): (int(lo[r == k].min()), int(hi[r == k].max())) for k in np.unique(rank)}
+        of = rank_rows(r)
+        return {int(k): (int(lo[of[k]].min()), int(hi[of[k]].max())) for k in np.unique(rank).tolist()}
 
     def _allocating_op(self, rank, pid, tid, time) -> np.ndarray:
         """Index (into the op table) of the innermost op on the same thread around each time, or -1."""
@@ -367,10 +369,11 @@ class Memory(Tool):
         windows: dict[int, tuple] = {}
         alloc_ns = _i64(blocks["alloc_ns"], -1)
         bbytes = _i64(blocks["bytes"], 0)
+        of_event = rank_rows(rank)
         for k, (s, e) in enumerate(zip(seg, seg_end, strict=True)):
             r = int(rank[s])
             if r not in windows:
-                mine = rank == r
+                mine = of_event[r]
                 hi = max([int(t[mine].max())] + [int(_i64(rows_of_rank(x, r)["end_ns"]).max(initial=0))
                                                  for x in (ops, rng)])
                 windows[r] = self._step_windows(r, int(t[mine].min()), hi + 1)
@@ -441,6 +444,10 @@ class Memory(Tool):
 
     def _findings(self, dev_rows: list[dict], never: pa.Table, leaks: list[dict]) -> list[Finding]:
         out: list[Finding] = []
+        keys = zip(*(never[c].to_pylist() for c in ("rank", "device", "device_type")), strict=True)
+        first_site: dict[tuple, int] = {}
+        for i, key in enumerate(keys):  # never_freed is sorted by bytes: a device's first row is its top site
+            first_site.setdefault(key, i)
         for lk in leaks:
             top = lk["sites"][0] if lk["sites"] else {}
             where = " @ ".join(x for x in (top.get("op_name"), top.get("call_site")) if x) or None
@@ -451,9 +458,7 @@ class Memory(Tool):
             nb = d["never_freed_bytes"]
             name = device_label(d['device_type'], d['device'])
             if nb > 0:
-                mine = never.filter(pc.and_(pc.equal(never["rank"], d["rank"]), pc.and_(
-                    pc.equal(never["device"], d["device"]), pc.equal(never["device_type"], d["device_type"]))))
-                top = mine.slice(0, 1).to_pylist()[0]
+                top = never.slice(first_site[(d["rank"], d["device"], d["device_type"])], 1).to_pylist()[0]
                 sev = "critical" if nb >= CRITICAL_BYTES else "warning" if nb >= WARN_BYTES else "info"
                 out.append(Finding(sev, f"{name}: {_fmt(nb)} in {d['never_freed_blocks']} blocks allocated during the "
                                         "trace still live at its end",
