@@ -56,7 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.events.schema import GPU_ACTIVITY_KINDS
-from pastaprof.tools._by_rank import rows_of_rank
+from pastaprof.tools._by_rank import rank_rows, rows_of_rank
 from pastaprof.tools._ranges import host_ranges
 from pastaprof.tools._timeline_math import (
     COMMUNICATION,
@@ -294,8 +294,9 @@ class Steps(Tool):
         op_rank = to_np(op["rank"], dtype=np.int32)
         op_start = to_np(op["start_ns"])
         tables, per_rank, base = [], [], 0
+        act_of, op_of = rank_rows(act["rank"]), rank_rows(op_rank)
         for r in ranks:
-            mine = np.flatnonzero(act["rank"] == r)
+            mine = act_of[r]
             mine = mine[np.argsort(act["start"][mine], kind="stable")]
             sub = {k: v[mine] for k, v in act.items()}
             lo, hi, labels, rule = self._windows(r, sub["launch"], sub["end"])
@@ -308,7 +309,7 @@ class Steps(Tool):
                 continue
             w = window_of(sub["launch"], lo, hi)
             act["sid"][mine[w >= 0]] = base + w[w >= 0]
-            on = np.flatnonzero(op_rank == r)
+            on = op_of[r]
             wo = window_of(op_start[on], lo, hi)
             op_sid[on[wo >= 0]] = base + wo[wo >= 0]
             split = self._gpu_split(sub, lo, hi, delay)
@@ -374,8 +375,9 @@ class Steps(Tool):
         outlier = np.zeros(len(wall), bool)
         stats: dict[int, dict[str, Any]] = {}
         groups = []
-        for r in np.unique(rank).tolist():
-            m = np.flatnonzero(rank == r)
+        of = rank_rows(rank)
+        for r in of.ranks():
+            m = of[r]
             w = wall[m].astype(np.float64)
             med = float(np.median(w))
             stats[r] = {"median_wall_ns": int(round(med)), "mean_wall_ns": int(round(w.mean())),
@@ -401,7 +403,8 @@ class Steps(Tool):
         if not groups:
             return steps, [], stats
         explain = self._differences(steps, op, op_sid, np.flatnonzero(outlier))
-        findings = [self._finding(steps, g, explain) for g in groups]
+        by_sid = {k: rank_rows(to_np(t["sid"])) for k, t in explain.items()}  # rows of each step, found once
+        findings = [self._finding(steps, g, explain, by_sid) for g in groups]
         return steps, findings, stats
 
     def _differences(self, steps: pa.Table, op: pa.Table, op_sid: np.ndarray, rows: np.ndarray) -> Any:
@@ -411,8 +414,9 @@ class Steps(Tool):
         api_sid = np.full(api.num_rows, -1, np.int64)
         a_rank, a_start = to_np(api["rank"], dtype=np.int32), to_np(api["start_ns"])
         s_rank, lo, hi, sid = (to_np(steps[c]) for c in ("rank", "start_ns", "end_ns", "sid"))
-        for r in np.unique(s_rank).tolist():
-            m, on = np.flatnonzero(s_rank == r), np.flatnonzero(a_rank == r)
+        s_of, a_of = rank_rows(s_rank), rank_rows(a_rank)
+        for r in s_of.ranks():
+            m, on = s_of[r], a_of[r]
             w = window_of(a_start[on], lo[m], hi[m])
             api_sid[on[w >= 0]] = sid[m][w[w >= 0]]
         top = pc.fill_null(pc.equal(op["depth"], 0), True).to_numpy(zero_copy_only=False) & (op_sid >= 0)
@@ -439,7 +443,8 @@ class Steps(Tool):
             """).to_arrow_table()
         return out
 
-    def _finding(self, steps: pa.Table, group: tuple, explain: dict[str, pa.Table]) -> Finding:
+    def _finding(self, steps: pa.Table, group: tuple, explain: dict[str, pa.Table],
+                 by_sid: dict[str, Any]) -> Finding:
         r, component, rows, med, excess = group
         wall = to_np(steps["wall_ns"])[rows]
         sids = to_np(steps["sid"])[rows]
@@ -451,7 +456,8 @@ class Steps(Tool):
                                     **{f"excess_{c}_ns": v for c, v in excess.items()}}
         location = None
         for label in ("op", "api"):
-            t = explain[label].filter(pc.is_in(explain[label]["sid"], pa.array(sids)))
+            mine = [by_sid[label][int(x)] for x in np.unique(sids)]  # the rows of is_in(sid, sids), in order
+            t = explain[label].take(np.sort(np.concatenate(mine)) if mine else np.zeros(0, np.int64))
             if not t.num_rows:
                 continue
             g = t.group_by("name").aggregate([("excess", "sum")]).sort_by([("excess_sum", "descending"),
