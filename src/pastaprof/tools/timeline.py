@@ -77,6 +77,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pastaprof.tools._by_rank import rank_rows
 from pastaprof.tools._timeline_math import (
     COMMUNICATION,
     COMPUTATION,
@@ -368,9 +369,13 @@ class Timeline(Tool):
         keep = launch >= 0
         if not keep.any() or op.num_rows == 0:
             return None
-        launch, gap = launch[keep], gap[keep]
         api_rank, api_op, index, roots = self._op_index(api, op)  # once, not once per rank
-        mine = api_rank[launch] == rank
+        memo = getattr(self, "_waits_by_rank", None)
+        if memo is None or memo[0] is not api_rank or memo[1] is not launch:  # grouped by rank once, not per rank
+            memo = (api_rank, launch, launch[keep], gap[keep], rank_rows(api_rank[launch[keep]]))
+            self._waits_by_rank = memo
+        _, _, launch, gap, of_rank = memo
+        mine = of_rank[rank]
         launch, gap = launch[mine], gap[mine]
         row = index.find(np.full(len(launch), rank, np.int32), api_op[launch])
         linked = row >= 0
@@ -422,9 +427,12 @@ class Timeline(Tool):
                                                                         NON_COMPUTE_PCT)).as_py())
         peer = self._peer_waits() if multi else {}
         waiting: list[tuple[dict[str, Any], dict[str, int]]] = []
+        streams_of: dict[Any, list[int]] = {}
+        for i, x in enumerate(st["rank"]):  # each rank's streams, in one pass
+            streams_of.setdefault(x, []).append(i)
         for r in temporal.to_pylist():
             rank, where = r["rank"], f"rank {r['rank']}"
-            rows = [i for i, x in enumerate(st["rank"]) if x == rank]
+            rows = streams_of.get(rank, [])
             waits = {c: sum(st[f"{c}_ns"][i] for i in rows) for c in ("host_wait", "kernel_wait", "other")}
             total_wait = sum(waits.values())
             share = waits["host_wait"] / total_wait if total_wait else 0.0
