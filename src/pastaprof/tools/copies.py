@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pastaprof.tools._by_rank import rank_rows
 from pastaprof.tools._timeline_math import COMPUTATION, KeyIndex, hta_kernel_class, name_codes, to_np
 from pastaprof.tools.base import Finding, Report, Tool, sql
 from pastaprof.tools.cuda_api import BLOCKING_MEMCPY_RE, SYNC_RE, pattern_mask
@@ -152,11 +153,15 @@ class Copies(Tool):
         comp = (np.array([hta_kernel_class(x) for x in names], np.int8) == COMPUTATION)[codes]
         busy = KeyIndex(kr[comp], kd[comp], kst[comp])
         compute_stream = busy.find(rank, device, stream) >= 0
-        for r, d in {(int(a), int(b)) for a, b in zip(*np.unique(np.stack([rank, device]), axis=1))}:
-            sel = (kr == r) & (kd == d)
+        def pair(r: np.ndarray, d: np.ndarray) -> np.ndarray:  # (rank, device) as one int64 key
+            return (r.astype(np.int64) << 32) | (d.astype(np.int64) & 0xFFFFFFFF)
+
+        kernels_of, copies_of = rank_rows(pair(kr, kd)), rank_rows(pair(rank, device))
+        for key in copies_of.ranks():  # each (rank, device)'s kernels and copies from one sort, not a scan each
+            sel = kernels_of[key]
             o = np.argsort(ks[sel], kind="stable")
             a, b, _ = merged(ks[sel][o], ke[sel][o])
-            mine = np.flatnonzero((rank == r) & (device == d))
+            mine = copies_of[key]
             exposed[mine] -= overlap(a, b, start[mine], end[mine])
         return exposed, compute_stream
 
