@@ -193,3 +193,31 @@ def test_gpu_idle_overlap_of_calls() -> None:
     start = np.array([0, 25, 15, 22, 45, 60, 41])
     end = np.array([5, 45, 35, 28, 70, 80, 41])
     assert _overlap(start, end, s, e).tolist() == [0, 10, 10, 6, 5, 0, 0]
+
+
+@needs_ebpf
+def test_launcher_hooks_probe_a_program_without_python(programs: dict[str, Path], tmp_path: Path) -> None:
+    """handlers/probe_launch.py as `pastaprof run` calls it around a native program: attached
+    before it starts, its calls stored as the run's probe parts before compaction."""
+    from pastaprof.handlers import probe_launch
+    from pastaprof.store.compact import compact
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = {**os.environ, "PASTAPROF_PROBE": f"libc.so.6:malloc:args=1;usdt:{programs['ticks']}:pastaprof_demo:tick"}
+    cmd = [str(programs["mallocs"]), str(N_MALLOCS), str(SIZE)]
+    assert probe_launch.launch_hook(env, [sys.executable, "x.py"]) is None  # Python: its own session probes
+    session = probe_launch.launch_hook(env, cmd)
+    assert session is not None and env["_PASTAPROF_PROBE_ROOT"] == str(os.getpid())
+    a = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    b = subprocess.run([str(programs["ticks"]), "40"], env=env, capture_output=True, text=True)
+    assert (a.returncode, a.stdout, b.returncode, b.stdout) == (0, "mallocs done\n", 0, "ticks done\n")
+    stored = probe_launch.finish_hook(session, run_dir)
+    manifest = compact(run_dir, command=cmd, exit_code=0)
+    run = load(run_dir)
+    by_probe = dict(run.sql("select function, count(*) from probe group by all").fetchall())
+    assert by_probe == {"malloc": N_MALLOCS, "pastaprof_demo:tick": 40}  # the launcher's own calls are not there
+    assert run.sql("select count(distinct args[1]) from probe where function = 'malloc'").fetchall()[0][0] == 1
+    assert sorted(stored.values()) == [40, N_MALLOCS] and manifest["rows"]["probe"] == N_MALLOCS + 40
+    h = next(p["handlers"]["probe"] for p in manifest["processes"] if "probe" in (p["handlers"] or {}))
+    assert h["records"] == N_MALLOCS + 40 and h["dropped"] == 0
