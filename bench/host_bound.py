@@ -32,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PP_FLAGS = {"pastaprof": [], "pastaprof_all": ["--shapes", "all"], "pastaprof_none": ["--no-shapes"],
             "pastaprof_noflush": [], "pastaprof_nomodules": [], "pastaprof_nosites": ["--no-call-sites"],
-            "pastaprof_noops": [], "pastaprof_nocupti": [], "pastaprof_nothing": []}
+            "pastaprof_noops": [], "pastaprof_nocupti": [], "pastaprof_nothing": [], "pastaprof_idle": []}
 # the default capture with no flush before the program ends (buffer large enough): what the
 # background flushes (drain, link, Parquet writes; the GIL) cost the program's steps
 PP_ENV = {"pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000", "PASTAPROF_BUFFER_MB": "4096"},
@@ -41,14 +41,22 @@ PP_ENV = {"pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000", "PASTAPROF_BUFFE
           "pastaprof_noops": {"PASTAPROF_OFF": "ops,modules"},
           "pastaprof_nocupti": {"PASTAPROF_OFF": "kernels,api,ext,memory"},
           # every mechanism off: what the bootstrap, the session and the supervising parent cost alone
-          "pastaprof_nothing": {"PASTAPROF_OFF": "kernels,api,ext,ops,modules,tensors,memory"}}
+          "pastaprof_nothing": {"PASTAPROF_OFF": "kernels,api,ext,ops,modules,tensors,memory"},
+          # the session and its threads with no handler at all (CUPTI's copy, memset and sync
+          # records, which PASTAPROF_OFF cannot switch off, and the torch handler's hooks included)
+          "pastaprof_idle": {"_PASTAPROF_HANDLERS": "[]"},
+          # `env` is not a Python command: `pastaprof run` prepares native capture for it
+          # (CUDA_INJECTION64_PATH), which the CUDA driver then loads into the Python child (where
+          # the library starts nothing). The parent alone is measured without it; with it, what
+          # a loaded injection library costs a Python program launched through a shell or `env`.
+          "pastaprof_nosession": {"PASTAPROF_NATIVE_INJECT": "0"}}
 TP = ("tp_default", "tp_full")
 # Floors without capture: the supervising `pastaprof run` parent with the child's session never
 # started (PASTAPROF_OUT unset in the child), and a bare process that first imports what the
 # session imports (pyarrow, numpy, duckdb-free parts) before the script runs.
 PRELOAD = ("import pyarrow, pyarrow.parquet, numpy, runpy, sys; sys.argv = sys.argv[1:]; "
            "runpy.run_path(sys.argv[0], run_name='__main__')")
-FLOORS = ("pastaprof_nosession", "bare_preload")
+FLOORS = ("pastaprof_nosession", "pastaprof_nosession_inject", "bare_preload")
 ALL = ("bare", *PP_FLAGS, *TP, *FLOORS)
 
 
@@ -61,7 +69,7 @@ def one(workload: str, variant: str, out: Path, steps: int, warmup: int) -> dict
     run_dir = None
     if variant == "bare_preload":
         cmd = [sys.executable, "-c", PRELOAD, *cmd[1:]]
-    elif variant == "pastaprof_nosession":
+    elif variant in ("pastaprof_nosession", "pastaprof_nosession_inject"):
         cmd = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(out / f"run-nosession-{time.time_ns()}"),
                "--", "env", "-u", "PASTAPROF_OUT", *cmd]
     if variant in PP_FLAGS:
