@@ -28,8 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pastaprof.processor.intervals import group_codes, innermost_enclosing
+from pastaprof.processor.intervals import innermost_enclosing
 from pastaprof.tools._by_rank import rank_rows, rows_of_rank
+from pastaprof.tools._codes import dense_codes
 from pastaprof.tools._memory_categories import CATEGORIES, classify, optimizer_ranges
 from pastaprof.tools._memory_patterns import block_uses, device_label, find_patterns
 from pastaprof.tools._ranges import host_ranges
@@ -73,8 +74,12 @@ def _str(col) -> np.ndarray:
     return np.asarray(pc.fill_null(col.cast(pa.string()), "").to_numpy(zero_copy_only=False), dtype=object)
 
 
-def _take(values: pa.Array, idx: np.ndarray) -> pa.Array:
-    return values.take(pa.array(idx, pa.int64(), mask=idx < 0))
+def _take(values: pa.Array | pa.ChunkedArray, idx: np.ndarray, typ: pa.DataType | None = None) -> pa.Array:
+    """``values[idx]`` (null where idx < 0) as one array of ``typ``: taken before the cast, so a
+    dictionary-encoded op column casts the picked rows only, not a string per op."""
+    out = values.take(pa.array(idx, pa.int64(), mask=idx < 0))
+    out = out.cast(typ) if typ is not None else out
+    return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
 
 
 def _fmt(b: float) -> str:
@@ -128,7 +133,7 @@ class Memory(Tool):
         dtype_all = _str(ev["device_type"])
         dcode = np.unique(dtype_all, return_inverse=True)[1]
         rank0, dev0 = _i64(ev["rank"], 0), _i64(ev["device"])
-        key0 = group_codes(rank0, dev0, dcode)
+        key0 = dense_codes(rank0, dev0, dcode)
         order = np.lexsort((np.arange(ev.num_rows), _i64(ev["start_ns"]), key0))
         ev = ev.take(pa.array(order))
         n = ev.num_rows
@@ -162,10 +167,18 @@ class Memory(Tool):
         fpos = np.where(r_alloc, free_of[rows], rows)
         fpos = np.where(fpos < 0, NEVER, fpos)
         apos = np.where(r_alloc, rows, -1)
-        op_idx = self._allocating_op(rank[rows], _i64(ev["pid"])[rows], _i64(ev["tid"])[rows], t[rows])
+        pid, tid = _i64(ev["pid"]), _i64(ev["tid"])
+        freed = fpos != NEVER
+        fidx = np.clip(fpos, 0, n - 1)[freed]
+        # the op around each alloc and each free: one search, so the ops are indexed once
+        found = self._allocating_op(np.r_[rank[rows], rank[fidx]], np.r_[pid[rows], pid[fidx]],
+                                    np.r_[tid[rows], tid[fidx]], np.r_[t[rows], t[fidx]])
+        op_idx = found[:len(rows)]
         op_idx[~r_alloc] = -1
+        free_idx = np.full(len(rows), -1)
+        free_idx[freed] = found[len(rows):]
         ops = self.table("op")
-        op_cols = {c: _take(ops[src].cast(typ).combine_chunks(), op_idx) if ops.num_rows else pa.nulls(len(rows), typ)
+        op_cols = {c: _take(ops[src], op_idx, typ) if ops.num_rows else pa.nulls(len(rows), typ)
                    for c, src, typ in (("op_id", "id", pa.int64()), ("op_name", "name", pa.string()),
                                        ("module", "module", pa.string()), ("call_site", "call_site", pa.string()))}
         blocks = pa.table({
@@ -176,8 +189,7 @@ class Memory(Tool):
             "free_ns": pa.array(t[np.clip(fpos, 0, n - 1)], pa.int64(), mask=fpos == NEVER),
             "pretrace": pa.array(~r_alloc), **op_cols,
         })
-        blocks = self._with_free_and_category(blocks, ev, rows, fpos, op_idx, rank, pid_tid=(
-            _i64(ev["pid"]), _i64(ev["tid"])), t=t, key=key, seg=seg)
+        blocks = self._with_free_and_category(blocks, rows, fpos, op_idx, free_idx, rank, t)
         blocks, use_complete, use_info = block_uses(blocks, op_idx, _i64(ev["pid"])[rows], ops,
                                                     self.table("access_summary"), self.table("kernel"),
                                                     self.info.manifest)
@@ -274,24 +286,18 @@ class Memory(Tool):
         out = sorted(rows.values(), key=lambda r: (r["rank"], r["device_type"] != "cuda", r["device"], -r["bytes"]))
         return pa.Table.from_pylist(out) if out else pa.table({"category": pa.array([], pa.string())})
 
-    def _with_free_and_category(self, blocks, ev, rows, fpos, op_idx, rank, pid_tid, t, key, seg) -> pa.Table:
+    def _with_free_and_category(self, blocks, rows, fpos, op_idx, free_idx, rank, t) -> pa.Table:
         """Add the freeing op and call site, and the inferred category (_memory_categories)."""
         n = len(t)
         ops = self.table("op")
         freed = fpos != NEVER
         fidx = np.clip(fpos, 0, n - 1)
-        pid, tid = pid_tid
-        free_op = self._allocating_op(rank[rows][freed], pid[fidx][freed], tid[fidx][freed], t[fidx][freed])
-        free_idx = np.full(len(rows), -1)
-        free_idx[freed] = free_op
         if ops.num_rows:
             bwd = pc.fill_null(ops["is_backward"], False).to_numpy(zero_copy_only=False).astype(bool)
             alloc_bwd = np.where(op_idx >= 0, bwd[np.clip(op_idx, 0, None)], False)
             free_bwd = np.where(free_idx >= 0, bwd[np.clip(free_idx, 0, None)], False)
-            names = ops["name"].cast(pa.string()).combine_chunks()
-            sites = ops["call_site"].cast(pa.string()).combine_chunks()
-            blocks = blocks.append_column("free_op_name", _take(names, free_idx))
-            blocks = blocks.append_column("free_call_site", _take(sites, free_idx))
+            blocks = blocks.append_column("free_op_name", _take(ops["name"], free_idx, pa.string()))
+            blocks = blocks.append_column("free_call_site", _take(ops["call_site"], free_idx, pa.string()))
         else:
             alloc_bwd = free_bwd = np.zeros(len(rows), bool)
             blocks = blocks.append_column("free_op_name", pa.nulls(len(rows), pa.string()))
@@ -327,7 +333,7 @@ class Memory(Tool):
         if ops.num_rows == 0 or len(time) == 0:
             return np.full(len(time), -1)
         no = ops.num_rows
-        g = group_codes(np.r_[_i64(ops["rank"], 0), rank], np.r_[_i64(ops["pid"]), pid], np.r_[_i64(ops["tid"]), tid])
+        g = dense_codes(np.r_[_i64(ops["rank"], 0), rank], np.r_[_i64(ops["pid"]), pid], np.r_[_i64(ops["tid"]), tid])
         return innermost_enclosing(g[:no], _i64(ops["start_ns"]), _i64(ops["end_ns"]), g[no:], time)
 
     def _step_windows(self, r: int, t_lo: int, t_hi: int) -> tuple[np.ndarray, np.ndarray, list[str], str]:
@@ -350,7 +356,7 @@ class Memory(Tool):
             return np.r_[t_lo, ends[:-1]], ends, [f"step {i}" for i in range(len(ends))], "optimizer steps"
         top = ops.filter(pc.fill_null(pc.equal(ops["depth"], 0), True))
         if top.num_rows >= MIN_STEPS:
-            th = group_codes(_i64(top["pid"]), _i64(top["tid"]))
+            th = dense_codes(_i64(top["pid"]), _i64(top["tid"]))
             top = top.filter(pa.array(th == np.bincount(th).argmax())).sort_by("start_ns")
             c = np.unique(_str(top["name"]), return_inverse=True)[1]
             nt = len(c)
