@@ -10,7 +10,9 @@ Each probed round runs the program under one bpftrace (the session pastaprof's p
 handler starts), waits until bpftrace has written every call, and checks that the calls
 recorded plus those bpftrace reported lost equal N.  Reported per mode: the program's wall
 time bare and probed (median of the rounds), the cost per call ((probed - bare) / N), and
-the calls lost.  Usage: ``python bench/probe_cost.py [--calls N] [--rounds R] [--json F]``.
+the calls lost.  Two more rows split the malloc cost: bpftrace only counting the calls in
+the kernel, with the uprobe alone and with the uprobe+uretprobe pair (the traps' cost,
+without the line per call that pastaprof's recording writes).  Usage: ``python bench/probe_cost.py [--calls N] [--rounds R] [--json F]``.
 """
 
 from __future__ import annotations
@@ -62,6 +64,25 @@ def probed(spec: str, cmd: list[str]) -> tuple[float, int, int]:
         s.close()
 
 
+def counted_only(lib: str, cmd: list[str], rounds: int, both: bool) -> float:
+    """The program's wall seconds (best of ``rounds``) under a bpftrace that only counts the
+    calls in the kernel (no line per call): the cost of the uprobe (``both``: and the
+    uretprobe) trap alone."""
+    comm = Path(cmd[0]).name[:15]
+    prog = f'uprobe:{lib}:malloc /comm == "{comm}"/ {{ ' + ("@s[tid] = nsecs; } " if both else "@n = count(); } ")
+    if both:
+        prog += f"uretprobe:{lib}:malloc /@s[tid]/ {{ @n = count(); delete(@s[tid]); }}"
+    p = subprocess.Popen(["bpftrace", "-B", "line", "-e", 'BEGIN { printf("R\\n"); } ' + prog], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True)
+    try:
+        while p.stdout is not None and p.stdout.readline().strip() != "R":
+            pass
+        return min(timed(cmd) for _ in range(rounds))
+    finally:
+        p.send_signal(2)
+        p.communicate(timeout=30)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=100_000)
@@ -90,6 +111,14 @@ def main() -> None:
                             "us_per_call": round((p - b) / a.calls * 1e6, 3), "recorded": rows, "lost": lost}
             print(f"{mode:7s} {a.calls} calls: bare {b * 1e3:8.1f} ms  probed {p * 1e3:8.1f} ms  "
                   f"{result[mode]['us_per_call']:6.2f} us/call  recorded {rows}  lost {lost}")
+        lib = parse_specs("libc.so.6:malloc")[0].lib
+        cmd = modes["malloc"][1]
+        for label, both in (("uprobe_count_only", False), ("uprobe_uretprobe_count_only", True)):
+            b = min(timed(cmd) for _ in range(a.rounds))
+            p = counted_only(lib, cmd, a.rounds, both)
+            result[label] = {"calls": a.calls, "bare_s": round(b, 6), "probed_s": round(p, 6),
+                             "us_per_call": round((p - b) / a.calls * 1e6, 3)}
+            print(f"{label}: bare {b * 1e3:8.1f} ms  probed {p * 1e3:8.1f} ms  {result[label]['us_per_call']:6.2f} us/call")
     if a.json:
         a.json.write_text(json.dumps(result, indent=1))
 
