@@ -15,7 +15,8 @@ peak RSS from wait4 and from a sampled process tree, CPU seconds):
 Usage:
     .venv/bin/python bench/many_ranks.py                         # 64, 256, 1024 ranks, local engine
     .venv/bin/python bench/many_ranks.py --ranks 64 --engine dask
-    .venv/bin/python bench/many_ranks.py --big 16                # 16 ranks of real-size shards
+    .venv/bin/python bench/many_ranks.py --ranks 256 --per-tool  # CPU seconds of each tool's report, in process
+Real-size shards (16 ranks of GPT-2 traces): bench/real_size_ranks.py.
 Results: a table on stdout, everything as JSON in --results.
 """
 
@@ -112,8 +113,40 @@ def run_once(job: Path, engine: str | None, tools: str | None) -> dict:
         if m["rc"] == 0:
             doc = json.loads(js.read_text())
             m["findings"] = len(doc.get("findings", []))
-            m["tools"] = [r.get("tool") for r in doc.get("reports", [])]
+            m["tools"] = list(doc.get("tools", {}))
     return m
+
+
+def per_tool(job: Path) -> dict:
+    """In this process: CPU seconds of each default tool's ``report()`` and of the rest (import,
+    link, handing batches to the tools), and this process's peak RSS."""
+    import resource
+    import time
+
+    import pastaprof
+    from pastaprof.api import _instances
+
+    tools = _instances(None)
+    spent: dict[str, float] = {}
+
+    def timed(tool):
+        inner = tool.report
+
+        def report():
+            c = time.process_time()
+            try:
+                return inner()
+            finally:
+                spent[tool.name] = time.process_time() - c
+        return report
+
+    for tool in tools:
+        tool.report = timed(tool)
+    c0 = time.process_time()
+    pastaprof.analyze(job, tools=tools)
+    total = time.process_time() - c0
+    return {"cpu_s": total, "reports_cpu_s": sum(spent.values()), "rest_cpu_s": total - sum(spent.values()),
+            "per_tool_cpu_s": spent, "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
 def main() -> None:
@@ -122,12 +155,23 @@ def main() -> None:
     ap.add_argument("--repeat-steps", type=int, default=1, help="copies of each shard's events (K x events)")
     ap.add_argument("--engine", default=None, help="--engine of analyze (default: analyze's default)")
     ap.add_argument("-t", "--tools", default=None, help="-t of analyze (default: the default tools)")
+    ap.add_argument("--per-tool", action="store_true",
+                    help="in this process, the CPU seconds of each default tool's report (one job size at a time)")
     ap.add_argument("--results", type=Path, default=WORK / "results.json")
     args = ap.parse_args()
     rows = []
     for n in [int(x) for x in args.ranks.split(",")]:
         job = build_job(n, args.repeat_steps)
         events = sum(len(json.load(gzip.open(p))["traceEvents"]) for p in sorted(job.glob("rank-*"))[:1]) * n
+        if args.per_tool:
+            m = per_tool(job)
+            m.update(ranks=n, events=events, repeat_steps=args.repeat_steps)
+            rows.append(m)
+            tools = "  ".join(f"{k} {v:.2f}" for k, v in m["per_tool_cpu_s"].items())
+            print(f"{n:5d} ranks  {events:>10,} events  CPU {m['cpu_s']:.1f} s ({m['cpu_s'] / events * 1e6:.1f} us/event): "
+                  f"reports {m['reports_cpu_s']:.1f} s ({m['reports_cpu_s'] / events * 1e6:.1f} us/event), "
+                  f"rest {m['rest_cpu_s']:.1f} s; per tool: {tools}", flush=True)
+            continue
         m = run_once(job, args.engine, args.tools)
         m.update(ranks=n, events=events, repeat_steps=args.repeat_steps)
         rows.append(m)
