@@ -221,3 +221,24 @@ def test_launcher_hooks_probe_a_program_without_python(programs: dict[str, Path]
     assert sorted(stored.values()) == [40, N_MALLOCS] and manifest["rows"]["probe"] == N_MALLOCS + 40
     h = next(p["handlers"]["probe"] for p in manifest["processes"] if "probe" in (p["handlers"] or {}))
     assert h["records"] == N_MALLOCS + 40 and h["dropped"] == 0
+
+
+@needs_ebpf
+def test_perfetto_export_draws_every_probed_call(probed_run: dict, tmp_path: Path) -> None:
+    from test_perfetto import decode
+
+    from pastaprof.report.perfetto import write_perfetto
+
+    run = load(probed_run["out"])
+    counts = write_perfetto(run, tmp_path / "t.pftrace")
+    d = decode(tmp_path / "t.pftrace")
+    probe_slices = [s for s in d.slices if d.descriptors[s.track].name.startswith("probes tid ")]
+    n = run.table("probe").num_rows
+    assert counts["probes"] == n == len(probe_slices)
+    tpid = int(probed_run["r"].stdout.split("children ")[1].split()[1])
+    ticks = sorted((s.start, s.end) for s in probe_slices if s.name.endswith("pastaprof_demo:tick"))
+    want = sorted(run.sql(f"select start_ns, end_ns from probe where pid = {tpid}").fetchall())
+    assert len(ticks) == K_TICKS and ticks == [tuple(w) for w in want]
+    # each recorded process has its own track under a process track
+    procs = {d.descriptors[d.descriptors[s.track].parent_uuid].process.pid for s in probe_slices}
+    assert procs == {pid for (pid,) in run.sql("select distinct pid from probe").fetchall()}

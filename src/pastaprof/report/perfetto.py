@@ -8,6 +8,8 @@ which Perfetto reads as well):
 * a parent track per GPU (rank, device) with one track per stream, carrying the
   kernels, memcpys and memsets as slices named after the activity;
 * a flow from each op to every GPU activity whose ``op_id`` names it (same rank);
+* a "probes" track per (rank, pid, tid) under its process, carrying the calls of
+  eBPF-probed functions (kind ``probe``, docs/probes.md) as slices named after the probe;
 * a counter track per (rank, device) of the allocated bytes from ``tensor``
   events (``total_allocated``, or the running sum of ``bytes`` where it is null);
   device -1 is the host allocator ("CPU memory allocated").
@@ -247,7 +249,8 @@ def _distinct(t: pa.Table, cols: list[str]) -> list[tuple[int, ...]]:
 class _Tracks:
     """Track uuids and the TrackDescriptor packets of the run."""
 
-    def __init__(self, ops: pa.Table, gpu: pa.Table, tensor: pa.Table, multi: bool, devices: dict[int, str]) -> None:
+    def __init__(self, ops: pa.Table, gpu: pa.Table, tensor: pa.Table, multi: bool, devices: dict[int, str],
+                 probe: pa.Table | None = None) -> None:
         self.packets: list[bytes] = []
         self._next = 0
         self.multi = multi
@@ -257,22 +260,31 @@ class _Tracks:
         self.gpu: dict[tuple[int, int], int] = {}
         self.stream: dict[tuple[int, int, int], int] = {}
         self.memory: dict[tuple[int, int], int] = {}
+        self.probes: dict[tuple[int, int, int], int] = {}
         self.counts = {"thread_tracks": 0, "gpu_tracks": 0, "counter_tracks": 0}
         self._offsets: dict[tuple[int, int], int] = {}
-        taken: set[int] = set()
+        self._taken: set[int] = set()
         for rank, pid, tid in _distinct(ops, ["rank", "pid", "tid"]):
-            if (rank, pid) not in self.process:
-                offset = 0
-                while pid >= 0 and pid + offset in taken:
-                    offset += _PID_STRIDE
-                taken.add(pid + offset)
-                self._offsets[(rank, pid)] = offset
-                self.process[(rank, pid)] = self._process(rank, pid, offset)
+            self._ensure_process(rank, pid)
             self.thread[(rank, pid, tid)] = self._thread(rank, pid, tid, self._offsets[(rank, pid)])
+        for rank, pid, tid in _distinct(probe, ["rank", "pid", "tid"]) if probe is not None else ():
+            self._ensure_process(rank, pid)
+            self.counts["thread_tracks"] += 1
+            self.probes[(rank, pid, tid)] = self._emit(self._uuid(), fint(TD_PARENT_UUID, self.process[(rank, pid)])
+                                                       + fstr(TD_NAME, f"probes tid {tid}"))
         for rank, device, stream in _distinct(gpu, ["rank", "device", "stream"]):
             self.stream[(rank, device, stream)] = self._stream(rank, device, stream)
         for rank, device in _distinct(tensor, ["rank", "device"]):
             self.memory[(rank, device)] = self._memory(rank, device)
+
+    def _ensure_process(self, rank: int, pid: int) -> None:
+        if (rank, pid) not in self.process:
+            offset = 0
+            while pid >= 0 and pid + offset in self._taken:
+                offset += _PID_STRIDE
+            self._taken.add(pid + offset)
+            self._offsets[(rank, pid)] = offset
+            self.process[(rank, pid)] = self._process(rank, pid, offset)
 
     def _uuid(self) -> int:
         self._next += 1
@@ -357,16 +369,17 @@ def write_perfetto(run: Any, path: str | Path) -> dict[str, Any]:
     ops = run.table("op").select(["start_ns", "end_ns", "rank", "pid", "tid", "id", "depth", "name"])
     gpu, sizes = _gpu_table(run)
     tensor = run.table("tensor").select(["start_ns", "rank", "device", "bytes", "total_allocated"])
-    ranks = sorted(set().union(*(pc.unique(t["rank"]).to_pylist() for t in (ops, gpu, tensor))))
+    probe = run.table("probe").select(["start_ns", "end_ns", "rank", "pid", "tid", "name"])
+    ranks = sorted(set().union(*(pc.unique(t["rank"]).to_pylist() for t in (ops, gpu, tensor, probe))))
     single = len(ranks) <= 1
     devices: dict[int, str] = {}
     for d in run.manifest.get("devices") or []:
         if isinstance(d, dict) and isinstance(d.get("id"), int) and d.get("name"):
             devices[d["id"]] = str(d["name"])
-    names = _Names([ops["name"], gpu["name"]])
-    tracks = _Tracks(ops, gpu, tensor, not single, devices)
+    names = _Names([ops["name"], gpu["name"], probe["name"]])
+    tracks = _Tracks(ops, gpu, tensor, not single, devices, probe)
     counts: dict[str, Any] = {
-        "ops": 0, **dict(zip(("kernels", "memcpys", "memsets"), sizes, strict=True)), "gpu_slices": 0,
+        "ops": 0, **dict(zip(("kernels", "memcpys", "memsets"), sizes, strict=True)), "gpu_slices": 0, "probes": 0,
         "flows": 0, "flows_skipped": 0, "clamped": 0, "counter_events": 0, "memory_peaks": {},
         "tracks": len(tracks.packets), **tracks.counts, "interned_names": len(names), "packets": 0, "bytes": 0,
     }
@@ -382,6 +395,7 @@ def write_perfetto(run: Any, path: str | Path) -> dict[str, Any]:
                 next_flow = _write_rank(f, rank, _of_rank(ops, rank, single), _of_rank(gpu, rank, single),
                                         names, tracks, next_flow, counts)
                 _write_memory(f, rank, _of_rank(tensor, rank, single), tracks, counts)
+                _write_probes(f, rank, _of_rank(probe, rank, single), names, tracks, counts)
     counts["bytes"] = sized.bytes
     return counts
 
@@ -487,3 +501,23 @@ def _write_memory(f: BinaryIO, rank: int, tensor: pa.Table, tracks: _Tracks, cou
         counts["memory_peaks"][f"rank {rank} " + (f"GPU {d}" if d >= 0 else "CPU")] = int(value[i:j].max())
     counts["counter_events"] += n
     counts["packets"] += n
+
+
+def _write_probes(f: BinaryIO, rank: int, probe: pa.Table, names: _Names, tracks: _Tracks,
+                  counts: dict[str, Any]) -> None:
+    """Probed calls as slices of their thread's "probes" track (nested calls of different
+    probes nest; USDT firings are slices of no length)."""
+    if probe.num_rows == 0:
+        return
+    pid, tid = _np(probe["pid"]), _np(probe["tid"])
+    nest = Nested([pid, tid], _np(probe["start_ns"], 0), _np(probe["end_ns"], 0), [np.arange(probe.num_rows)])
+    uuid = _lookup(tracks.probes, [pid, tid], nest.group_rows, rank)[nest.group]
+    iid = names.iids(probe["name"])[nest.order]
+    for a, b in _chunks(np.zeros(len(nest.ev_pos), np.int64)):
+        pos, end = nest.ev_pos[a:b], nest.ev_end[a:b]
+        f.write(_track_event_packets(np.where(end, nest.end[pos], nest.start[pos]),
+                                     np.where(end, TYPE_SLICE_END, TYPE_SLICE_BEGIN), uuid[pos], name_iid=iid[pos],
+                                     begin=~end))
+    counts["probes"] += probe.num_rows
+    counts["clamped"] += nest.clamped
+    counts["packets"] += len(nest.ev_pos)
