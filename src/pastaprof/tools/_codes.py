@@ -61,3 +61,21 @@ def dense_codes(*cols: np.ndarray) -> np.ndarray:
     if len(cols) > 1:
         code, _ = _column_codes(code)
     return code
+
+
+def find_keys(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``processor.link.map_keys(keys, table_keys, values)``: values[j] where table_keys[j] ==
+    keys[i], else -1 (keys < 0 never match).  Op ids of an imported rank are its row numbers
+    (0, 1, 2, ...): then the position is ``key - table_keys[0]``, found by arithmetic, not a
+    binary search per key; other ids are searched."""
+    n = len(table_keys)
+    if n and int(table_keys[0]) >= 0 and int(table_keys[-1]) - int(table_keys[0]) == n - 1 \
+            and bool((np.diff(table_keys) == 1).all()):
+        pos = keys - table_keys[0]
+        ok = (keys >= 0) & (pos >= 0) & (pos < n)
+        out = np.full(len(keys), -1, dtype=np.int64)
+        out[ok] = values[pos[ok]]
+        return out
+    from pastaprof.processor.link import map_keys
+
+    return map_keys(keys, table_keys, values)

@@ -21,24 +21,17 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from pastaprof.tools._by_rank import rank_rows, take_rows
+from pastaprof.tools._by_rank import rank_rows
+from pastaprof.tools._codes import find_keys
 from pastaprof.tools.base import Finding, Report, Tool, sql
 
 UNATTRIBUTED_WARN_SHARE = 0.05   # >5% of GPU time not linked to any op is worth a warning
 
 
-def _inclusive(op: pa.Table, self_gpu: np.ndarray) -> np.ndarray:
-    """Per op: its own GPU time plus that of all its descendants (via parent_id)."""
-    n = op.num_rows
+def _inclusive(depth: np.ndarray, ppos: np.ndarray, self_gpu: np.ndarray) -> np.ndarray:
+    """Per op: its own GPU time plus that of all its descendants (``ppos``: the row of each
+    op's parent, -1 for none; parents are on the op's own rank)."""
     total = self_gpu.astype(np.int64).copy()
-    if n == 0:
-        return total
-    parent = np.asarray(op["parent_id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
-    ids = np.asarray(op["id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
-    from pastaprof.processor.link import map_keys
-
-    ppos = map_keys(parent, ids, np.arange(n, dtype=np.int64))  # by search: ids and depths are data
-    depth = np.asarray(op["depth"].fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
     # Push sums upwards one level at a time, deepest first (vectorized per level).
     for d in np.unique(depth[depth > 0])[::-1]:
         rows = np.nonzero((depth == d) & (ppos >= 0))[0]
@@ -46,23 +39,11 @@ def _inclusive(op: pa.Table, self_gpu: np.ndarray) -> np.ndarray:
     return total
 
 
-def _self_cpu(op: pa.Table, cpu: np.ndarray) -> np.ndarray:
+def _self_cpu(ppos: np.ndarray, cpu: np.ndarray) -> np.ndarray:
     """Per op: its CPU time minus that of the ops directly nested in it (never below 0)."""
-    n = op.num_rows
-    if n == 0:
-        return cpu.copy()
-    from pastaprof.processor.link import map_keys
-
-    ranks = np.asarray(op["rank"].to_numpy(zero_copy_only=False), dtype=np.int64)
-    child = np.zeros(n, np.int64)
-    parent = np.asarray(op["parent_id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
-    ids = np.asarray(op["id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
-    by_rank = rank_rows(ranks)
-    for r in by_rank.ranks():
-        rows = by_rank[r]
-        ppos = map_keys(parent[rows], ids[rows], rows)  # by search: ids are data
-        ok = ppos >= 0
-        np.add.at(child, ppos[ok], cpu[rows[ok]])
+    child = np.zeros(len(cpu), np.int64)
+    ok = ppos >= 0
+    np.add.at(child, ppos[ok], cpu[ok])
     return np.maximum(cpu - child, 0)
 
 
@@ -107,11 +88,10 @@ class Ops(Tool):
         lag_sum = np.zeros(op.num_rows, dtype=np.int64)
         lag_n = np.zeros(op.num_rows, dtype=np.int64)
         lag_max = np.full(op.num_rows, -1, dtype=np.int64)
+        ppos = np.full(op.num_rows, -1, dtype=np.int64)
         if op.num_rows:
-            # by search, not an array indexed by id: ids are data (a damaged store's op id of
-            # 3.6e17 asked numpy for 2.5 EiB)
-            from pastaprof.processor.link import map_keys
-
+            # by search (or arithmetic on consecutive ids), not an array indexed by id: ids are
+            # data (a damaged store's op id of 3.6e17 asked numpy for 2.5 EiB)
             def col(t: pa.Table, name: str) -> np.ndarray:
                 return np.asarray(t[name].to_numpy(zero_copy_only=False))
 
@@ -121,23 +101,25 @@ class Ops(Tool):
             gpu_oid, lag_oid = col(per_op, "op_id").astype(np.int64), col(per_op_lag, "op_id").astype(np.int64)
             gpu_cols = {"gpu_ns": col(per_op, "gpu_ns"), "launches": col(per_op, "launches")}
             lag_cols = {c: col(per_op_lag, c) for c in ("d", "n", "mx")}
+            parent = np.asarray(op["parent_id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
             for r in by_rank.ranks():
                 rows = by_rank[r]
-                sub = take_rows(op, rows)
                 ids = all_ids[rows]
+                ppos[rows] = find_keys(parent[rows], ids, rows)  # the row of each op's parent, or -1
                 m = gpu_of[r]
-                pos = map_keys(gpu_oid[m], ids, np.arange(len(rows), dtype=np.int64))
+                pos = find_keys(gpu_oid[m], ids, np.arange(len(rows), dtype=np.int64))
                 ok = pos >= 0
                 at = rows[pos[ok]]
                 self_gpu[at] = gpu_cols["gpu_ns"][m][ok]
                 self_launch[at] = gpu_cols["launches"][m][ok]
-                incl[rows] = _inclusive(sub, self_gpu[rows])
                 m = lag_of[r]
-                pos = map_keys(lag_oid[m], ids, np.arange(len(rows), dtype=np.int64))
+                pos = find_keys(lag_oid[m], ids, np.arange(len(rows), dtype=np.int64))
                 ok = pos >= 0
                 at = rows[pos[ok]]
                 for arr, c in ((lag_sum, "d"), (lag_n, "n"), (lag_max, "mx")):
                     arr[at] = lag_cols[c][m][ok]
+            depth = np.asarray(op["depth"].fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+            incl = _inclusive(depth, ppos, self_gpu)
         cpu = (np.asarray(op["end_ns"]) - np.asarray(op["start_ns"])).astype(np.int64) if op.num_rows \
             else np.zeros(0, np.int64)
         ops = pa.table({
@@ -146,7 +128,7 @@ class Ops(Tool):
             "rank": op["rank"], "id": op["id"], "name": op["name"],
             "module": op["module"], "call_site": op["call_site"],
             "is_backward": op["is_backward"], "depth": op["depth"], "input_shapes": op["input_shapes"],
-            "cpu_ns": pa.array(cpu, pa.int64()), "self_cpu_ns": pa.array(_self_cpu(op, cpu), pa.int64()),
+            "cpu_ns": pa.array(cpu, pa.int64()), "self_cpu_ns": pa.array(_self_cpu(ppos, cpu), pa.int64()),
             "self_gpu_ns": pa.array(self_gpu), "gpu_ns": pa.array(incl), "self_launches": pa.array(self_launch),
             "launch_delay_sum_ns": pa.array(lag_sum), "delayed_launches": pa.array(lag_n),
             "max_launch_delay_ns": pa.array(lag_max, mask=lag_max < 0),
@@ -173,23 +155,26 @@ class Ops(Tool):
                    (sum(launch_delay_sum_ns) / NULLIF(sum(delayed_launches), 0))::BIGINT AS launch_delay_ns,
                    max(max_launch_delay_ns) AS max_launch_delay_ns
             FROM ops o LEFT JOIN domk ON domk.op_name = o.name LEFT JOIN shapes ON shapes.name = o.name
-            GROUP BY o.name ORDER BY self_gpu_ns DESC, cpu_ns DESC
+            GROUP BY o.name ORDER BY self_gpu_ns DESC, cpu_ns DESC, o.name  -- ties by name: the same order every run
         """).to_arrow_table()
         by_module = con.sql("""
             SELECT coalesce(module, '(no module)') AS module, count(*) AS ops,
                    sum(self_gpu_ns)::BIGINT AS gpu_ns, sum(CASE WHEN depth = 0 THEN cpu_ns ELSE 0 END)::BIGINT AS cpu_ns,
                    sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
                    sum(CASE WHEN is_backward THEN self_gpu_ns ELSE 0 END)::BIGINT AS backward_gpu_ns
-            FROM ops GROUP BY 1 ORDER BY gpu_ns DESC
+            FROM ops GROUP BY 1 ORDER BY gpu_ns DESC, module
         """).to_arrow_table()
         # The same module class across instances (all 12 GPT2Block_k as "GPT2Block"):
         # which kind of layer costs the most, whatever its depth in the model.
         by_module_type = con.sql("""
             SELECT coalesce(regexp_replace(regexp_extract(module, '[^/]+$'), '_[0-9]+$', ''), '(no module)')
                        AS module_type,
-                   count(DISTINCT module) AS instances, count(*) AS ops, sum(self_gpu_ns)::BIGINT AS gpu_ns,
-                   sum(CASE WHEN is_backward THEN self_gpu_ns ELSE 0 END)::BIGINT AS backward_gpu_ns
-            FROM ops GROUP BY 1 ORDER BY gpu_ns DESC
+                   count(DISTINCT module) AS instances, sum(ops)::BIGINT AS ops, sum(gpu_ns)::BIGINT AS gpu_ns,
+                   sum(backward_gpu_ns)::BIGINT AS backward_gpu_ns
+            FROM (SELECT module, count(*) AS ops, sum(self_gpu_ns) AS gpu_ns,
+                         sum(CASE WHEN is_backward THEN self_gpu_ns ELSE 0 END) AS backward_gpu_ns
+                  FROM ops GROUP BY module)  -- per distinct module first: the regexes run once per module
+            GROUP BY 1 ORDER BY gpu_ns DESC, module_type
         """).to_arrow_table()
         by_site = con.sql("""
             SELECT call_site, count(*) AS ops, sum(self_gpu_ns)::BIGINT AS gpu_ns, sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
