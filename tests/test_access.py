@@ -73,6 +73,18 @@ def test_copy_kernel_and_unattributed_accesses_are_never_credited_to_a_neighbour
     assert a["reads"] == n and a["writes"] == 0
 
 
+def test_a_launch_with_no_known_objects_counts_its_accesses_unattributed():
+    """No allocation seen at all (a kernel on memory allocated before capture): one row with no
+    object, every lane counted (was an IndexError gathering from the empty object table)."""
+    r = _warp_requests(1, 0x10, READ, A, 100)  # 4 warps, 100 lanes
+    t = reduce_requests(r, Objects(np.array([], np.int64), np.array([], np.uint64), np.array([], np.int64)))
+    s = t["access_summary"]
+    assert s.num_rows == 1 and s["object_address"].null_count == 1
+    assert s["reads"][0].as_py() == 100 and s["bytes_read"][0].as_py() == 400 and s["writes"][0].as_py() == 0
+    assert s["sectors"][0].as_py() == 13  # 3 warps of 128 B (4 sectors each) and one of 16 B
+    assert t["access_pc"]["lanes"][0].as_py() == 100
+
+
 def test_objects_differ_per_launch():
     """An address belongs to the object live at *its* launch (allocations are reused)."""
     req = _cat(_warp_requests(1, 0x10, READ, A, 32), _warp_requests(2, 0x10, READ, A, 32))

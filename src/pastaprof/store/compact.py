@@ -121,71 +121,72 @@ def _dumps(manifest: dict[str, Any]) -> bytes:
         return json.dumps(manifest, indent=1, default=str).encode()
 
 
-def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | None = None,
-            wall_seconds: float | None = None) -> dict[str, Any]:
-    """Merge shards in ``run_dir`` in place; returns the manifest written."""
-    t0 = time.perf_counter()
+def _read_metas(run_dir: Path) -> list[dict[str, Any]]:
+    """The processes' shard headers; one a process died rewriting is skipped (its parts still count)."""
     metas = []
     for p in sorted((run_dir / "shards").glob("rank-*-pid-*.json")):
         try:
             meta = load_json(p, root=run_dir)
         except InputError:
-            continue  # a process killed while rewriting its JSON: its parts still count
+            continue
         if isinstance(meta, dict):
             metas.append(meta)
-    ranks: set[int] = {m["rank"] for m in metas if isinstance(m.get("rank"), int)}
-    rows: dict[str, int] = {}
-    # Re-linking reads every GPU-activity part again; it is needed only where a process saw a
-    # correlation record after it had stored the kernel it belongs to, or died before saying.
-    relink = not metas or any(m.get("relink_needed", True) for m in metas)
-    external = _external(run_dir) if relink else {}
-    for kind in KINDS:
-        d = run_dir / kind
-        if not d.is_dir():
-            continue
-        by_rank: dict[int, list[Path]] = {}
-        for p in d.iterdir():
-            m = _PART_RE.match(p.name)
-            if m:
-                by_rank.setdefault(int(m.group(1)), []).append(p)
-            elif p.name.startswith("."):
-                p.unlink(missing_ok=True)  # a part whose writer died before the rename
-        for rank, parts in sorted(by_rank.items()):
-            ranks.add(rank)
-            if len(parts) <= KEEP_PARTS and not (kind in LINKED and rank in external):
-                # a few parts stay as they are (readers take every rank-*.parquet): merging
-                # them was most of a short run's store time (20,000 tiny kernels: 67 ms);
-                # one that cannot be read is dropped, as merging would skip it
-                kept = []
-                for p in parts:
-                    try:
-                        rows[kind] = rows.get(kind, 0) + part_rows(p, kind, run_dir)
-                        kept.append(p)
-                    except InputError:
-                        p.unlink(missing_ok=True)
-                if len(kept) == 1:  # already the final file
-                    os.replace(kept[0], d / f"rank-{rank}.parquet")
-                continue
-            tables = []
-            for p in sorted(parts):
-                try:
-                    tables.append(read_part(p, kind, run_dir))
-                except InputError:
-                    continue
-            if tables:
-                t = pa.concat_tables(tables).sort_by([("start_ns", "ascending")])
-                t = _link(t, external.get(rank))
-                tmp = d / f".rank-{rank}.parquet.tmp"
-                pq.write_table(t, tmp, compression="zstd", use_dictionary=dictionary_columns(t.schema))
-                os.replace(tmp, d / f"rank-{rank}.parquet")
-                rows[kind] = rows.get(kind, 0) + t.num_rows
+    return metas
+
+
+def _compact_kind(d: Path, kind: str, external: dict[int, Any], ranks: set[int], rows: dict[str, int]) -> None:
+    """One kind's parts into one file per rank (re-linked where ``external`` has the rank)."""
+    by_rank: dict[int, list[Path]] = {}
+    for p in d.iterdir():
+        m = _PART_RE.match(p.name)
+        if m:
+            by_rank.setdefault(int(m.group(1)), []).append(p)
+        elif p.name.startswith("."):
+            p.unlink(missing_ok=True)  # a part whose writer died before the rename
+    for rank, parts in sorted(by_rank.items()):
+        ranks.add(rank)
+        if len(parts) <= KEEP_PARTS and not (kind in LINKED and rank in external):
+            # a few parts stay as they are (readers take every rank-*.parquet): merging
+            # them was most of a short run's store time (20,000 tiny kernels: 67 ms);
+            # one that cannot be read is dropped, as merging would skip it
+            kept = []
             for p in parts:
-                p.unlink(missing_ok=True)
+                try:
+                    rows[kind] = rows.get(kind, 0) + part_rows(p, kind, d.parent)
+                    kept.append(p)
+                except InputError:
+                    p.unlink(missing_ok=True)
+            if len(kept) == 1:  # already the final file
+                os.replace(kept[0], d / f"rank-{rank}.parquet")
+            continue
+        tables = []
+        for p in sorted(parts):
+            try:
+                tables.append(read_part(p, kind, d.parent))
+            except InputError:
+                continue
+        if tables:
+            t = pa.concat_tables(tables).sort_by([("start_ns", "ascending")])
+            t = _link(t, external.get(rank))
+            tmp = d / f".rank-{rank}.parquet.tmp"
+            pq.write_table(t, tmp, compression="zstd", use_dictionary=dictionary_columns(t.schema))
+            os.replace(tmp, d / f"rank-{rank}.parquet")
+            rows[kind] = rows.get(kind, 0) + t.num_rows
+        for p in parts:
+            p.unlink(missing_ok=True)
+
+
+def _manifest(metas: list[dict[str, Any]], ranks: set[int], rows: dict[str, int], command: list[str] | None,
+              exit_code: int | None, wall_seconds: float | None) -> dict[str, Any]:
     status: dict[str, str] = {}
     for m in metas:
         for k, v in (m.get("status") or {}).items():
             status[f"rank {m.get('rank')} pid {m.get('pid')}: {k}"] = v
-    manifest = {
+
+    def overhead_sum(key: str) -> float:
+        return round(sum((m.get("capture_overhead") or {}).get(key, 0) for m in metas), 6)
+
+    return {
         "schema_version": SCHEMA_VERSION,
         "format": "pastaprof-live",
         "source": "pastaprof run",
@@ -201,16 +202,31 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
                       for m in metas],
         "clock": {"domain": "unix_epoch_ns", "anchors": {f"{m.get('rank')}/{m.get('pid')}": m.get("started_ns")
                                                          for m in metas}},
-        "capture_overhead": {"flush_seconds": round(sum((m.get("capture_overhead") or {}).get("flush_seconds", 0)
-                                                        for m in metas), 6),
-                             "stop_seconds": round(sum((m.get("capture_overhead") or {}).get("stop_seconds", 0)
-                                                       for m in metas), 6),
-                             "wall_seconds": wall_seconds},
+        "capture_overhead": {"flush_seconds": overhead_sum("flush_seconds"),
+                             "stop_seconds": overhead_sum("stop_seconds"), "wall_seconds": wall_seconds},
         "dropped_events": sum(int(m.get("dropped_events") or 0) for m in metas),
         "status": status,
         "rows": rows,
         "finished_ns": time.time_ns(),
     }
+
+
+def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | None = None,
+            wall_seconds: float | None = None) -> dict[str, Any]:
+    """Merge shards in ``run_dir`` in place; returns the manifest written."""
+    t0 = time.perf_counter()
+    metas = _read_metas(run_dir)
+    ranks: set[int] = {m["rank"] for m in metas if isinstance(m.get("rank"), int)}
+    rows: dict[str, int] = {}
+    # Re-linking reads every GPU-activity part again; it is needed only where a process saw a
+    # correlation record after it had stored the kernel it belongs to, or died before saying.
+    relink = not metas or any(m.get("relink_needed", True) for m in metas)
+    external = _external(run_dir) if relink else {}
+    for kind in KINDS:
+        d = run_dir / kind
+        if d.is_dir():
+            _compact_kind(d, kind, external, ranks, rows)
+    manifest = _manifest(metas, ranks, rows, command, exit_code, wall_seconds)
     manifest["capture_overhead"]["compact_seconds"] = round(time.perf_counter() - t0, 6)
     (run_dir / MANIFEST).write_bytes(_dumps(manifest))
     shutil.rmtree(run_dir / "shards", ignore_errors=True)
