@@ -372,9 +372,9 @@ class Timeline(Tool):
         api_rank, api_op, index, roots = self._op_index(api, op)  # once, not once per rank
         memo = getattr(self, "_waits_by_rank", None)
         if memo is None or memo[0] is not api_rank or memo[1] is not launch:  # grouped by rank once, not per rank
-            memo = (api_rank, launch, launch[keep], gap[keep], rank_rows(api_rank[launch[keep]]))
+            memo = (api_rank, launch, launch[keep], gap[keep], rank_rows(api_rank[launch[keep]]), None)
             self._waits_by_rank = memo
-        _, _, launch, gap, of_rank = memo
+        _, _, launch, gap, of_rank, _ = memo
         mine = of_rank[rank]
         launch, gap = launch[mine], gap[mine]
         row = index.find(np.full(len(launch), rank, np.int32), api_op[launch])
@@ -383,8 +383,12 @@ class Timeline(Tool):
             return None
 
         row, gap = row[linked], gap[linked]
-        site = pc.coalesce(op["call_site"].take(pa.array(row)).cast(pa.string()),
-                           op["call_site"].take(pa.array(roots()[row])).cast(pa.string()))
+        sites_of = memo[5]
+        if sites_of is None:  # one array: a take from the op table's chunks per rank would copy them all each time
+            sites_of = op["call_site"].combine_chunks()
+            self._waits_by_rank = memo = memo[:5] + (sites_of,)
+        site = pc.coalesce(sites_of.take(pa.array(row)).cast(pa.string()),
+                           sites_of.take(pa.array(roots()[row])).cast(pa.string()))
         valid = pc.is_valid(site).to_numpy(zero_copy_only=False)
         if not valid.any():
             return None
