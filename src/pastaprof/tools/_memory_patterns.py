@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.processor.link import map_keys
-from pastaprof.tools._codes import dense_codes, radix_key
+from pastaprof.tools._codes import dense_codes, find_keys, radix_key
 from pastaprof.tools.base import Finding
 
 
@@ -216,15 +216,17 @@ def _producer_writes(ops: pa.Table, op_idx: np.ndarray) -> np.ndarray:
         return out
     (factory,) = _name_flags(ops["name"], (FACTORY_OPS,))
     rank, ident, parent = _i64(ops["rank"], 0), _i64(ops["id"]), _i64(ops["parent_id"])
-    # a key per (rank, id): no codes needed, map_keys only matches equal keys
-    codes = radix_key(np.r_[rank, rank], np.r_[ident, parent])
-    if codes is None:
-        codes = dense_codes(np.r_[rank, rank], np.r_[ident, parent])
-    p_code = codes[len(rank):]
-    p_code[parent < 0] = -1
-    o_code = codes[:len(rank)]
-    o_code[ident < 0] = -1   # a null id names no parent
-    up = map_keys(p_code, o_code, np.arange(len(rank)))   # op -> its parent op, or -1
+    if rank.min() == rank.max():   # one rank: ids are its row numbers, found by arithmetic
+        up = find_keys(parent, ident, np.arange(len(rank)))
+    else:   # a key per (rank, id): no codes needed, only equal keys match
+        codes = radix_key(np.r_[rank, rank], np.r_[ident, parent])
+        if codes is None:
+            codes = dense_codes(np.r_[rank, rank], np.r_[ident, parent])
+        p_code = codes[len(rank):]
+        p_code[parent < 0] = -1
+        o_code = codes[:len(rank)]
+        o_code[ident < 0] = -1   # a null id names no parent
+        up = map_keys(p_code, o_code, np.arange(len(rank)))   # op -> its parent op, or -1
     cur = op_idx.copy()
     for _ in range(16):                           # climb past factories (nesting is shallow)
         fac = (cur >= 0) & factory[np.maximum(cur, 0)]
