@@ -113,6 +113,20 @@ def link_activity(act: pa.Table, api: pa.Table, op: pa.Table) -> pa.Table:
 
 
 def _is_library(files: pa.ChunkedArray) -> np.ndarray:
+    """Whether each frame's file is torch's, pastaprof's or the interpreter's (a null file
+    counts as ``<none>``).  Judged once per distinct file: the column is dictionary-encoded."""
+    parts = []
+    for chunk in files.chunks:
+        if pa.types.is_dictionary(chunk.type) and len(chunk.dictionary):
+            lib = _library_values(chunk.dictionary)[_np(chunk.indices, 0)]
+            lib[chunk.indices.is_null().to_numpy(zero_copy_only=False)] = True  # a null file reads "<none>"
+            parts.append(lib)
+        else:
+            parts.append(_library_values(chunk))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+
+
+def _library_values(files: pa.Array) -> np.ndarray:
     files = pc.fill_null(files.cast(pa.string()), "<none>")
     lib = np.zeros(len(files), dtype=bool)
     for p in LIBRARY_PREFIXES:
