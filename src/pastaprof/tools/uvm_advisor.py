@@ -302,103 +302,45 @@ class UvmAdvisor(Tool):
 
     def _plan(self, rec: pa.Table, allocs: pa.Table) -> tuple[dict[str, Any], list[Finding], pa.Table]:
         att = rec.filter(pc.greater_equal(rec["alloc_id"], 0))
-        kinds = _str(att["uvm_kind"])
-        cause = _str(att["cause"])
-        b, c, d = _i64(att["bytes"], 0), _i64(att["count"], 0), _i64(att["duration_ns"], 0)
-        cols = {
-            "alloc_id": _i64(att["alloc_id"]), "point": _str(att["point"]),
-            "gpu_faults": np.where(kinds == "gpu_page_fault", c, 0),
-            "gpu_faults_write": np.where((kinds == "gpu_page_fault") & (cause != "read"), c, 0),
-            "cpu_faults": np.where(kinds == "cpu_page_fault", c, 0),
-            "cpu_read_faults": np.where((kinds == "cpu_page_fault") & (cause == "read"), c, 0),
-            "htod_coherence_bytes": np.where((kinds == "htod") & (cause == "coherence"), b, 0),
-            "htod_prefetch_bytes": np.where((kinds == "htod") & (cause == "prefetch"), b, 0),
-            "htod_user_bytes": np.where((kinds == "htod") & (cause == "user"), b, 0),
-            "dtoh_coherence_bytes": np.where((kinds == "dtoh") & (cause == "coherence"), b, 0),
-            "eviction_bytes": np.where(np.isin(kinds, ("htod", "dtoh", "dtod")) & (cause == "eviction"), b, 0),
-            "thrashing_bytes": np.where(kinds == "thrashing", b, 0),
-            "gpu_fault_migration_ns": np.where((kinds == "htod") & np.isin(cause, ("coherence", "prefetch")), d, 0),
-            "cpu_fault_migration_ns": np.where((kinds == "dtoh") & (cause == "coherence"), d, 0),
-            "first_ns": _i64(att["start_ns"]),
-        }
-        t = pa.table(cols)
+        kinds, cause = _str(att["uvm_kind"]), _str(att["cause"])
+        cols = _fault_columns(att, kinds, cause)
         sums = [k for k in cols if k not in ("alloc_id", "point", "first_ns")]
-        g = t.group_by(["alloc_id", "point"], use_threads=False).aggregate([(k, "sum") for k in sums] + [("first_ns", "min")])
+        g = pa.table(cols).group_by(["alloc_id", "point"], use_threads=False).aggregate(
+            [(k, "sum") for k in sums] + [("first_ns", "min")])
         g = g.rename_columns([c.removesuffix("_sum").replace("first_ns_min", "first_ns") for c in g.column_names])
         g = g.sort_by([("first_ns", "ascending")])
         arows = {r["alloc_id"]: r for r in allocs.to_pylist()}
-        # per allocation: does the CPU read it too (CPU faults) and does the GPU ever write it?
-        cpu_reads = {a for a, f in zip(_i64(g["alloc_id"]).tolist(), _i64(g["cpu_read_faults"]).tolist()) if f}
-        gpu_writes = {a for a, f in zip(_i64(g["alloc_id"]).tolist(), _i64(g["gpu_faults_write"]).tolist()) if f}
-        # CPU writes after the GPU first touched it: read-only duplicates would be invalidated
-        # and rebuilt every time (measured on the H200: 11x slower than no advice at all);
-        # writes before that are initialization, which SetReadMostly is made for.
-        aid, t = cols["alloc_id"], cols["first_ns"]
-        is_gpu = kinds == "gpu_page_fault"
-        first_gpu = {a: int(t[is_gpu & (aid == a)].min()) for a in np.unique(aid[is_gpu]).tolist()}
-        cpu_w = (kinds == "cpu_page_fault") & (cause == "write")
-        rewritten = {a for a, tw in zip(aid[cpu_w].tolist(), t[cpu_w].tolist()) if a in first_gpu and tw > first_gpu[a]}
-        actions: list[dict[str, Any]] = []
-        findings: list[Finding] = []
-        # pin or migrate (access run): GPU sector traffic vs bytes migrated, per allocation
-        moved = np.isin(kinds, ("htod", "dtoh")) & (cause != "eviction")
-        per_alloc = np.bincount(aid[moved], weights=b[moved]) if moved.any() else np.zeros(0)
-        migrated = {a: int(v) for a, v in enumerate(per_alloc.tolist()) if v}
+        traits = _alloc_traits(g, cols, kinds, cause, _i64(att["bytes"], 0))
         traffic = self._gpu_traffic(allocs)
+        migrated = traits["migrated"]
         pinned = {a for a, tr in traffic.items() if migrated.get(a, 0) > 0
                   and tr["gpu_sector_bytes"] <= REMOTE_SHARE * migrated[a]}
+        actions: list[dict[str, Any]] = []
+        findings: list[Finding] = []
         done: set[int] = set()
         for r in g.to_pylist():
             al = arows[r["alloc_id"]]
             target = {"allocation": al["name"], "site": al["site"], "ordinal": al["ordinal"], "bytes": al["bytes"],
                       "point": r["point"]}
-            ev = {k: r[k] for k in sums if r[k]}
             if r["alloc_id"] in pinned:
-                if r["alloc_id"] in done:
-                    continue
-                done.add(r["alloc_id"])
-                tr = traffic[r["alloc_id"]]
-                mine = g.filter(pc.equal(g["alloc_id"], r["alloc_id"]))
-                saving = int(pc.sum(mine["gpu_fault_migration_ns"]).as_py() + pc.sum(mine["cpu_fault_migration_ns"]).as_py())
-                act = {**target, "point": "allocation", "action": "advise",
-                       "advice": ["SetPreferredLocation", "SetAccessedBy"], "location": "cpu",
-                       "accessed_by": f"device:{al['device']}", "estimated_saving_ns": saving,
-                       "evidence": {"bytes_migrated": migrated[r["alloc_id"]], **tr}}
-                actions.append(act)
-                findings.append(Finding("warning" if saving >= 1_000_000 else "info",
-                                        f"{al['name']}: pin on the CPU and map to the GPU -- the GPU touches "
-                                        f"{tr['gpu_sector_bytes'] / 2**20:.1f} MiB of it (sectors, access run) where "
-                                        f"{migrated[r['alloc_id']] / 2**20:.1f} MiB migrated (saves ~{saving / 1e6:.2f} ms)",
-                                        act, location=al["site"]))
+                if r["alloc_id"] not in done:
+                    done.add(r["alloc_id"])
+                    _pin(g, r["alloc_id"], al, target, traffic[r["alloc_id"]], migrated[r["alloc_id"]], actions,
+                         findings)
                 continue
-            # GPU faults that moved no data populated fresh pages on the GPU (first touch)
-            gpu_side = r["htod_coherence_bytes"] + r["htod_prefetch_bytes"] > 0
-            # CPU faults alone are first touches (nothing to bring back); data migrated back is not
-            cpu_side = r["dtoh_coherence_bytes"] > 0
-            if r["eviction_bytes"]:
-                act = {"action": "oversubscribed", "advice": ["chunk the working set or shrink it"],
-                       "estimated_saving_ns": r["gpu_fault_migration_ns"] + r["cpu_fault_migration_ns"]}
-            elif r["thrashing_bytes"]:
-                act = {"action": "advise", "advice": ["SetPreferredLocation", "SetAccessedBy"],
-                       "location": f"device:{al['device']}", "accessed_by": "cpu",
-                       "estimated_saving_ns": r["gpu_fault_migration_ns"] + r["cpu_fault_migration_ns"]}
-            elif gpu_side:
-                act = {"action": "prefetch", "to": f"device:{al['device']}", "before": r["point"],
-                       "estimated_saving_ns": r["gpu_fault_migration_ns"]}
-            elif cpu_side:
-                act = {"action": "prefetch", "to": "cpu", "before": r["point"],
-                       "estimated_saving_ns": r["cpu_fault_migration_ns"]}
-            else:
+            act = _row_action(r, al)
+            if act is None:
                 continue
-            act = {**target, **act, "evidence": ev}
+            act = {**target, **act, "evidence": {k: r[k] for k in sums if r[k]}}
             if act["action"] == "prefetch" and not str(r["point"]).startswith("range:"):
                 findings.append(Finding("info", f"{al['name']}: {act['action']} to {act['to']} would help, but its "
                                                 "faults are outside every range: wrap that code in pastaprof.range(...) "
                                                 "to give the plan a point", act, location=al["site"]))
                 continue
             actions.append(act)
-            if act["action"] == "prefetch" and act["to"] != "cpu" and r["alloc_id"] in cpu_reads \
-                    and r["alloc_id"] not in gpu_writes and r["alloc_id"] not in rewritten:
+            a = r["alloc_id"]
+            if act["action"] == "prefetch" and act["to"] != "cpu" and a in traits["cpu_reads"] \
+                    and a not in traits["gpu_writes"] and a not in traits["rewritten"]:
                 actions.append({**target, "action": "advise", "advice": ["SetReadMostly"],
                                 "location": f"device:{al['device']}", "estimated_saving_ns": 0,
                                 "evidence": {"gpu_faults_read_only": r["gpu_faults"], "cpu_reads": True}})
@@ -409,6 +351,84 @@ class UvmAdvisor(Tool):
                                     act, location=al["site"]))
         plan = {"schema": PLAN_SCHEMA, "actions": actions}
         return plan, findings, g
+
+
+def _fault_columns(att: pa.Table, kinds: np.ndarray, cause: np.ndarray) -> dict[str, Any]:
+    """Per attributed UVM record: its faults, bytes and migration time by what caused them."""
+    b, c, d = _i64(att["bytes"], 0), _i64(att["count"], 0), _i64(att["duration_ns"], 0)
+    return {
+        "alloc_id": _i64(att["alloc_id"]), "point": _str(att["point"]),
+        "gpu_faults": np.where(kinds == "gpu_page_fault", c, 0),
+        "gpu_faults_write": np.where((kinds == "gpu_page_fault") & (cause != "read"), c, 0),
+        "cpu_faults": np.where(kinds == "cpu_page_fault", c, 0),
+        "cpu_read_faults": np.where((kinds == "cpu_page_fault") & (cause == "read"), c, 0),
+        "htod_coherence_bytes": np.where((kinds == "htod") & (cause == "coherence"), b, 0),
+        "htod_prefetch_bytes": np.where((kinds == "htod") & (cause == "prefetch"), b, 0),
+        "htod_user_bytes": np.where((kinds == "htod") & (cause == "user"), b, 0),
+        "dtoh_coherence_bytes": np.where((kinds == "dtoh") & (cause == "coherence"), b, 0),
+        "eviction_bytes": np.where(np.isin(kinds, ("htod", "dtoh", "dtod")) & (cause == "eviction"), b, 0),
+        "thrashing_bytes": np.where(kinds == "thrashing", b, 0),
+        "gpu_fault_migration_ns": np.where((kinds == "htod") & np.isin(cause, ("coherence", "prefetch")), d, 0),
+        "cpu_fault_migration_ns": np.where((kinds == "dtoh") & (cause == "coherence"), d, 0),
+        "first_ns": _i64(att["start_ns"]),
+    }
+
+
+def _alloc_traits(g: pa.Table, cols: dict[str, Any], kinds: np.ndarray, cause: np.ndarray,
+                  b: np.ndarray) -> dict[str, Any]:
+    """Per allocation: does the CPU read it (CPU faults), does the GPU ever write it, is it
+    rewritten by the CPU after the GPU first touched it (read-only duplicates would be
+    invalidated and rebuilt every time: measured on the H200, 11x slower than no advice; writes
+    before that are initialization, which SetReadMostly is made for), bytes migrated."""
+    cpu_reads = {a for a, f in zip(_i64(g["alloc_id"]).tolist(), _i64(g["cpu_read_faults"]).tolist()) if f}
+    gpu_writes = {a for a, f in zip(_i64(g["alloc_id"]).tolist(), _i64(g["gpu_faults_write"]).tolist()) if f}
+    aid, t = cols["alloc_id"], cols["first_ns"]
+    is_gpu = kinds == "gpu_page_fault"
+    first_gpu = {a: int(t[is_gpu & (aid == a)].min()) for a in np.unique(aid[is_gpu]).tolist()}
+    cpu_w = (kinds == "cpu_page_fault") & (cause == "write")
+    rewritten = {a for a, tw in zip(aid[cpu_w].tolist(), t[cpu_w].tolist()) if a in first_gpu and tw > first_gpu[a]}
+    moved = np.isin(kinds, ("htod", "dtoh")) & (cause != "eviction")
+    per_alloc = np.bincount(aid[moved], weights=b[moved]) if moved.any() else np.zeros(0)
+    migrated = {a: int(v) for a, v in enumerate(per_alloc.tolist()) if v}
+    return {"cpu_reads": cpu_reads, "gpu_writes": gpu_writes, "rewritten": rewritten, "migrated": migrated}
+
+
+def _pin(g: pa.Table, alloc_id: int, al: dict[str, Any], target: dict[str, Any], tr: dict[str, Any], migrated: int,
+         actions: list[dict[str, Any]], findings: list[Finding]) -> None:
+    """An allocation the GPU touches less of than migrates: pin it on the CPU, map it to the GPU."""
+    mine = g.filter(pc.equal(g["alloc_id"], alloc_id))
+    saving = int(pc.sum(mine["gpu_fault_migration_ns"]).as_py() + pc.sum(mine["cpu_fault_migration_ns"]).as_py())
+    act = {**target, "point": "allocation", "action": "advise",
+           "advice": ["SetPreferredLocation", "SetAccessedBy"], "location": "cpu",
+           "accessed_by": f"device:{al['device']}", "estimated_saving_ns": saving,
+           "evidence": {"bytes_migrated": migrated, **tr}}
+    actions.append(act)
+    findings.append(Finding("warning" if saving >= 1_000_000 else "info",
+                            f"{al['name']}: pin on the CPU and map to the GPU -- the GPU touches "
+                            f"{tr['gpu_sector_bytes'] / 2**20:.1f} MiB of it (sectors, access run) where "
+                            f"{migrated / 2**20:.1f} MiB migrated (saves ~{saving / 1e6:.2f} ms)",
+                            act, location=al["site"]))
+
+
+def _row_action(r: dict[str, Any], al: dict[str, Any]) -> dict[str, Any] | None:
+    """What one (allocation, point) group of faults asks for, or None."""
+    # GPU faults that moved no data populated fresh pages on the GPU (first touch)
+    gpu_side = r["htod_coherence_bytes"] + r["htod_prefetch_bytes"] > 0
+    # CPU faults alone are first touches (nothing to bring back); data migrated back is not
+    cpu_side = r["dtoh_coherence_bytes"] > 0
+    both = r["gpu_fault_migration_ns"] + r["cpu_fault_migration_ns"]
+    if r["eviction_bytes"]:
+        return {"action": "oversubscribed", "advice": ["chunk the working set or shrink it"],
+                "estimated_saving_ns": both}
+    if r["thrashing_bytes"]:
+        return {"action": "advise", "advice": ["SetPreferredLocation", "SetAccessedBy"],
+                "location": f"device:{al['device']}", "accessed_by": "cpu", "estimated_saving_ns": both}
+    if gpu_side:
+        return {"action": "prefetch", "to": f"device:{al['device']}", "before": r["point"],
+                "estimated_saving_ns": r["gpu_fault_migration_ns"]}
+    if cpu_side:
+        return {"action": "prefetch", "to": "cpu", "before": r["point"], "estimated_saving_ns": r["cpu_fault_migration_ns"]}
+    return None
 
 
 def plan_of(report: Report) -> dict[str, Any]:
