@@ -192,6 +192,7 @@ def _check_version(path: Path, meta: dict[str, str]) -> str | None:
 def _read_file(path: Path, kinds: set[str] | None, notes: list[str], first_rank: int, multi: bool) -> dict[str, Any]:
     """Every wanted table of one export (all processes), the pid -> rank plan and the header."""
     con = connect(path)
+    db: Db | None = None
     try:
         db = Db(path, con)
         meta = _meta(db, "META_DATA_EXPORT")
@@ -216,7 +217,10 @@ def _read_file(path: Path, kinds: set[str] | None, notes: list[str], first_rank:
                 f"{t} ({n:,})" for t, n in dropped[:5]) + (" ..." if len(dropped) > 5 else ""))
         return plan
     finally:
-        con.close()
+        if db is not None:
+            db.close()  # also stops chunk readers still queued after an error
+        else:
+            con.close()
 
 
 def _plan_ranks(db: Db, path: Path, tables: dict[str, pa.Table], notes: list[str], first_rank: int,

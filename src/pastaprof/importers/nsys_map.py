@@ -152,12 +152,16 @@ def _gpu_table(t: pa.Table, offset: int) -> dict[str, Any]:
             "tid": t["stream"], "correlation": t["correlation"]}
 
 
-def kernels(db: Db, strings: Strings, offset: int) -> pa.Table:
+def _kernel_exprs(db: Db) -> dict[str, str]:
     e = _gpu_common(db, KERNEL)
     for c in ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "registersPerThread", "staticSharedMemory",
               "dynamicSharedMemory", "demangledName", "shortName"):
         e[c] = db.int_expr(KERNEL, c)
-    t = db.fetch(KERNEL, e)
+    return e
+
+
+def kernels(db: Db, strings: Strings, offset: int) -> pa.Table:
+    t = db.fetch(KERNEL, _kernel_exprs(db))
     idx = strings.index(t["demangledName"])
     idx = np.where(idx >= 0, idx, strings.index(t["shortName"]))
     shared = pa.array(ints(t["staticSharedMemory"], 0) + ints(t["dynamicSharedMemory"], 0))
@@ -205,9 +209,12 @@ def syncs(db: Db, offset: int) -> pa.Table:
     return pa.concat_tables(parts, promote_options="permissive")
 
 
+def _api_exprs(db: Db) -> dict[str, str]:
+    return {c: db.int_expr(RUNTIME, c) for c in ("start", "end", "globalTid", "correlationId", "nameId", "eventClass")}
+
+
 def api_calls(db: Db, strings: Strings, offset: int) -> pa.Table:
-    e = {c: db.int_expr(RUNTIME, c) for c in ("start", "end", "globalTid", "correlationId", "nameId", "eventClass")}
-    t = db.fetch(RUNTIME, e)
+    t = db.fetch(RUNTIME, _api_exprs(db))
     idx = strings.index(t["nameId"])
     clean = pc.replace_substring_regex(pa.array(strings.values, pa.string()), API_SUFFIX_RE, "")
     names = pa.DictionaryArray.from_arrays(pa.array(idx.astype(np.int32), mask=idx < 0), clean)
@@ -291,6 +298,11 @@ def read_tables(db: Db, strings: Strings, offset: int, kinds: set[str] | None) -
     """Every wanted kind of the export, all processes together (``pid`` set)."""
     want = wanted(kinds)
     out: dict[str, pa.Table] = {}
+    # the two big tables are read ahead: SQLite reads API calls while kernels are mapped here
+    if "kernel" in want and db.has(KERNEL):
+        db.prefetch(KERNEL, _kernel_exprs(db))
+    if "api" in want and db.has(RUNTIME):
+        db.prefetch(RUNTIME, _api_exprs(db))
     if "kernel" in want and db.has(KERNEL):
         out["kernel"] = kernels(db, strings, offset)
     if "memcpy" in want and db.has(MEMCPY):

@@ -17,8 +17,10 @@ null (schema versions add columns; ``greenContextId`` is recent).
 from __future__ import annotations
 
 import io
+import os
 import re
 import sqlite3
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +30,7 @@ import pyarrow.csv as pacsv
 from pastaprof.errors import InputError
 
 CHUNK_ROWS = 1 << 18
-FETCH_THREADS = 2     # connections reading chunks at once (the dev machine has 2 cores)
+FETCH_THREADS = max(2, min(4, os.cpu_count() or 2))  # connections reading chunks at once
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -63,6 +65,16 @@ class Db:
         self.tables = {r[0] for r in rows if isinstance(r[0], str) and _IDENT.match(r[0])}
         self._cols: dict[str, set[str]] = {}
         self._plain: set[tuple[str, str]] = set()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: dict[str, list[Future]] = {}
+
+    def close(self) -> None:
+        """Stop the chunk readers (queued chunks are dropped) and close the connection."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._pending.clear()
+        self.con.close()
 
     def has(self, table: str) -> bool:
         return table in self.tables
@@ -74,10 +86,11 @@ class Db:
             else:
                 rows = self.query(f'PRAGMA table_info("{table}")')
                 self._cols[table] = {r[1] for r in rows if isinstance(r[1], str)}
-                # declared INTEGER NOT NULL: SQLite's type affinity keeps such values integers
-                # (text that looks like one is converted on insert), so no CAST is needed
+                # declared INTEGER: SQLite's type affinity keeps such values integers (text that
+                # looks like one is converted on insert), so no CAST is needed; NULL prints as an
+                # empty field, anything else (text, a fraction) fails the typed parse: an InputError
                 self._plain.update((table, r[1]) for r in rows if isinstance(r[2], str)
-                                   and r[2].upper() == "INTEGER" and r[3])
+                                   and r[2].upper() == "INTEGER")
         return self._cols[table]
 
     def query(self, sql: str, args: tuple = ()) -> list[tuple]:
@@ -111,29 +124,41 @@ class Db:
             raise InputError(self.path, f"an integer column holds text ({t.num_rows} rows parsed, {count} in the table)")
         return t
 
+    def _sqls(self, table: str, exprs: dict[str, str], where: str) -> list[str]:
+        """One ``group_concat`` query per CHUNK_ROWS rowids of ``table``."""
+        # one printf per row: half the work of joining the columns with || (a new string per column)
+        args = ", ".join(e if _plain_col(e) else f"CAST(({e}) AS INTEGER)" for e in exprs.values())
+        row = f"printf('{','.join(['%s'] * len(exprs))}', {args})"
+        cond = f"WHERE {where}" if where else ""
+        lo_hi = self.query(f'SELECT min(rowid), max(rowid) FROM "{table}"')
+        lo, hi = lo_hi[0] if lo_hi else (None, None)
+        if lo is None or not isinstance(lo, int) or not isinstance(hi, int):
+            return []
+        return [f'SELECT group_concat({row}, char(10)), count(*) FROM "{table}" '
+                f"{cond + ' AND ' if cond else 'WHERE '}rowid >= {start} AND rowid < {start + CHUNK_ROWS}"
+                for start in range(lo, hi + 1, CHUNK_ROWS)]
+
+    def prefetch(self, table: str, exprs: dict[str, str], where: str = "") -> None:
+        """Start reading what ``fetch(table, exprs, where)`` will return, on the chunk readers,
+        so that SQLite works while this thread maps an earlier table."""
+        key = repr((table, exprs, where))
+        if key not in self._pending:
+            names = list(exprs)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(FETCH_THREADS)
+            self._pending[key] = [self._pool.submit(self._chunk, q, names, True)
+                                  for q in self._sqls(table, exprs, where)]
+
     def fetch(self, table: str, exprs: dict[str, str], where: str = "", parallel: bool = True) -> pa.Table:
         """``SELECT exprs FROM table [WHERE where]`` as an int64 Arrow table, chunk by chunk
         (``parallel``: on FETCH_THREADS connections; not for SQL that reads temp tables).
         Every expression must yield an integer or NULL."""
         names = list(exprs)
-        # one printf per row: half the work of joining the columns with || (a new string per column)
-        args = ", ".join(e if _plain_col(e) else f"CAST(({e}) AS INTEGER)" for e in exprs.values())
-        row = f"printf('{','.join(['%s'] * len(names))}', {args})"
-        cond = f"WHERE {where}" if where else ""
-        lo_hi = self.query(f'SELECT min(rowid), max(rowid) FROM "{table}"')
-        lo, hi = lo_hi[0] if lo_hi else (None, None)
-        if lo is None or not isinstance(lo, int) or not isinstance(hi, int):
-            return _empty(names)
-        sqls = [f'SELECT group_concat({row}, char(10)), count(*) FROM "{table}" '
-                f"{cond + ' AND ' if cond else 'WHERE '}rowid >= {start} AND rowid < {start + CHUNK_ROWS}"
-                for start in range(lo, hi + 1, CHUNK_ROWS)]
-        if parallel and len(sqls) > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(FETCH_THREADS) as pool:
-                got = list(pool.map(lambda q: self._chunk(q, names, True), sqls))
+        if parallel:
+            self.prefetch(table, exprs, where)
+            got = [f.result() for f in self._pending.pop(repr((table, exprs, where)))]
         else:
-            got = [self._chunk(q, names, False) for q in sqls]
+            got = [self._chunk(q, names, False) for q in self._sqls(table, exprs, where)]
         parts = [t for t in got if t is not None]
         return pa.concat_tables(parts) if parts else _empty(names)
 
