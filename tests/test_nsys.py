@@ -341,6 +341,11 @@ def test_string_values_in_integer_columns_are_one_line(tmp_path):
               "(SELECT 7 AS x FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 17)) WHERE rowid = 6")
     with pytest.raises(InputError, match="integer column holds"):
         load(q)
+    # a fraction in a nullable INTEGER column (correlationId) is no integer either: not truncated silently
+    f = _edit(tmp_path, "fraction.sqlite", "UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET correlationId = 2.5 WHERE rowid = 9")
+    with pytest.raises(InputError, match="integer column holds a value that is no 64-bit integer"):
+        load(f)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["fraction.sqlite", "rows_in_text.sqlite", "text_in_int.sqlite"]
 
 
 @pytest.mark.parametrize("seed", range(6))
