@@ -146,16 +146,20 @@ class Ops(Tool):
             shape_counts AS (SELECT name, input_shapes, count(*) AS c FROM ops
                              WHERE input_shapes IS NOT NULL GROUP BY ALL),
             shapes AS (SELECT name, first(input_shapes ORDER BY c DESC, input_shapes) AS shapes
-                       FROM shape_counts GROUP BY 1)
-            SELECT o.name, count(*) AS calls, sum(cpu_ns)::BIGINT AS cpu_ns, sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
-                   sum(self_gpu_ns)::BIGINT AS self_gpu_ns, sum(gpu_ns)::BIGINT AS gpu_ns,
-                   sum(self_launches)::BIGINT AS kernels, round(sum(self_launches) / count(*), 2) AS kernels_per_call,
-                   any_value(domk.dominant_kernel) AS dominant_kernel, any_value(shapes.shapes) AS input_shapes,
-                   bool_or(is_backward) AS backward,
-                   (sum(launch_delay_sum_ns) / NULLIF(sum(delayed_launches), 0))::BIGINT AS launch_delay_ns,
-                   max(max_launch_delay_ns) AS max_launch_delay_ns
-            FROM ops o LEFT JOIN domk ON domk.op_name = o.name LEFT JOIN shapes ON shapes.name = o.name
-            GROUP BY o.name ORDER BY self_gpu_ns DESC, cpu_ns DESC, o.name  -- ties by name: the same order every run
+                       FROM shape_counts GROUP BY 1),
+            per_name AS (  -- ops aggregated by name first: the joins below see one row per name, not per op
+                SELECT name, count(*) AS calls, sum(cpu_ns)::BIGINT AS cpu_ns, sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
+                       sum(self_gpu_ns)::BIGINT AS self_gpu_ns, sum(gpu_ns)::BIGINT AS gpu_ns,
+                       sum(self_launches)::BIGINT AS kernels, round(sum(self_launches) / count(*), 2) AS kernels_per_call,
+                       bool_or(is_backward) AS backward,
+                       (sum(launch_delay_sum_ns) / NULLIF(sum(delayed_launches), 0))::BIGINT AS launch_delay_ns,
+                       max(max_launch_delay_ns) AS max_launch_delay_ns
+                FROM ops GROUP BY name)
+            SELECT o.name, o.calls, o.cpu_ns, o.self_cpu_ns, o.self_gpu_ns, o.gpu_ns, o.kernels, o.kernels_per_call,
+                   domk.dominant_kernel, shapes.shapes AS input_shapes, o.backward, o.launch_delay_ns,
+                   o.max_launch_delay_ns
+            FROM per_name o LEFT JOIN domk ON domk.op_name = o.name LEFT JOIN shapes ON shapes.name = o.name
+            ORDER BY o.self_gpu_ns DESC, o.cpu_ns DESC, o.name  -- ties by name: the same order every run
         """).to_arrow_table()
         by_module = con.sql("""
             SELECT coalesce(module, '(no module)') AS module, count(*) AS ops,
