@@ -45,13 +45,13 @@ def programs(tmp_path_factory) -> dict[str, Path]:
 
 # ---- specs: checked before the program starts -------------------------------------------
 
-def test_specs_resolve_libraries_and_args() -> None:
+def test_specs_resolve_libraries_and_args(programs: dict[str, Path]) -> None:
     s = parse_spec("libc.so.6:malloc:args=2")
     assert (s.kind, s.function, s.nargs, s.text) == ("uprobe", "malloc", 2, "libc.so.6:malloc")
     assert os.path.isfile(s.lib) and s.lib == os.path.realpath(linker_cache()["libc.so.6"])
     assert parse_spec("libc.so:free").lib == s.lib  # a name without its version finds the versioned one
-    u = parse_spec(f"usdt:{sys.executable}:python:function__entry")
-    assert (u.kind, u.function, u.nargs) == ("usdt", "python:function__entry", 0)
+    u = parse_spec(f"usdt:{programs['ticks']}:pastaprof_demo:tick")
+    assert (u.kind, u.function, u.nargs, u.lib) == ("usdt", "pastaprof_demo:tick", 0, str(programs["ticks"]))
     assert len(parse_specs("libc.so.6:malloc; libc.so.6:free\nlibc.so.6:calloc")) == 3
 
 
@@ -242,3 +242,26 @@ def test_perfetto_export_draws_every_probed_call(probed_run: dict, tmp_path: Pat
     # each recorded process has its own track under a process track
     procs = {d.descriptors[d.descriptors[s.track].parent_uuid].process.pid for s in probe_slices}
     assert procs == {pid for (pid,) in run.sql("select distinct pid from probe").fetchall()}
+
+
+@pytest.mark.skipif(shutil.which("nm") is None or shutil.which("readelf") is None, reason="no nm/readelf (binutils)")
+def test_a_function_or_usdt_probe_the_binary_lacks_is_a_bad_spec(programs: dict[str, Path], tmp_path: Path) -> None:
+    for spec, why in (("libc.so.6:no_such_function_pp", "defines no function 'no_such_function_pp'"),
+                      (f"usdt:{programs['ticks']}:pastaprof_demo:tock", "has no USDT probe pastaprof_demo:tock "
+                                                                        "(it has pastaprof_demo:tick)")):
+        r = _pastaprof("run", "--probe", spec, "-o", str(tmp_path / "run"), "--", sys.executable, "-c", "print(1)")
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and why in lines[0] and r.stdout == "", r.stderr
+
+
+@needs_ebpf
+def test_bpftrace_leaving_a_probe_out_is_one_line(programs: dict[str, Path]) -> None:
+    """bpftrace attaches nothing for a function it cannot find, silently: the session's
+    count of attached probes catches it (here past the spec check, as a library could change)."""
+    from pastaprof.handlers.probe import ProbeError
+
+    lib = parse_spec("libc.so.6:malloc").lib
+    s = BpftraceSession((ProbeSpec("x", "uprobe", lib, "no_such_function_pp"),), os.getpid(), 0)
+    with pytest.raises(ProbeError, match="attached 3 of 5 probes"):
+        s.start()
+    assert not s.dir.exists() and s.proc is None

@@ -194,7 +194,18 @@ class BpftraceSession:
             except OSError as e:
                 raise ProbeError(f"bpftrace did not start: {e.strerror}") from None
         self._wait_for(lambda data: b"R," in data, READY_TIMEOUT_S, "attach its probes")
+        self._check_attached()
         self._calibrate()
+
+    def _check_attached(self) -> None:
+        """bpftrace leaves out a uprobe whose function it cannot find (its "Attaching N
+        probes" says so): fewer than BEGIN, END, the clock mark and each spec's is an error."""
+        want = 3 + sum(2 if s.kind == "uprobe" else 1 for s in self.specs)
+        m = re.search(rb"Attaching (\d+) probes?", self.out_path.read_bytes())
+        if m and int(m.group(1)) < want:
+            self.close()
+            raise ProbeError(f"bpftrace attached {int(m.group(1))} of {want} probes (a function or USDT probe "
+                             "it did not find)")
 
     def _wait_for(self, done: Any, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -206,8 +217,11 @@ class BpftraceSession:
                 line = self.error_line()
                 self._cleanup()
                 raise ProbeError(f"bpftrace could not {what}: {line}")
-            if time.monotonic() > deadline:
-                self.stop()
+            if time.monotonic() > deadline:  # stopped at once: no marker of a session that never started to wait for
+                self.proc.kill()
+                self.proc.wait()
+                self.proc = None
+                self._cleanup()
                 raise ProbeError(f"bpftrace did not {what} within {timeout:.0f} s")
             time.sleep(0.01)
 

@@ -76,13 +76,60 @@ def parse_spec(text: str) -> ProbeSpec:
         for what, v in (("provider", provider), ("probe", probe)):
             if not _IDENT.match(v):
                 raise ValueError(f"probe {text!r}: the {what} {v!r} is not a C identifier")
-        return ProbeSpec(name, "usdt", resolve(binary, text, program=True), f"{provider}:{probe}", nargs)
+        path = resolve(binary, text, program=True)
+        notes = usdt_probes(path)
+        if notes is not None and (provider, probe) not in notes:
+            raise ValueError(f"probe {text!r}: {path} has no USDT probe {provider}:{probe}"
+                             + (f" (it has {', '.join(sorted(f'{a}:{b}' for a, b in notes)[:5])})" if notes else ""))
+        return ProbeSpec(name, "usdt", path, f"{provider}:{probe}", nargs)
     if len(fields) != 2 or not all(fields):
         raise ValueError(f"probe {text!r}: expected LIB:FUNCTION (libc.so.6:malloc) or usdt:BINARY:PROVIDER:PROBE")
     lib, function = fields
     if not _SYMBOL.match(function):
         raise ValueError(f"probe {text!r}: {function!r} is not a function name")
-    return ProbeSpec(name, "uprobe", resolve(lib, text), function, nargs)
+    path = resolve(lib, text)
+    symbols = defined_symbols(path)
+    if symbols is not None and function not in symbols:
+        raise ValueError(f"probe {text!r}: {path} defines no function {function!r}")
+    return ProbeSpec(name, "uprobe", path, function, nargs)
+
+
+@functools.lru_cache(maxsize=64)
+def defined_symbols(path: str) -> frozenset[str] | None:
+    """The functions a library or program defines (dynamic and, unless stripped, static
+    symbols: ``nm``), without symbol versions; None where nm is missing or fails (bpftrace
+    then finds out as it attaches)."""
+    nm = shutil.which("nm")
+    if nm is None:
+        return None
+    names: set[str] = set()
+    ok = False
+    for flags in (["-D", "--defined-only"], ["--defined-only"]):
+        try:
+            r = subprocess.run([nm, *flags, path], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if r.returncode == 0:
+            ok = True
+            names.update(ln.split()[-1].split("@")[0] for ln in r.stdout.splitlines() if len(ln.split()) >= 3)
+    return frozenset(names) if ok else None
+
+
+@functools.lru_cache(maxsize=64)
+def usdt_probes(path: str) -> frozenset[tuple[str, str]] | None:
+    """(provider, name) of the USDT probes in a binary's ``.note.stapsdt`` (``readelf -n``);
+    None where readelf is missing or fails."""
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        return None
+    try:
+        r = subprocess.run([readelf, "-n", "--wide", path], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if r.returncode != 0:
+        return None
+    found = re.findall(r"Provider: (\S+)\s+Name: (\S+)", r.stdout)
+    return frozenset(found)
 
 
 def resolve(lib: str, text: str, program: bool = False) -> str:
