@@ -84,6 +84,19 @@ def _str_codes(col) -> np.ndarray:
     return rank[np.asarray(enc.indices.to_numpy(zero_copy_only=False), dtype=np.int64)]
 
 
+def _matches(col: pa.ChunkedArray, pattern: str) -> pa.ChunkedArray:
+    """``pc.match_substring_regex(col, pattern, ignore_case=True)`` on a (dictionary) name
+    column: the regex runs on each chunk's distinct names, not on a string per row."""
+    out = []
+    for ch in col.chunks:
+        if pa.types.is_dictionary(ch.type):
+            hit = pc.match_substring_regex(ch.dictionary.cast(pa.string()), pattern, ignore_case=True)
+            out.append(hit.take(ch.indices))
+        else:
+            out.append(pc.match_substring_regex(ch.cast(pa.string()), pattern, ignore_case=True))
+    return pa.chunked_array(out, pa.bool_())
+
+
 def _take(values: pa.Array | pa.ChunkedArray, idx: np.ndarray, typ: pa.DataType | None = None) -> pa.Array:
     """``values[idx]`` (null where idx < 0) as one array of ``typ``: taken before the cast, so a
     dictionary-encoded op column casts the picked rows only, not a string per op."""
@@ -354,11 +367,11 @@ class Memory(Tool):
         rng, ops = self.table("range"), self.table("op")
         rng = host_ranges(rows_of_rank(rng, r))
         ops = rows_of_rank(ops, r)
-        named = pa.concat_tables([x.select(["name", "start_ns", "end_ns"]).cast(
-            pa.schema([("name", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])) for x in (rng, ops)])
+        named = pa.schema([("name", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64())])
         for pattern, source in ((PROFILER_STEP_RE, "ProfilerStep"), (PASTAPROF_STEP_RE, "pastaprof.step()"),
                                 (USER_STEP_RE, "step ranges")):
-            hit = named.filter(pc.match_substring_regex(named["name"], pattern, ignore_case=True))
+            hit = pa.concat_tables([x.filter(_matches(x["name"], pattern)).select(["name", "start_ns", "end_ns"])
+                                    .cast(named) for x in (rng, ops)])
             if hit.num_rows:
                 g = hit.group_by("name").aggregate([("start_ns", "min"), ("end_ns", "max")]).sort_by("start_ns_min")
                 return _i64(g["start_ns_min"]), _i64(g["end_ns_max"]), g["name"].to_pylist(), source
