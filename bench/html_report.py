@@ -89,8 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     a, r = out.get("analyze", {}), out["report"]
     print(f"trace {trace.name} ({out['trace_bytes'] / 1e9:.2f} GB), tools {out['tools']}")
     if a:
-        print(f"analyze: {a.get('wall_s', 0):.1f} s (runs {a.get('walls_s')}), peak RSS {a.get('peak_rss_bytes', 0) / 2**30:.2f} GiB, rc {a.get('rc')}")
-    print(f"report:  {r.get('wall_s', 0):.1f} s (runs {r.get('walls_s')}), peak RSS {r.get('peak_rss_bytes', 0) / 2**30:.2f} GiB, rc {r.get('rc')}")
+        print(f"analyze: {a.get('wall_s', 0):.1f} s (runs {a.get('walls_s')}), CPU {a.get('user_s', 0) + a.get('sys_s', 0):.1f} s, "
+              f"peak RSS {a.get('peak_rss_bytes', 0) / 2**30:.2f} GiB, rc {a.get('rc')}")
+    print(f"report:  {r.get('wall_s', 0):.1f} s (runs {r.get('walls_s')}), CPU {r.get('user_s', 0) + r.get('sys_s', 0):.1f} s, "
+          f"peak RSS {r.get('peak_rss_bytes', 0) / 2**30:.2f} GiB, rc {r.get('rc')}")
     if out["page_bytes"]:
         print(f"page: {out['page_bytes'] / 1e6:.2f} MB; browser: {out['browser']}")
     return 0 if r.get("rc") in (0, [0]) else 1
