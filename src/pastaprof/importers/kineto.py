@@ -344,7 +344,8 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
             WITH src AS (
                 SELECT *, lower(cat) AS lcat FROM read_json(?, format='array', columns={COLUMNS},
                                                            maximum_object_size={MAX_EVENT_BYTES})),
-            k AS (SELECT *, {kind} AS kind FROM src)
+            k0 AS (SELECT *, {kind} AS kind FROM src),
+            k AS (SELECT *, CASE WHEN {when} THEN CAST(ts * 1000 AS BIGINT) + {base} END AS t_ns FROM k0)
             SELECT lcat, kind, ph IS NOT NULL AS has_ph,
                    CASE WHEN lcat IS NULL OR lcat NOT IN ({_MAPPED_SQL}) THEN NULL
                         WHEN ph IS DISTINCT FROM 'X' THEN 'ph=' || coalesce(to_json(ph)::VARCHAR, 'none')
@@ -352,9 +353,8 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
                         WHEN dur < 0 THEN 'dur<0' END AS odd_ph,
                    CASE WHEN {when} THEN ph END AS ph, CASE WHEN {when} THEN name END AS name,
                    CASE WHEN {when} THEN pid END AS pid, CASE WHEN {when} THEN tid END AS tid,
-                   CASE WHEN {when} THEN CAST(ts * 1000 AS BIGINT) + {base} END AS start_ns,
-                   CASE WHEN {when} THEN CAST(ts * 1000 AS BIGINT) + {base}
-                                         + GREATEST(COALESCE(CAST(dur * 1000 AS BIGINT), 0), 0) END AS end_ns,
+                   t_ns AS start_ns,  -- ts in integer ns, computed once, for wanted events only
+                   CASE WHEN {when} THEN t_ns + GREATEST(COALESCE(CAST(dur * 1000 AS BIGINT), 0), 0) END AS end_ns,
                    CASE WHEN kind = 'flow' THEN TRY_CAST(id AS BIGINT) END AS fid,
                    CASE WHEN {when} AND kind <> 'flow' THEN {sql.extract()} END AS a,
                    CAST(NULL AS BIGINT) AS flow_id
