@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pastaprof.handlers.probe import BpftraceSession, unavailable
+from pastaprof.handlers.probe_session import BpftraceSession, unavailable
 from pastaprof.handlers.probe_spec import parse_specs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pastaprof.api import load
-from pastaprof.handlers.probe import BpftraceSession, unavailable
+from pastaprof.handlers.probe_session import BpftraceSession, unavailable
 from pastaprof.handlers.probe_spec import ProbeSpec, linker_cache, parse_spec, parse_specs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,7 +258,7 @@ def test_a_function_or_usdt_probe_the_binary_lacks_is_a_bad_spec(programs: dict[
 def test_bpftrace_leaving_a_probe_out_is_one_line(programs: dict[str, Path]) -> None:
     """bpftrace attaches nothing for a function it cannot find, silently: the session's
     count of attached probes catches it (here past the spec check, as a library could change)."""
-    from pastaprof.handlers.probe import ProbeError
+    from pastaprof.handlers.probe_session import ProbeError
 
     lib = parse_spec("libc.so.6:malloc").lib
     s = BpftraceSession((ProbeSpec("x", "uprobe", lib, "no_such_function_pp"),), os.getpid(), 0)

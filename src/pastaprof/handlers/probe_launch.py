@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from pastaprof.handlers.native_program import is_python_command
-from pastaprof.handlers.probe import ROOT_ENV, BpftraceSession, ProbeError, unavailable
+from pastaprof.handlers.probe import ROOT_ENV
+from pastaprof.handlers.probe_session import BpftraceSession, ProbeError, unavailable
 from pastaprof.handlers.probe_spec import parse_specs
 
 ENV = "PASTAPROF_PROBE"
