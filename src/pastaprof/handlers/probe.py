@@ -5,12 +5,12 @@ of a stall -- a uprobe/uretprobe pair on the function records each call (entry a
 times, pid/tid, the first integer arguments asked for, the return value) and a USDT probe
 each firing, as events of the ``probe`` kind.  SPECs: handlers/probe_spec.py.
 
-How (the session: handlers/probe_session.py): the first captured process (the program's top Python process) starts one bpftrace
-with a generated program (probe_spec.script) that records calls of that process and of
-every process descending from it (its C children too); the processes below it see
-``_PASTAPROF_PROBE_ROOT`` and start none.  bpftrace writes one CSV line per call to a file
-outside the run; each drain parses the lines added since the last one in bulk
-(``pyarrow.csv``: no Python object per event) into Arrow columns.  bpftrace's clock is the
+How (handlers/probe_session.py): the first captured process (the program's top Python
+process) starts one bpftrace with a generated program (probe_spec.script) that records calls
+of that process and of every process descending from it (its C children too); the processes
+below it see ``_PASTAPROF_PROBE_ROOT`` and start none. bpftrace writes one CSV line per call
+to a file outside the run; each drain parses the lines added since the last one in bulk
+(``pyarrow.csv``: no Python object per event) into Arrow columns. bpftrace's clock is the
 kernel's monotonic clock; it is converted to the run's epoch clock by calibration at start:
 the starting thread calls ``getppid()`` (probed) between two ``time.time_ns()`` reads.
 
