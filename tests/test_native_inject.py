@@ -356,6 +356,20 @@ def test_reader_fuzz_never_raises(lib, programs, tmp_path):
             tb.validate(full=True)
 
 
+def test_a_string_id_the_library_cannot_write_is_damage_not_a_huge_table(tmp_path):
+    """A flipped word made a string id of 2^31 - 1: the name lookup was sized by the largest id
+    (16 GB). Ids past the library's table end the string file there, as other damage does."""
+    import struct
+
+    p = tmp_path / "s.str"
+    p.write_bytes(struct.pack("<ii", 0, 3) + b"abc" + struct.pack("<ii", 2**31 - 1, 1) + b"x"
+                  + struct.pack("<ii", 1, 1) + b"y")
+    strings = npg._read_strings(p)
+    assert strings == {0: "abc"}
+    names = npg._names(np.array([0, 0, 2**31 - 1, 5]), strings)
+    assert names.to_pylist() == ["abc", "abc", None, None]
+
+
 def test_convert_ignores_foreign_names_and_links(tmp_path):
     d = tmp_path / "native"
     d.mkdir()

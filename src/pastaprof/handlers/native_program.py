@@ -43,6 +43,7 @@ MAGIC = 0x31564954414E5050  # "PPNATIV1", native/inject.h
 FORMAT_VERSION = 1
 WORDS = 16
 MAX_STRING = 4096
+MAX_STRING_IDS = 1 << 17  # the library's string table (inject_util.c: STR_SLOTS / 2): a larger id is damage
 K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_API, K_MEMORY, K_MARKER = range(1, 8)
 _FILE_RE = re.compile(r"^rank-(\d+)-pid-(\d+)\.json$")
 _PYTHON_RE = re.compile(r"^(python|pypy)[0-9.]*(-dbg)?$")
@@ -307,7 +308,7 @@ def _read_strings(path: Path) -> dict[int, str]:
     pos = 0
     while pos + 8 <= len(data):
         sid, n = struct.unpack_from("<ii", data, pos)
-        if sid < 0 or n < 0 or n > MAX_STRING or pos + 8 + n > len(data):
+        if not 0 <= sid < MAX_STRING_IDS or n < 0 or n > MAX_STRING or pos + 8 + n > len(data):
             break  # damaged or cut short: what came before is kept
         out[sid] = data[pos + 8:pos + 8 + n].decode("utf-8", "replace")
         pos += 8 + n

@@ -9,6 +9,8 @@
  * cudaMalloc-level allocations, and every completed buffer is written, as fixed 128-byte
  * records (inject.h), to the process's files in $PASTAPROF_OUT/native/.  pastaprof turns them
  * into the run's event tables when the run is stored (handlers/native_program.py).
+ * Parts: libcupti and what is enabled (inject_cupti.c), the files (inject_files.c), names and
+ * settings (inject_util.c), exits (inject_exits.c), the sanitizer bridge (inject_sanitizer.c).
  *
  * The program is never harmed: in a Python process (pastaprof's own session captures there:
  * never two CUPTI clients) or when anything fails, the library does nothing but say so in one
@@ -33,45 +35,33 @@
 #include <unistd.h>
 
 #include "inject.h"
+#include "inject_state.h"
 
 #define EXPORT __attribute__((visibility("default")))
-
-/* ---- libcupti, bound at run time ---------------------------------------------------- */
-static __typeof__(cuptiActivityRegisterCallbacks)* p_register;
-static __typeof__(cuptiActivityEnable)* p_enable;
-static __typeof__(cuptiActivityGetNextRecord)* p_next;
-static __typeof__(cuptiActivityFlushAll)* p_flush;
-static __typeof__(cuptiActivityFlushPeriod)* p_flush_period;
-static __typeof__(cuptiActivityGetNumDroppedRecords)* p_dropped;
-static __typeof__(cuptiGetCallbackName)* p_cb_name;
-static __typeof__(cuptiActivityEnableRuntimeApi)* p_enable_rt;
-static __typeof__(cuptiActivityEnableDriverApi)* p_enable_drv;
-static __typeof__(cuptiGetResultString)* p_result;
-typedef int (*nvtx_init_t)(void*);
-static void* g_cupti;
 
 /* ---- state ---------------------------------------------------------------------------- */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_state;  /* 0 not started, 1 capturing, 2 off (declined or failed) */
-static int g_rec_fd = -1, g_str_fd = -1;
-static char g_dir[4096], g_base[4200];
-static int g_rank;
-static int64_t g_started_ns;
-static int64_t g_stat[PP_NSTATS];
-static char g_status[512];
-static char g_ended[32] = "running";
+int g_rec_fd = -1, g_str_fd = -1;
+char g_dir[4096], g_base[4200];
+int g_rank;
+int64_t g_started_ns;
+int64_t g_stat[PP_NSTATS];
+char g_status[512];
+char g_ended[32] = "running";
 static size_t g_buffer_bytes = 8u << 20;
-static const char* g_mode = "cuda_injection";
+const char* g_mode = "cuda_injection";
 static int g_sanitizer; /* the instruction-level bridge (inject_sanitizer.c) is running */
-static int g_flush_ms = 2000;
-static char g_note[512];
-static char g_san_status[512];
+int g_flush_ms = 2000;
+char g_note[512];
+char g_san_status[512];
 
 /* kernel selection: PASTAPROF_SAMPLE (every Nth launch), PASTAPROF_KERNELS (POSIX ERE on the
  * readable name; a pattern POSIX cannot compile is left to the reader's Python regex) */
-static int64_t g_sample = 1, g_launch_seq;
-static int g_kernel_filter; /* 0 none, 1 posix here, 2 python (reader) */
-static int g_off_kernels, g_off_api, g_off_memory;
+int64_t g_sample = 1;
+static int64_t g_launch_seq;
+int g_kernel_filter; /* 0 none, 1 posix here, 2 python (reader) */
+int g_off_kernels, g_off_api, g_off_memory;
 
 /* staged output, written with write(2) at the end of each buffer */
 #define STAGE_RECORDS 4096
@@ -79,7 +69,6 @@ static int64_t (*g_stage)[PP_RECORD_WORDS];
 static int g_nstage;
 
 static signed char g_api_keep[2][PP_MAX_CBID]; /* 0 unknown, 1 keep, -1 drop (the whole-kind fallback) */
-static int api_kept(const char* name);
 
 /* CUPTI's name of an API call, or NULL */
 static const char* cb_name(int driver, uint32_t cbid) {
@@ -91,7 +80,7 @@ static const char* cb_name(int driver, uint32_t cbid) {
 }
 
 /* ---- records ---------------------------------------------------------------------------- */
-static void write_all(int fd, const void* p, size_t n) {
+void pp_write_all(int fd, const void* p, size_t n) {
   const char* c = (const char*)p;
   while (n > 0 && fd >= 0) {
     ssize_t w = write(fd, c, n);
@@ -108,8 +97,8 @@ static void write_all(int fd, const void* p, size_t n) {
 static void stage_flush(void) {
   size_t n = 0;
   const char* strings = pp_names_staged(&n); /* strings before the records naming them */
-  if (n) write_all(g_str_fd, strings, n);
-  if (g_nstage) write_all(g_rec_fd, g_stage, (size_t)g_nstage * PP_RECORD_BYTES);
+  if (n) pp_write_all(g_str_fd, strings, n);
+  if (g_nstage) pp_write_all(g_rec_fd, g_stage, (size_t)g_nstage * PP_RECORD_BYTES);
   g_stat[PP_STAT_WRITTEN] += g_nstage;
   g_nstage = 0;
 }
@@ -176,7 +165,7 @@ static void decode(const CUpti_Activity* a) {
         signed char* keep = &g_api_keep[driver][c->cbid];
         if (*keep == 0) { /* a call whose name CUPTI does not give is kept */
           const char* name = cb_name(driver, c->cbid);
-          *keep = !name || api_kept(name) ? 1 : -1;
+          *keep = !name || pp_api_kept(name) ? 1 : -1;
         }
         if (*keep < 0) return;
       }
@@ -248,111 +237,6 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* b
   free(buffer);
 }
 
-/* ---- the process's files -------------------------------------------------------------------- */
-static int64_t now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_REALTIME, &t);
-  return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
-/* Length of the UTF-8 sequence at s (at most n bytes), or 0 when it is not one. */
-static size_t utf8_len(const unsigned char* s, size_t n) {
-  size_t len = s[0] >= 0xf0 && s[0] < 0xf5 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2 : 0;
-  if (!len || len > n) return 0;
-  for (size_t i = 1; i < len; ++i)
-    if ((s[i] & 0xc0) != 0x80) return 0;
-  return len;
-}
-
-/* A JSON string: valid UTF-8 kept, control characters and other bytes escaped (an invalid
- * byte becomes the code point of its value): never invalid JSON, whatever argv holds. */
-static void json_string(FILE* f, const char* s, size_t n) {
-  fputc('"', f);
-  for (size_t i = 0; i < n; ++i) {
-    unsigned char c = (unsigned char)s[i];
-    size_t len = c >= 0x80 ? utf8_len((const unsigned char*)s + i, n - i) : 0;
-    if (len) {
-      fwrite(s + i, 1, len, f);
-      i += len - 1;
-    } else if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-    else if (c < 0x20 || c >= 0x7f) fprintf(f, "\\u%04x", c);
-    else fputc(c, f);
-  }
-  fputc('"', f);
-}
-
-static void write_meta(int complete) {
-  char path[4300], tmp[4300];
-  snprintf(path, sizeof path, "%s.json", g_base);
-  snprintf(tmp, sizeof tmp, "%s.json.tmp", g_base);
-  FILE* f = fopen(tmp, "w");
-  if (!f) return;
-  fprintf(f, "{\"format\": \"pastaprof-native\", \"version\": %d, \"record_bytes\": %d, \"pid\": %d, \"rank\": %d, ",
-          PP_FORMAT_VERSION, PP_RECORD_BYTES, (int)getpid(), g_rank);
-  fprintf(f, "\"started_ns\": %lld, \"updated_ns\": %lld, \"complete\": %s, \"ended\": ", (long long)g_started_ns,
-          (long long)now_ns(), complete ? "true" : "false");
-  json_string(f, g_ended, strlen(g_ended));
-  fprintf(f, ", \"mode\": \"%s\", \"sample\": %lld, \"kernel_filter\": \"%s\", \"status\": ", g_mode,
-          (long long)g_sample, g_kernel_filter == 1 ? "posix" : g_kernel_filter == 2 ? "python" : "none");
-  json_string(f, g_status, strlen(g_status));
-  if (g_note[0]) {
-    fputs(", \"note\": ", f);
-    json_string(f, g_note, strlen(g_note));
-  }
-  if (g_san_status[0]) {
-    fputs(", \"sanitizer_status\": ", f);
-    json_string(f, g_san_status, strlen(g_san_status));
-  }
-  pp_bridge_meta(f, json_string);
-  static const char* names[PP_NSTATS] = PP_STAT_NAMES;
-  fprintf(f, ", \"stats\": {");
-  for (int i = 0; i < PP_NSTATS; ++i) fprintf(f, "%s\"%s\": %lld", i ? ", " : "", names[i], (long long)g_stat[i]);
-  fprintf(f, "}, \"argv\": [");
-  int fd = open("/proc/self/cmdline", O_RDONLY);
-  if (fd >= 0) {
-    char buf[8192];
-    ssize_t n = read(fd, buf, sizeof buf);
-    close(fd);
-    for (ssize_t i = 0, first = 1; n > 0 && i < n; first = 0) {
-      size_t len = strnlen(buf + i, (size_t)(n - i));
-      if (!first) fputs(", ", f);
-      json_string(f, buf + i, len);
-      i += (ssize_t)len + 1;
-    }
-  }
-  fputs("]}\n", f);
-  if (fclose(f) == 0) rename(tmp, path);
-  else unlink(tmp);
-}
-
-static int open_files(void) {
-  const char* out = getenv("PASTAPROF_OUT");
-  if (!out || !*out) {
-    snprintf(g_status, sizeof g_status, "PASTAPROF_OUT is not set");
-    return -1;
-  }
-  snprintf(g_dir, sizeof g_dir, "%s/native", out);
-  mkdir(out, 0777);
-  if (mkdir(g_dir, 0777) != 0 && errno != EEXIST) {
-    snprintf(g_status, sizeof g_status, "cannot create %.400s: %s", g_dir, strerror(errno));
-    return -1;
-  }
-  snprintf(g_base, sizeof g_base, "%s/rank-%d-pid-%d", g_dir, g_rank, (int)getpid());
-  char path[4300];
-  snprintf(path, sizeof path, "%s.rec", g_base);
-  g_rec_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0666);
-  snprintf(path, sizeof path, "%s.str", g_base);
-  g_str_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0666);
-  if (g_rec_fd < 0 || g_str_fd < 0) {
-    snprintf(g_status, sizeof g_status, "cannot write in %.400s: %s", g_dir, strerror(errno));
-    return -1;
-  }
-  int64_t header[PP_RECORD_WORDS] = {PP_MAGIC, PP_FORMAT_VERSION, PP_RECORD_BYTES, getpid(), 0};
-  header[4] = g_rank;
-  write_all(g_rec_fd, header, sizeof header);
-  return 0;
-}
-
 static int alloc_tables(void) {
   g_stage = calloc(STAGE_RECORDS, PP_RECORD_BYTES);
   return (g_stage && pp_names_alloc() == 0) ? 0 : -1;
@@ -383,7 +267,7 @@ static void finish(const char* how, int final) {
   stage_flush();
   if (g_sanitizer) pp_bridge_drain();
   snprintf(g_ended, sizeof g_ended, "%s", how);
-  write_meta(final);
+  pp_write_meta(final);
   pthread_mutex_unlock(&g_mu);
 }
 
@@ -410,7 +294,7 @@ void pp_last_words(const char* how) {
   if (pthread_mutex_trylock(&g_mu) != 0) return;
   stage_flush();
   snprintf(g_ended, sizeof g_ended, "%s", how);
-  write_meta(0);
+  pp_write_meta(0);
   pthread_mutex_unlock(&g_mu);
 }
 
@@ -436,122 +320,13 @@ static void warn(const char* what) {
   if (parent && strcmp(parent, "1") == 0) return;
   char line[700];
   int n = snprintf(line, sizeof line, "pastaprof: warning: native capture not started: %s\n", what);
-  if (n > 0) write_all(2, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1));
-}
-
-static int bind_cupti(void) {
-  const char* path = getenv("PASTAPROF_NATIVE_CUPTI");
-  /* the libcupti named is the only one tried: never a second copy beside a program's own */
-  const char* tries[] = {path && *path ? path : "libcupti.so.13", path && *path ? NULL : "libcupti.so.12",
-                         path && *path ? NULL : "libcupti.so"};
-  for (size_t i = 0; i < sizeof tries / sizeof tries[0] && !g_cupti; ++i)
-    if (tries[i]) g_cupti = dlopen(tries[i], RTLD_NOW | RTLD_GLOBAL);
-  if (!g_cupti) {
-    snprintf(g_status, sizeof g_status, "libcupti not loadable (%s)", path && *path ? path : "libcupti.so");
-    return -1;
-  }
-#define BIND(p, name) p = (__typeof__(p))dlsym(g_cupti, #name)
-  BIND(p_register, cuptiActivityRegisterCallbacks);
-  BIND(p_enable, cuptiActivityEnable);
-  BIND(p_next, cuptiActivityGetNextRecord);
-  BIND(p_flush, cuptiActivityFlushAll);
-  BIND(p_flush_period, cuptiActivityFlushPeriod);
-  BIND(p_dropped, cuptiActivityGetNumDroppedRecords);
-  BIND(p_cb_name, cuptiGetCallbackName);
-  BIND(p_enable_rt, cuptiActivityEnableRuntimeApi);
-  BIND(p_enable_drv, cuptiActivityEnableDriverApi);
-  BIND(p_result, cuptiGetResultString);
-#undef BIND
-  if (!p_register || !p_enable || !p_next || !p_flush) {
-    snprintf(g_status, sizeof g_status, "libcupti lacks the activity API");
-    return -1;
-  }
-  return 0;
-}
-
-static const char* cupti_error(CUptiResult r) {
-  const char* s = NULL;
-  if (p_result) p_result(r, &s);
-  return s ? s : "CUPTI error";
-}
-
-/* The API calls kept: what correlation, the timeline and the tools use (as the Python path). */
-static int api_kept(const char* name) {
-  static const char* keep[] = {"Launch", "Memcpy", "Memset", "Synchronize", "Graph", "Malloc", "Free",
-                               "StreamWaitEvent", "EventSynchronize", "EventRecord"};
-  for (size_t i = 0; i < sizeof keep / sizeof keep[0]; ++i)
-    if (strstr(name, keep[i])) return 1;
-  return 0;
-}
-
-/* Only the kept calls are enabled, one cbid at a time (CUPTI then writes no record for the
- * others: PyTorch-style programs make many calls per launch that nothing here uses).  Where
- * that is not possible (an old libcupti, PASTAPROF_NATIVE_API=all), both kinds are enabled
- * whole and decode() drops the rest. */
-static int enable_api(void) {
-  int n = 0;
-  const char* all = getenv("PASTAPROF_NATIVE_API");
-  if (!p_enable_rt || !p_enable_drv || !p_cb_name || (all && strcmp(all, "all") == 0)) {
-    return (p_enable(CUPTI_ACTIVITY_KIND_RUNTIME) == CUPTI_SUCCESS) + (p_enable(CUPTI_ACTIVITY_KIND_DRIVER) == 0);
-  }
-  for (int driver = 0; driver < 2; ++driver) {
-    int size = driver ? CUPTI_DRIVER_TRACE_CBID_SIZE : CUPTI_RUNTIME_TRACE_CBID_SIZE;
-    for (int cbid = 1; cbid < size; ++cbid) {
-      const char* name = NULL;
-      if (p_cb_name(driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, (uint32_t)cbid, &name) !=
-              CUPTI_SUCCESS || !name || !api_kept(name))
-        continue;
-      n += (driver ? p_enable_drv : p_enable_rt)((CUpti_CallbackId)cbid, 1) == CUPTI_SUCCESS;
-    }
-  }
-  if (n == 0) /* refused one by one: the whole kinds, filtered in decode() */
-    n = (p_enable(CUPTI_ACTIVITY_KIND_RUNTIME) == CUPTI_SUCCESS) + (p_enable(CUPTI_ACTIVITY_KIND_DRIVER) == 0);
-  g_stat[PP_STAT_API_ENABLED] = n;
-  return n;
-}
-
-/* PASTAPROF_NATIVE_KINDS: the CUPTI kinds to enable (kernel,memcpy,memset,sync,memory,marker,api;
- * default all), to measure what each costs */
-static int kind_wanted(const char* kind) {
-  const char* v = getenv("PASTAPROF_NATIVE_KINDS");
-  if (!v || !*v) return 1;
-  size_t n = strlen(kind);
-  for (const char* s = v; (s = strstr(s, kind)) != NULL; s += n)
-    if ((s == v || s[-1] == ',') && (s[n] == ',' || s[n] == 0)) return 1;
-  return 0;
-}
-
-static int start_cupti(void) {
-  CUptiResult r = p_register(buffer_requested, buffer_completed);
-  if (r != CUPTI_SUCCESS) {
-    snprintf(g_status, sizeof g_status, "cuptiActivityRegisterCallbacks: %s (%d)", cupti_error(r), (int)r);
-    return -1;
-  }
-  static const struct {
-    CUpti_ActivityKind kind;
-    const char* name;
-  } kinds[] = {{CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, "kernel"}, {CUPTI_ACTIVITY_KIND_MEMCPY, "memcpy"},
-               {CUPTI_ACTIVITY_KIND_MEMSET, "memset"},           {CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, "sync"},
-               {CUPTI_ACTIVITY_KIND_MEMORY2, "memory"},          {CUPTI_ACTIVITY_KIND_MARKER, "marker"}};
-  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; ++i) {
-    if ((g_off_kernels && i == 0) || (g_off_memory && kinds[i].kind == CUPTI_ACTIVITY_KIND_MEMORY2) ||
-        !kind_wanted(kinds[i].name))
-      continue;
-    r = p_enable(kinds[i].kind);
-    if (r != CUPTI_SUCCESS && i == 0) {
-      snprintf(g_status, sizeof g_status, "cuptiActivityEnable(kernels): %s (%d)", cupti_error(r), (int)r);
-      return -1;
-    }
-  }
-  if (!g_off_api && kind_wanted("api")) enable_api();
-  if (p_flush_period && g_flush_ms > 0) p_flush_period((uint32_t)g_flush_ms);
-  return 0;
+  if (n > 0) pp_write_all(2, line, (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1));
 }
 
 static int start_capture(const char* mode) {
   g_mode = mode;
   g_stat[PP_STAT_PID] = getpid();
-  g_started_ns = now_ns();
+  g_started_ns = pp_now_ns();
   g_rank = pp_env_rank();
   const char* env = getenv("PASTAPROF_NATIVE_INJECT");
   if (env && strcmp(env, "0") == 0) return -1; /* switched off: silent */
@@ -565,10 +340,10 @@ static int start_capture(const char* mode) {
   pp_names_demangler(0);
   if (!pp_rank_selected(g_rank)) {
     snprintf(g_status, sizeof g_status, "rank %d not selected (PASTAPROF_RANKS): nothing recorded", g_rank);
-    if (open_files() == 0) write_meta(1);
+    if (pp_open_files() == 0) pp_write_meta(1);
     return -1;
   }
-  if (open_files() != 0) {
+  if (pp_open_files() != 0) {
     warn(g_status);
     return -1;
   }
@@ -577,24 +352,24 @@ static int start_capture(const char* mode) {
     snprintf(g_status, sizeof g_status, "no CUDA driver (libcuda.so.1 not found): no GPU on this machine?");
     snprintf(g_ended, sizeof g_ended, "not started");
     warn(g_status);
-    write_meta(1);
+    pp_write_meta(1);
     return -1;
   }
-  if (bind_cupti() != 0) {
+  if (pp_bind_cupti() != 0) {
     snprintf(g_ended, sizeof g_ended, "not started");
     warn(g_status);
-    write_meta(1);
+    pp_write_meta(1);
     return -1;
   }
   /* the sanitizer first, as in a Python session: it must see every module load */
   int san = pp_bridge_start(g_base, getenv("PASTAPROF_KERNELS"), (long)g_sample, g_san_status, sizeof g_san_status);
   g_sanitizer = san == 0;
   if (san < 0) warn(g_san_status);
-  if (start_cupti() != 0) {
+  if (pp_start_cupti(buffer_requested, buffer_completed) != 0) {
     if (!g_sanitizer) {
       snprintf(g_ended, sizeof g_ended, "not started");
       warn(g_status);
-      write_meta(1);
+      pp_write_meta(1);
       return -1;
     }
     /* one CUPTI/sanitizer client at a time on this driver: the instruction-level tables go on */
@@ -608,7 +383,7 @@ static int start_capture(const char* mode) {
   g_state = 1;
   atexit(at_exit);
   pp_install_signals();
-  write_meta(0);
+  pp_write_meta(0);
   return 0;
 }
 
@@ -648,16 +423,16 @@ __attribute__((constructor)) static void preload(void) {
 int pp_test_begin(void) {
   pthread_mutex_lock(&g_mu);
   g_stat[PP_STAT_PID] = getpid();
-  g_started_ns = now_ns();
+  g_started_ns = pp_now_ns();
   g_rank = pp_env_rank();
   g_mode = "selftest";
   read_settings();
-  if (alloc_tables() != 0 || open_files() != 0) {
+  if (alloc_tables() != 0 || pp_open_files() != 0) {
     pthread_mutex_unlock(&g_mu);
     return -1;
   }
   pp_names_demangler(1);
-  if (getenv("PASTAPROF_NATIVE_CUPTI")) bind_cupti(); /* API names through cuptiGetCallbackName, if it loads */
+  if (getenv("PASTAPROF_NATIVE_CUPTI")) pp_bind_cupti(); /* API names through cuptiGetCallbackName, if it loads */
   snprintf(g_status, sizeof g_status, "ok");
   g_state = 1;
   return 0;
@@ -669,7 +444,7 @@ void pp_decode(const void* record) { decode((const CUpti_Activity*)record); }
 
 void pp_test_end(void) {
   stage_flush();
-  write_meta(0);
+  pp_write_meta(0);
   pp_start_flusher();
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   atexit(at_exit);

@@ -1,0 +1,139 @@
+/* libcupti for native programs: bound at run time (dlopen, never a second copy), the activity
+ * kinds and API calls enabled.  Part of the injection library (inject.c). */
+#define _GNU_SOURCE
+#include <cupti.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "inject.h"
+#include "inject_state.h"
+
+/* ---- libcupti, bound at run time ---------------------------------------------------- */
+__typeof__(cuptiActivityRegisterCallbacks)* p_register;
+__typeof__(cuptiActivityEnable)* p_enable;
+__typeof__(cuptiActivityGetNextRecord)* p_next;
+__typeof__(cuptiActivityFlushAll)* p_flush;
+__typeof__(cuptiActivityFlushPeriod)* p_flush_period;
+__typeof__(cuptiActivityGetNumDroppedRecords)* p_dropped;
+__typeof__(cuptiGetCallbackName)* p_cb_name;
+__typeof__(cuptiActivityEnableRuntimeApi)* p_enable_rt;
+__typeof__(cuptiActivityEnableDriverApi)* p_enable_drv;
+__typeof__(cuptiGetResultString)* p_result;
+void* g_cupti;
+
+int pp_bind_cupti(void) {
+  const char* path = getenv("PASTAPROF_NATIVE_CUPTI");
+  /* the libcupti named is the only one tried: never a second copy beside a program's own */
+  const char* tries[] = {path && *path ? path : "libcupti.so.13", path && *path ? NULL : "libcupti.so.12",
+                         path && *path ? NULL : "libcupti.so"};
+  for (size_t i = 0; i < sizeof tries / sizeof tries[0] && !g_cupti; ++i)
+    if (tries[i]) g_cupti = dlopen(tries[i], RTLD_NOW | RTLD_GLOBAL);
+  if (!g_cupti) {
+    snprintf(g_status, sizeof g_status, "libcupti not loadable (%s)", path && *path ? path : "libcupti.so");
+    return -1;
+  }
+#define BIND(p, name) p = (__typeof__(p))dlsym(g_cupti, #name)
+  BIND(p_register, cuptiActivityRegisterCallbacks);
+  BIND(p_enable, cuptiActivityEnable);
+  BIND(p_next, cuptiActivityGetNextRecord);
+  BIND(p_flush, cuptiActivityFlushAll);
+  BIND(p_flush_period, cuptiActivityFlushPeriod);
+  BIND(p_dropped, cuptiActivityGetNumDroppedRecords);
+  BIND(p_cb_name, cuptiGetCallbackName);
+  BIND(p_enable_rt, cuptiActivityEnableRuntimeApi);
+  BIND(p_enable_drv, cuptiActivityEnableDriverApi);
+  BIND(p_result, cuptiGetResultString);
+#undef BIND
+  if (!p_register || !p_enable || !p_next || !p_flush) {
+    snprintf(g_status, sizeof g_status, "libcupti lacks the activity API");
+    return -1;
+  }
+  return 0;
+}
+
+static const char* cupti_error(CUptiResult r) {
+  const char* s = NULL;
+  if (p_result) p_result(r, &s);
+  return s ? s : "CUPTI error";
+}
+
+/* The API calls kept: what correlation, the timeline and the tools use (as the Python path). */
+int pp_api_kept(const char* name) {
+  static const char* keep[] = {"Launch", "Memcpy", "Memset", "Synchronize", "Graph", "Malloc", "Free",
+                               "StreamWaitEvent", "EventSynchronize", "EventRecord"};
+  for (size_t i = 0; i < sizeof keep / sizeof keep[0]; ++i)
+    if (strstr(name, keep[i])) return 1;
+  return 0;
+}
+
+/* Only the kept calls are enabled, one cbid at a time (CUPTI then writes no record for the
+ * others: PyTorch-style programs make many calls per launch that nothing here uses).  Where
+ * that is not possible (an old libcupti, PASTAPROF_NATIVE_API=all), both kinds are enabled
+ * whole and decode() drops the rest. */
+static int enable_api(void) {
+  int n = 0;
+  const char* all = getenv("PASTAPROF_NATIVE_API");
+  if (!p_enable_rt || !p_enable_drv || !p_cb_name || (all && strcmp(all, "all") == 0)) {
+    return (p_enable(CUPTI_ACTIVITY_KIND_RUNTIME) == CUPTI_SUCCESS) + (p_enable(CUPTI_ACTIVITY_KIND_DRIVER) == 0);
+  }
+  for (int driver = 0; driver < 2; ++driver) {
+    int size = driver ? CUPTI_DRIVER_TRACE_CBID_SIZE : CUPTI_RUNTIME_TRACE_CBID_SIZE;
+    for (int cbid = 1; cbid < size; ++cbid) {
+      const char* name = NULL;
+      if (p_cb_name(driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, (uint32_t)cbid, &name) !=
+              CUPTI_SUCCESS || !name || !pp_api_kept(name))
+        continue;
+      n += (driver ? p_enable_drv : p_enable_rt)((CUpti_CallbackId)cbid, 1) == CUPTI_SUCCESS;
+    }
+  }
+  if (n == 0) /* refused one by one: the whole kinds, filtered in decode() */
+    n = (p_enable(CUPTI_ACTIVITY_KIND_RUNTIME) == CUPTI_SUCCESS) + (p_enable(CUPTI_ACTIVITY_KIND_DRIVER) == 0);
+  g_stat[PP_STAT_API_ENABLED] = n;
+  return n;
+}
+
+/* PASTAPROF_NATIVE_KINDS: the CUPTI kinds to enable (kernel,memcpy,memset,sync,memory,marker,api;
+ * default all), to measure what each costs */
+static int kind_wanted(const char* kind) {
+  const char* v = getenv("PASTAPROF_NATIVE_KINDS");
+  if (!v || !*v) return 1;
+  size_t n = strlen(kind);
+  for (const char* s = v; (s = strstr(s, kind)) != NULL; s += n)
+    if ((s == v || s[-1] == ',') && (s[n] == ',' || s[n] == 0)) return 1;
+  return 0;
+}
+
+int pp_start_cupti(CUpti_BuffersCallbackRequestFunc requested, CUpti_BuffersCallbackCompleteFunc completed) {
+  CUptiResult r = p_register(requested, completed);
+  if (r != CUPTI_SUCCESS) {
+    snprintf(g_status, sizeof g_status, "cuptiActivityRegisterCallbacks: %s (%d)", cupti_error(r), (int)r);
+    return -1;
+  }
+  static const struct {
+    CUpti_ActivityKind kind;
+    const char* name;
+  } kinds[] = {{CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, "kernel"}, {CUPTI_ACTIVITY_KIND_MEMCPY, "memcpy"},
+               {CUPTI_ACTIVITY_KIND_MEMSET, "memset"},           {CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, "sync"},
+               {CUPTI_ACTIVITY_KIND_MEMORY2, "memory"},          {CUPTI_ACTIVITY_KIND_MARKER, "marker"}};
+  for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; ++i) {
+    if ((g_off_kernels && i == 0) || (g_off_memory && kinds[i].kind == CUPTI_ACTIVITY_KIND_MEMORY2) ||
+        !kind_wanted(kinds[i].name))
+      continue;
+    r = p_enable(kinds[i].kind);
+    if (r != CUPTI_SUCCESS && i == 0) {
+      snprintf(g_status, sizeof g_status, "cuptiActivityEnable(kernels): %s (%d)", cupti_error(r), (int)r);
+      return -1;
+    }
+  }
+  if (!g_off_api && kind_wanted("api")) enable_api();
+  if (p_flush_period && g_flush_ms > 0) p_flush_period((uint32_t)g_flush_ms);
+  return 0;
+}

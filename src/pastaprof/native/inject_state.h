@@ -1,0 +1,56 @@
+/* The native capture's state, shared by the files of the injection library (inject.c,
+ * inject_cupti.c, inject_files.c): one capture per process, so plain globals, hidden from the
+ * program by -fvisibility=hidden. */
+#ifndef PASTAPROF_INJECT_STATE_H
+#define PASTAPROF_INJECT_STATE_H
+
+#include <cupti.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "inject.h"
+
+/* libcupti's functions, bound at run time (inject_cupti.c) */
+extern __typeof__(cuptiActivityRegisterCallbacks)* p_register;
+extern __typeof__(cuptiActivityEnable)* p_enable;
+extern __typeof__(cuptiActivityGetNextRecord)* p_next;
+extern __typeof__(cuptiActivityFlushAll)* p_flush;
+extern __typeof__(cuptiActivityFlushPeriod)* p_flush_period;
+extern __typeof__(cuptiActivityGetNumDroppedRecords)* p_dropped;
+extern __typeof__(cuptiGetCallbackName)* p_cb_name;
+extern __typeof__(cuptiActivityEnableRuntimeApi)* p_enable_rt;
+extern __typeof__(cuptiActivityEnableDriverApi)* p_enable_drv;
+extern __typeof__(cuptiGetResultString)* p_result;
+extern void* g_cupti;
+typedef int (*nvtx_init_t)(void*);
+
+/* the capture (inject.c) */
+extern int g_rec_fd, g_str_fd;
+extern char g_dir[4096], g_base[4200];
+extern int g_rank;
+extern int64_t g_started_ns;
+extern int64_t g_stat[PP_NSTATS];
+extern char g_status[512];
+extern char g_ended[32];
+extern const char* g_mode;
+extern int g_flush_ms;
+extern char g_note[512];
+extern char g_san_status[512];
+extern int64_t g_sample;
+extern int g_kernel_filter; /* 0 none, 1 posix here, 2 python (reader) */
+extern int g_off_kernels, g_off_api, g_off_memory;
+
+void pp_write_all(int fd, const void* p, size_t n);
+
+/* inject_files.c */
+int64_t pp_now_ns(void);
+void pp_json_string(FILE* f, const char* s, size_t n);
+void pp_write_meta(int complete);
+int pp_open_files(void);
+
+/* inject_cupti.c */
+int pp_bind_cupti(void);
+int pp_api_kept(const char* name);
+int pp_start_cupti(CUpti_BuffersCallbackRequestFunc requested, CUpti_BuffersCallbackCompleteFunc completed);
+
+#endif
