@@ -158,7 +158,9 @@ class Memory(Tool):
         rank0, dev0 = _i64(ev["rank"], 0), _i64(ev["device"])
         key0 = dense_codes(rank0, dev0, dcode)
         order = np.lexsort((np.arange(ev.num_rows), _i64(ev["start_ns"]), key0))
-        ev = ev.take(pa.array(order))
+        # only the columns read below travel through the reordering take
+        ev = ev.select(["start_ns", "bytes", "address", "total_allocated", "total_reserved", "pid", "tid"]).take(
+            pa.array(order))
         n = ev.num_rows
         key, rank, dev, dtype = key0[order], rank0[order], dev0[order], dtype_all[order]
         t = _i64(ev["start_ns"])
@@ -213,7 +215,7 @@ class Memory(Tool):
             "pretrace": pa.array(~r_alloc), **op_cols,
         })
         blocks = self._with_free_and_category(blocks, rows, fpos, op_idx, free_idx, rank, t)
-        blocks, use_complete, use_info = block_uses(blocks, op_idx, _i64(ev["pid"])[rows], ops,
+        blocks, use_complete, use_info = block_uses(blocks, op_idx, pid[rows], ops,
                                                     self.table("access_summary"), self.table("kernel"),
                                                     self.info.manifest)
         bkey = key[rows]                              # sorted: rows are in (key, time) order
@@ -300,9 +302,12 @@ class Memory(Tool):
         each device's rows sum to its peak."""
         keys = ["rank", "device", "device_type", "category"]
         rows = {tuple(r[k] for k in keys): r for r in _group(live, keys, ["bytes"]).to_pylist()}
+        seen: dict[tuple, list[int]] = {}
+        for k, r in rows.items():  # each device's categories, in one pass (not a scan of all rows per device)
+            seen.setdefault(k[:3], []).append(r["bytes"])
         for d in dev_rows:
             dk = (d["rank"], d["device"], d["device_type"])
-            unseen = d["peak_bytes"] - sum(r["bytes"] for k, r in rows.items() if k[:3] == dk)
+            unseen = d["peak_bytes"] - sum(seen.get(dk, []))
             if unseen:
                 r = rows.setdefault((*dk, "before_trace"), dict(zip(keys, (*dk, "before_trace"))) | {"bytes": 0, "blocks": 0})
                 r["bytes"] += unseen
