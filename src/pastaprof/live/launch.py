@@ -19,7 +19,7 @@ from pathlib import Path
 from pastaprof.errors import UsageError
 from pastaprof.live.config import ENV_PREFIX, CaptureConfig
 from pastaprof.live.python_flags import note_uncaptured
-from pastaprof.live.supervise import Supervised, die_like, program_notes
+from pastaprof.live.supervise import Supervised, die_like, hold, program_notes, release
 from pastaprof.report.names import terminal_safe
 from pastaprof.store.outputs import OutputDir, problem
 
@@ -31,6 +31,34 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
         command = command[1:]
     if not command:
         raise UsageError("nothing to run: pastaprof run [OPTIONS] -- python script.py")
+    held = hold()  # before any import starts threads: each inherits the block (live/supervise.py)
+    try:
+        child, claim, config, t0 = _start(command, out, flags, force, held)
+    except BaseException:
+        release(held)
+        raise
+    # compaction's imports (pyarrow: ~0.1 s) and first calls, while the program runs instead of after it
+    warm = threading.Thread(target=_warm_compaction, name="pastaprof-warm-up", daemon=True)
+    warm.start()
+    partial, dest = claim.tmp, claim.dest  # dest is not resolved: --force replaces a link, not its target
+    try:
+        code = child.wait()
+        note_uncaptured(partial, command, child.pid)  # python -E/-I/-S kept the bootstrap out
+        from pastaprof.handlers import native_program
+
+        native_program.finish_hook(partial, config)  # native processes' record files -> parts
+        wall = time.perf_counter() - t0
+        warm.join(timeout=5)  # bounded: compaction does the same work itself if the warm-up is stuck
+        _finish(partial, dest, command, code, wall, list(config.tools), claim, child)
+    finally:
+        child.restore()  # signals that came while the run was stored were meant for the ended program
+    return die_like(code)  # a death by signal N is repeated on ourselves (a shell shows 128+N)
+
+
+def _start(command: list[str], out: Path | None, flags: dict[str, str | None], force: bool,
+           held: set[int]) -> tuple[Supervised, OutputDir, CaptureConfig, float]:
+    """Settings checked, the output claimed, the program's environment made and the program
+    started; (the program, the claimed output, the settings, when it started)."""
     env = dict(os.environ)
     for key, value in flags.items():
         if value is not None:
@@ -41,8 +69,7 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
 
         resolve(list(config.tools))
     claim = OutputDir(out or config.out or f"pastaprof-run-{time.strftime('%Y%m%d-%H%M%S')}", force)
-    dest, partial = claim.dest, claim.tmp  # dest is not resolved: --force replaces a link, not its target
-    env[ENV_PREFIX + "OUT"] = str(partial)
+    env[ENV_PREFIX + "OUT"] = str(claim.tmp)
     env["PASTAPROF_RUN_PARENT"] = "1"
     from pastaprof.handlers import registry
 
@@ -54,25 +81,13 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
     native_program.launch_hook(env, command, config)
 
     t0 = time.perf_counter()
-    child = Supervised(command, env)  # signals for the program are passed on (live/supervise.py)
+    child = Supervised(command, env, held)  # signals for the program are passed on (live/supervise.py)
     try:
         child.start()
     except OSError as e:
         claim.discard()
         raise UsageError(f"cannot start {command[0]!r}: {e.strerror}") from None
-    # compaction's imports (pyarrow: ~0.1 s) and first calls, while the program runs instead of after it
-    warm = threading.Thread(target=_warm_compaction, name="pastaprof-warm-up", daemon=True)
-    warm.start()
-    try:
-        code = child.wait()
-        note_uncaptured(partial, command, child.pid)  # python -E/-I/-S kept the bootstrap out
-        native_program.finish_hook(partial, config)  # native processes' record files -> parts
-        wall = time.perf_counter() - t0
-        warm.join(timeout=5)  # bounded: compaction does the same work itself if the warm-up is stuck
-        _finish(partial, dest, command, code, wall, list(config.tools), claim, child)
-    finally:
-        child.restore()  # signals that came while the run was stored were meant for the ended program
-    return die_like(code)  # a death by signal N is repeated on ourselves (a shell shows 128+N)
+    return child, claim, config, t0
 
 
 def _warm_compaction() -> None:

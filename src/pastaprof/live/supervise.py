@@ -12,6 +12,15 @@ Why this is not ``subprocess.Popen`` + ``child.wait()`` + Python signal handlers
   those the program's own processes sent (to their group, or to their parent).  A
   signal another process sends to the whole group (``kill -TERM -PGID``) reaches the
   program twice: nothing in ``siginfo`` tells it from one sent to pastaprof alone.
+* The signals are blocked (``hold()``) before ``pastaprof run`` imports anything that starts
+  threads of its own (numpy's OpenBLAS workers, pyarrow's jemalloc), so every thread of the
+  process inherits the block: a thread that did not block them would take a process-directed
+  SIGCHLD (lost: its default action is to ignore it) or SIGTERM (its default action would
+  kill pastaprof mid-compaction and orphan the program).  So the parent waits for the
+  program in one blocking ``sigtimedwait`` that only a signal ends, with a long timeout as the
+  net for a library that unblocks them in a thread of its own; it uses no CPU while the
+  program runs.  A signal that came before the program started was meant for pastaprof
+  itself: it is delivered then, as if nothing had been blocked.
 * The blocked mask must not reach the program: it is spawned with the mask
   ``pastaprof run`` was started with (``posix_spawnp``'s ``setsigmask``), and with
   SIGPIPE and SIGXFSZ at their default actions as ``Popen`` leaves them.
@@ -37,24 +46,40 @@ _NOT_FORWARDED = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGSEGV
                   signal.SIGFPE, signal.SIGILL, signal.SIGTRAP, signal.SIGSYS}
 FORWARDED = frozenset(s for s in signal.valid_signals() if s not in _NOT_FORWARDED)
 _JOB_STOPS = {signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGSTOP}
-_POLL_S = 0.5  # the child is also reaped by polling: a SIGCHLD lost to a foreign handler cannot hang us
+_SAFETY_S = 10.0  # a SIGCHLD taken by a foreign thread that unblocked it delays the exit by this much at most
+_TAKEN = FORWARDED | {signal.SIGCHLD}
+
+
+def hold() -> set[int]:
+    """Block the signals the supervisor takes, in this thread and so in every thread started
+    after; returns the mask before (``Supervised(held=...)`` spawns the program with it)."""
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _TAKEN)
+
+
+def release(held: set[int]) -> None:
+    """Undo ``hold()`` where no program was started: signals that came meanwhile are delivered."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 class Supervised:
     """The program as a child process: ``start()``, then ``wait()`` for its exit code
     (``-N`` for a death by signal N, as ``Popen.returncode``)."""
 
-    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+    def __init__(self, command: list[str], env: dict[str, str], held: set[int] | None = None) -> None:
         self.command = command
         self.env = env
         self.pid = 0
         self.max_rss_bytes = 0  # the program's peak resident memory (its largest process), from wait4
         self.forwarded: dict[str, int] = {}  # signal name -> times passed on
-        self._old_mask: set[int] | None = None
+        self._old_mask: set[int] | None = held  # from hold(), called early; else start() blocks
 
     def start(self) -> None:
         """Spawn the program with the signal mask we were started with; block ours."""
-        self._old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
+        if self._old_mask is None:
+            self._old_mask = hold()
+        elif signal.sigpending() & FORWARDED:  # came before the program existed: meant for us
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._old_mask)  # delivered (may end us)
+            signal.pthread_sigmask(signal.SIG_BLOCK, _TAKEN)
         try:
             self.pid = os.posix_spawnp(self.command[0], self.command, self.env, setsigmask=self._old_mask,
                                        setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
@@ -64,12 +89,11 @@ class Supervised:
 
     def wait(self) -> int:
         """Pass signals on until the program ends; its exit code."""
-        waited = FORWARDED | {signal.SIGCHLD}
         while True:
             code = self._reap()
             if code is not None:
                 return code
-            info = signal.sigtimedwait(waited, _POLL_S)
+            info = signal.sigtimedwait(_TAKEN, _SAFETY_S)
             if info is None or info.si_signo == signal.SIGCHLD:
                 continue
             # sent by a process (kill, sigqueue, tgkill), not by the program itself (to its group,
