@@ -6,7 +6,10 @@ and where the GPU is (issue E, section 6), against torch.profiler, in fresh proc
 Each process runs bench/user_steps.py: 3 warm-up steps, then 20 timed steps, each synchronized.
 Variants: ``bare``; ``pastaprof`` (`pastaprof run` with the default capture); ``pastaprof_all``
 (``--shapes all``: every op's shapes); ``pastaprof_none`` (``--no-shapes``); ``pastaprof_noflush``
-(the default capture, no flush until the program ends); ``tp_default``
+(the default capture, no flush until the program ends); parts switched off (``pastaprof_nomodules``,
+``_noops``, ``_nocupti``, ``_nothing``: every PASTAPROF_OFF part, CUPTI's copy/memset/sync records
+stay), ``pastaprof_idle`` (the session with no handler), the floors (``pastaprof_nosession``,
+``pastaprof_nosession_inject``, ``bare_preload``: see FLOORS); ``tp_default``
 (torch.profiler, CPU + CUDA activities) and ``tp_full`` (with shapes, memory and stacks).
 Rounds are interleaved (every variant once per round) so the host's drift spreads over all of
 them.  Per process the median step is taken; the report gives the median over rounds and its
@@ -52,8 +55,9 @@ PP_ENV = {"pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000", "PASTAPROF_BUFFE
           "pastaprof_nosession": {"PASTAPROF_NATIVE_INJECT": "0"}}
 TP = ("tp_default", "tp_full")
 # Floors without capture: the supervising `pastaprof run` parent with the child's session never
-# started (PASTAPROF_OUT unset in the child), and a bare process that first imports what the
-# session imports (pyarrow, numpy, duckdb-free parts) before the script runs.
+# started (PASTAPROF_OUT unset in the child; without, and with, the native injection library that
+# `pastaprof run` prepares for the non-Python `env`), and a bare process that first imports what
+# the session imports (pyarrow, numpy, duckdb-free parts) before the script runs.
 PRELOAD = ("import pyarrow, pyarrow.parquet, numpy, runpy, sys; sys.argv = sys.argv[1:]; "
            "runpy.run_path(sys.argv[0], run_name='__main__')")
 FLOORS = ("pastaprof_nosession", "pastaprof_nosession_inject", "bare_preload")
