@@ -256,4 +256,28 @@ def test_recorded_snapshots_match_the_allocators_own_numbers(scenario):
     dev = rep.tables["devices"].to_pylist()[0]
     assert dev["end_bytes"] == scenario["memory_allocated"]
     if scenario.get("oom_request_bytes"):
-        assert any(f.title.startswith("OOM:") for f in rep.findings)
+        oom = next(f for f in rep.findings if f.title.startswith("OOM:"))
+        assert f"asked for {scenario['oom_request_bytes'] / 2**20:.1f} MiB" in oom.title
+        # what held the memory: the chunks the program kept, at the function that kept them
+        assert oom.evidence["blocks"] == scenario["chunks_held"]
+        assert oom.evidence["allocated_bytes"] == scenario["chunks_held"] * scenario["oom_request_bytes"]
+        assert "grow_until_oom" in oom.location
+    if scenario.get("leaked_bytes"):
+        grows = next(f for f in rep.findings if "grows" in f.title)
+        top = grows.evidence["sites"][0]  # the planted leak: one 2 MiB tensor kept per step
+        assert top["bytes"] == scenario["leaked_bytes"] and top["blocks"] == scenario["leaked_tensors"]
+        assert top["call_site"].endswith("leaky_cache_append")
+        assert grows.evidence["growth_bytes_per_step"] == scenario["leaked_bytes"] // scenario["leaked_tensors"]
+
+
+@pytest.mark.parametrize(("size", "divisions", "block"), [
+    (4, {}, 512), (512, {}, 512), (513, {}, 1024), (2 << 20, {}, 2 << 20), ((1 << 20) + 1, {}, (1 << 20) + 512),
+    # PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:4 -> 1.25, 1.5, 1.75, 2 MiB steps above 1 MiB
+    ((1 << 20) + 1, {"1": 4}, (1 << 20) + (1 << 18)), (3 << 19, {"1": 4}, 3 << 19), ((5 << 20) + 7, {"4": 2}, 6 << 20),
+])
+def test_block_size_is_the_caching_allocators_rounding(size, divisions, block):
+    """The real leak snapshot held two live 4-byte tensors at its peak: 1,016 bytes the trace's
+    requested sizes miss and max_memory_allocated() counts (c10 CUDACachingAllocator round_size)."""
+    from pastaprof.importers.memory_snapshot import _roundup_divisions, block_size
+
+    assert block_size(size, _roundup_divisions({"allocator_settings": {"roundup_power2_divisions": divisions}})) == block

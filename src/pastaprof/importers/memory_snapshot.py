@@ -8,8 +8,9 @@ That is all a real snapshot holds; anything else is one clear error line.
 
 What is mapped (one rank, one process; device ``i`` is ``device_traces[i]``):
 
-* ``tensor`` (caching-allocator blocks): one event per ``alloc`` (+size) and per
-  ``free_requested`` (-size: where the allocator's ``allocated_bytes``, i.e.
+* ``tensor`` (caching-allocator blocks): one event per ``alloc`` (+block size: the
+  request rounded as the allocator rounds it, ``block_size``) and per
+  ``free_requested`` (-block size: where the allocator's ``allocated_bytes``, i.e.
   ``torch.cuda.memory_allocated()``, drops; ``free_completed`` only says the block is
   reusable, after the streams that used it are done), ``total_allocated`` and
   ``total_reserved`` rebuilt backwards from the segments' state at the dump, so the
@@ -210,9 +211,48 @@ class _Cols:
         return pa.table({k: pa.array(v, types.get(k, pa.int64())) for k, v in self.c.items()})
 
 
+MIN_BLOCK = 512  # the CUDA caching allocator's kMinBlockSize
+_INTERVALS = 16  # roundup_power2_divisions: one setting per power of two from 1 MiB (the last for the rest)
+
+
+def _roundup_divisions(snap: Any) -> list[int]:
+    """``allocator_settings.roundup_power2_divisions`` (PYTORCH_CUDA_ALLOC_CONF), 0 where unset."""
+    settings = snap.get("allocator_settings") if isinstance(snap, dict) else None
+    given = settings.get("roundup_power2_divisions") if isinstance(settings, dict) else None
+    out = [0] * _INTERVALS
+    if isinstance(given, dict):
+        for k, v in given.items():
+            mb = int(k) if isinstance(k, str) and k.isascii() and k.isdigit() and len(k) < 8 else _int(k, -1)  # keys are MiB as text
+            n = _int(v, 0)
+            if mb > 0 and mb & (mb - 1) == 0 and mb.bit_length() - 1 < _INTERVALS and 0 <= n <= 1 << 20:
+                out[mb.bit_length() - 1] = n
+    return out
+
+
+def block_size(size: int, divisions: list[int]) -> int:
+    """The block the caching allocator hands out for a request of ``size`` bytes (its
+    ``round_size``): what ``memory_allocated()`` counts, where a trace entry says the request
+    (two 4-byte tensors are 1,024 bytes of blocks)."""
+    if size < MIN_BLOCK:
+        return MIN_BLOCK
+    mb_log = (size >> 20).bit_length() - 1  # -1 below 1 MiB: the allocator's index wraps to the last
+    n = divisions[mb_log if 0 <= mb_log < _INTERVALS else _INTERVALS - 1]
+    if n > 1 and size > MIN_BLOCK * n:
+        if size & (size - 1) == 0:
+            return size
+        floor = 1 << (size.bit_length() - 1)
+        step = floor >> (n.bit_length() - 1)
+        if step == 0:
+            return floor << 1
+        low = size & ~(step - 1)
+        return size if low == size else low + step
+    return MIN_BLOCK * ((size + MIN_BLOCK - 1) // MIN_BLOCK)
+
+
 def snapshot_tables(snap: Any, path: Path) -> tuple[dict[str, pa.Table], dict[str, Any]]:
     """Raw tables (see module docstring) and metadata of one loaded snapshot."""
     segs, traces = _check(snap, path)
+    divisions = _roundup_divisions(snap)
     end_alloc, end_reserved, nseg = _end_state(segs)
     tensor = _Cols("start_ns", "device", "address", "bytes", "total_allocated", "total_reserved")
     seg = {"alloc": _Cols("start_ns", "device", "address", "bytes"), "free": _Cols("start_ns", "device", "address", "bytes")}
@@ -236,7 +276,8 @@ def snapshot_tables(snap: Any, path: Path) -> tuple[dict[str, pa.Table], dict[st
             last = t
             size, addr = max(_int(e.get("size")), 0), _int(e.get("addr"), 0) & ((1 << 64) - 1)
             if action == "alloc" or action in FREE_ACTIONS:
-                tensor.add(start_ns=t, device=dev, address=addr, bytes=size if action == "alloc" else -size,
+                block = block_size(size, divisions)  # the trace says what was asked; the allocator counts blocks
+                tensor.add(start_ns=t, device=dev, address=addr, bytes=block if action == "alloc" else -block,
                            total_allocated=None, total_reserved=None)
             elif action in ("segment_alloc", "segment_free"):
                 seg["alloc" if action == "segment_alloc" else "free"].add(start_ns=t, device=dev, address=addr, bytes=size)
