@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -54,11 +55,18 @@ def build(copies: int) -> Path:
     return out
 
 
-def run_once(pastaprof: str, trace: Path, tools: str | None) -> dict:
+def run_once(pastaprof: str, trace: Path, tools: str | None, src: Path | None = None) -> dict:
+    """One command in a child process; ``src``: run pastaprof from that source tree instead
+    (``python -m pastaprof.cli`` with PYTHONPATH=src), e.g. a checkout of an older commit."""
     with tempfile.TemporaryDirectory() as tmp:
         js = Path(tmp) / "out.json"
-        cmd = [pastaprof, "analyze", str(trace), "-q", "--json", str(js)] + (["-t", tools] if tools else [])
-        m = measure(cmd)
+        head, env = [pastaprof], None
+        if src is not None:
+            head, env = [sys.executable, "-m", "pastaprof.cli"], {**os.environ, "PYTHONPATH": str(src)}
+        cmd = head + ["analyze", str(trace), "-q", "--json", str(js)] + (["-t", tools] if tools else [])
+        load = os.getloadavg()[0]
+        m = measure(cmd, env=env)
+        m["loadavg_1min"] = [load, os.getloadavg()[0]]  # before and after: how shared the machine was
         m.pop("stdout", None)
         if m["rc"] == 0 and js.exists():
             steps = json.loads(js.read_text()).get("tools", {}).get("steps")
@@ -72,23 +80,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copies", type=int, default=57, help="copies of the example in the trace (default 57)")
     ap.add_argument("--repeat", type=int, default=1, help="interleaved repetitions of every command")
     ap.add_argument("--results", type=Path, default=WORK / "analyze_default.json")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="which commands, of: " + ", ".join(VARIANTS))
+    ap.add_argument("--base-src", type=Path, help="also run the default command from this source tree "
+                                                  "(e.g. src/ of `git worktree add /tmp/wt-OLD REV`), interleaved")
     args = ap.parse_args(argv)
+    variants = {k: VARIANTS[k] for k in args.variants.split(",") if k}
+    if args.base_src is not None:
+        variants["base-default"] = None
     trace = build(args.copies)
     pastaprof = str(Path(sys.executable).with_name("pastaprof"))
     subprocess.run(["cat", str(trace)], stdout=subprocess.DEVNULL, check=True)  # into the page cache
-    runs: dict[str, list[dict]] = {k: [] for k in VARIANTS}
+    runs: dict[str, list[dict]] = {k: [] for k in variants}
     for _ in range(args.repeat):
-        for name, tools in VARIANTS.items():
-            m = run_once(pastaprof, trace, tools)
+        for name, tools in variants.items():
+            m = run_once(pastaprof, trace, tools, args.base_src if name.startswith("base-") else None)
             runs[name].append(m)
             print(f"{name:9s} rc={m['rc']} wall={m['wall_s']:.2f}s cpu={m['user_s'] + m['sys_s']:.2f}s peak_rss={m['peak_rss_bytes'] / 2**20:.0f} MiB "
-                  f"tree={m['peak_tree_rss_sampled_bytes'] / 2**20:.0f} MiB steps={m.get('steps')}", flush=True)
+                  f"tree={m['peak_tree_rss_sampled_bytes'] / 2**20:.0f} MiB steps={m.get('steps')} "
+                  f"load={m['loadavg_1min'][0]:.1f}->{m['loadavg_1min'][1]:.1f}", flush=True)
     summary = {name: {"wall_s": statistics.median(m["wall_s"] for m in ms),
                       "cpu_s": statistics.median(m["user_s"] + m["sys_s"] for m in ms),
                       "peak_rss_bytes": statistics.median(m["peak_rss_bytes"] for m in ms),
                       "rc": sorted({m["rc"] for m in ms}), "steps": ms[-1].get("steps")}
                for name, ms in runs.items()}
-    base = summary["default"]
+    base = summary.get("default") or next(iter(summary.values()))
     print(f"\ntrace: {trace} ({trace.stat().st_size / 1e9:.2f} GB, {args.copies} copies), median of {args.repeat}")
     print(f"{'command':10s} {'wall s':>8s} {'cpu s':>8s} {'vs default':>10s} {'peak RSS MiB':>13s}")
     for name, s in summary.items():
