@@ -265,3 +265,22 @@ def test_bpftrace_leaving_a_probe_out_is_one_line(programs: dict[str, Path]) -> 
     with pytest.raises(ProbeError, match="attached 3 of 5 probes"):
         s.start()
     assert not s.dir.exists() and s.proc is None
+
+
+@needs_ebpf
+def test_pastaprof_run_probes_a_program_without_python(programs: dict[str, Path], tmp_path: Path) -> None:
+    """`pastaprof run --probe ... -- ./app`: no Python anywhere in the program, its calls are
+    probed from the launcher: exactly the program's N mallocs of SIZE and its K ticks."""
+    out = tmp_path / "run"
+    r = _pastaprof("run", "-o", str(out), "--probe", "libc.so.6:malloc:args=1", "--", str(programs["mallocs"]),
+                   str(N_MALLOCS), str(SIZE))
+    assert r.returncode == 0 and r.stdout == "mallocs done\n", r.stderr
+    assert "not a Python program" not in r.stderr
+    run = load(out)
+    (n, sized), = run.sql(f"select count(*), count(*) filter (where args[1] = {SIZE}) from probe "
+                          "where function = 'malloc'").fetchall()
+    assert sized == N_MALLOCS and n >= N_MALLOCS  # the C runtime's own mallocs (stdio) may come too
+    r = _pastaprof("run", "-o", str(tmp_path / "t"), "--probe", f"usdt:{programs['ticks']}:pastaprof_demo:tick",
+                   "--", str(programs["ticks"]), "40")
+    assert r.returncode == 0 and r.stdout == "ticks done\n", r.stderr
+    assert load(tmp_path / "t").sql("select count(*) from probe").fetchall() == [(40,)]

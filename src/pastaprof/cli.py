@@ -462,22 +462,10 @@ def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | 
              "RANKS": ranks_, "SHAPES": "none" if no_shapes else shapes, "CALL_SITES": onoff(call_sites), "UVM": onoff(uvm),
              "UVM_PLAN": str(Path(uvm_plan).resolve()) if uvm_plan else None, "PROCESS": process,
              "PAGE": page_bytes}
-    if probes:  # the session (its probe handler) starts with the program's first Python process
+    if probes:  # a Python program's session probes it; another program is probed by the launcher
         flags.update({"PROBE": ";".join(probes), "EAGER": "1"})
-        _probe_note(list(command))
     code = _run_guarded(lambda: launch(list(command), out, flags, force), signals=False)
     sys.exit(code)
-
-
-def _probe_note(command: list[str]) -> None:
-    """--probe on a command that is not Python: said in one line (the probe handler starts in
-    the program's first Python process; handlers/probe_launch.py is the launcher's side)."""
-    from pastaprof.handlers.native_program import is_python_command
-
-    cmd = command[1:] if command[:1] == ["--"] else command
-    if cmd and not is_python_command(cmd):
-        click.echo(f"pastaprof: warning: --probe: {cmd[0]!r} is not a Python program: calls are recorded in "
-                   "Python programs and the processes they start (docs/probes.md)", err=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from pastaprof.errors import UsageError
 from pastaprof.live.config import ENV_PREFIX, CaptureConfig
@@ -33,7 +34,7 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
         raise UsageError("nothing to run: pastaprof run [OPTIONS] -- python script.py")
     held = hold()  # before any import starts threads: each inherits the block (live/supervise.py)
     try:
-        child, claim, config, t0 = _start(command, out, flags, force, held)
+        child, claim, config, t0, probes = _start(command, out, flags, force, held)
     except BaseException:
         release(held)
         raise
@@ -47,6 +48,10 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
         from pastaprof.handlers import native_program
 
         native_program.finish_hook(partial, config)  # native processes' record files -> parts
+        if probes is not None:
+            from pastaprof.handlers import probe_launch
+
+            probe_launch.finish_hook(probes, partial)  # a program without Python: its probed calls -> parts
         wall = time.perf_counter() - t0
         warm.join(timeout=5)  # bounded: compaction does the same work itself if the warm-up is stuck
         _finish(partial, dest, command, code, wall, list(config.tools), claim, child)
@@ -56,9 +61,10 @@ def launch(command: list[str], out: Path | None, flags: dict[str, str | None], f
 
 
 def _start(command: list[str], out: Path | None, flags: dict[str, str | None], force: bool,
-           held: set[int]) -> tuple[Supervised, OutputDir, CaptureConfig, float]:
+           held: set[int]) -> tuple[Supervised, OutputDir, CaptureConfig, float, Any]:
     """Settings checked, the output claimed, the program's environment made and the program
-    started; (the program, the claimed output, the settings, when it started)."""
+    started; (the program, the claimed output, the settings, when it started, the probes of a
+    program without Python or None)."""
     env = dict(os.environ)
     for key, value in flags.items():
         if value is not None:
@@ -79,6 +85,11 @@ def _start(command: list[str], out: Path | None, flags: dict[str, str | None], f
     from pastaprof.handlers import native_program  # native CUDA programs: CUDA_INJECTION64_PATH
 
     native_program.launch_hook(env, command, config)
+    probes = None
+    if env.get(ENV_PREFIX + "PROBE"):  # a Python program's session probes itself; others are probed from here
+        from pastaprof.handlers import probe_launch
+
+        probes = probe_launch.launch_hook(env, command, config)
 
     t0 = time.perf_counter()
     child = Supervised(command, env, held)  # signals for the program are passed on (live/supervise.py)
@@ -86,8 +97,10 @@ def _start(command: list[str], out: Path | None, flags: dict[str, str | None], f
         child.start()
     except OSError as e:
         claim.discard()
+        if probes is not None:
+            probes.close()
         raise UsageError(f"cannot start {command[0]!r}: {e.strerror}") from None
-    return child, claim, config, t0
+    return child, claim, config, t0, probes
 
 
 def _warm_compaction() -> None:
