@@ -7,8 +7,7 @@ Each process runs bench/user_steps.py: 3 warm-up steps, then 20 timed steps, eac
 Variants: ``bare``; ``pastaprof`` (`pastaprof run` with the default capture); ``pastaprof_all``
 (``--shapes all``: every op's shapes); ``pastaprof_none`` (``--no-shapes``); ``pastaprof_noflush``
 (the default capture, no flush until the program ends); parts switched off (``pastaprof_nomodules``,
-``_noops``, ``_nocupti``, ``_nothing``: every PASTAPROF_OFF part, CUPTI's copy/memset/sync records
-stay), ``pastaprof_idle`` (the session with no handler), the floors (``pastaprof_nosession``,
+``_noops``, ``_nocupti``: every CUPTI kind off, ``_nothing``: every PASTAPROF_OFF part), ``pastaprof_idle`` (the session with no handler), the floors (``pastaprof_nosession``,
 ``pastaprof_nosession_inject``, ``bare_preload``: see FLOORS); ``tp_default``
 (torch.profiler, CPU + CUDA activities) and ``tp_full`` (with shapes, memory and stacks).
 Rounds are interleaved (every variant once per round) so the host's drift spreads over all of
@@ -42,11 +41,10 @@ PP_ENV = {"pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000", "PASTAPROF_BUFFE
           # the default capture less one part (PASTAPROF_OFF), to locate the cost under `pastaprof run`
           "pastaprof_nomodules": {"PASTAPROF_OFF": "modules"},
           "pastaprof_noops": {"PASTAPROF_OFF": "ops,modules"},
-          "pastaprof_nocupti": {"PASTAPROF_OFF": "kernels,api,ext,memory"},
+          "pastaprof_nocupti": {"PASTAPROF_OFF": "kernels,api,ext,memory,copies,sync"},
           # every mechanism off: what the bootstrap, the session and the supervising parent cost alone
-          "pastaprof_nothing": {"PASTAPROF_OFF": "kernels,api,ext,ops,modules,tensors,memory"},
-          # the session and its threads with no handler at all (CUPTI's copy, memset and sync
-          # records, which PASTAPROF_OFF cannot switch off, and the torch handler's hooks included)
+          "pastaprof_nothing": {"PASTAPROF_OFF": "kernels,api,ext,ops,modules,tensors,memory,copies,sync"},
+          # the session and its threads with no handler at all (no CUPTI client, no torch hooks)
           "pastaprof_idle": {"_PASTAPROF_HANDLERS": "[]"},
           # `env` is not a Python command: `pastaprof run` prepares native capture for it
           # (CUDA_INJECTION64_PATH), which the CUDA driver then loads into the Python child (where

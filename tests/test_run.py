@@ -198,6 +198,8 @@ def test_vocabulary_parsing():
     assert [s for s in range(6) if cfg.step_selected(s)] == [2, 3]
     assert cfg.rank_selected(1) and not cfg.rank_selected(0)
     assert CaptureConfig.from_env(cfg.to_env()) == cfg
+    off = CaptureConfig.from_env({"PASTAPROF_OFF": "copies,sync"})  # every CUPTI kind can be switched off
+    assert off.is_off("copies") and off.is_off("sync") and not off.is_off("kernels")
 
 
 def test_step_window_gates_gpu_work_by_launch_time(tmp_path):

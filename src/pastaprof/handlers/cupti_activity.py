@@ -122,6 +122,8 @@ class CuptiActivityHandler(CuptiRecords, Handler, Gated):
                     kinds += [K.RUNTIME, K.DRIVER]
             dropped = {K.CONCURRENT_KERNEL} if off("kernels") else set()
             dropped |= {K.MEMORY2, K.MEMORY_POOL} if off("memory") else set()
+            dropped |= {K.MEMCPY, K.MEMSET} if off("copies") else set()
+            dropped |= {K.SYNCHRONIZATION} if off("sync") else set()
             kinds = [k for k in kinds if k not in dropped]
             for kind in kinds:
                 cupti.activity_enable(kind)

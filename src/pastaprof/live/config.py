@@ -69,14 +69,15 @@ ENV_PREFIX = "PASTAPROF_"
 
 # What PASTAPROF_OFF can switch off: CUPTI kernel records, launch-call records (without them
 # kernels keep no launch time and no op), the op id per launch, the op observer, the module
-# hooks, allocator (tensor) events, CUPTI MEMORY2/MEMORY_POOL records; "callbacks" records
+# hooks, allocator (tensor) events, CUPTI MEMORY2/MEMORY_POOL records, CUPTI MEMCPY/MEMSET
+# records ("copies") and SYNCHRONIZATION records ("sync"); "callbacks" records
 # launch calls as CUPTI activity records instead of through its callback API; "gate" keeps the
 # op observer and CUPTI recording outside the --steps/--ranges windows (the store still gates:
 # the A/B check that gating at the source loses nothing inside a window).
 #: the variables CaptureConfig reads itself (others: the handlers' settings), and the launcher's own
 CORE_SETTINGS = frozenset(("OUT", "TOOLS", "RANGES", "KERNELS", "SAMPLE", "STEPS", "RANKS", "FLUSH_MS", "BUFFER_MB",
                            "SHAPES", "CALL_SITES", "UVM", "UVM_PLAN", "PROCESS", "PAGE", "OFF", "RUN_PARENT", "EAGER"))
-OFF_PARTS = ("kernels", "api", "ext", "ops", "modules", "tensors", "memory", "callbacks", "gate")
+OFF_PARTS = ("kernels", "api", "ext", "ops", "modules", "tensors", "memory", "copies", "sync", "callbacks", "gate")
 
 
 def parse_rank_list(value: str, what: str = "PASTAPROF_RANKS") -> tuple[int, ...]:
