@@ -37,6 +37,7 @@ PASTAPROF_BUFFER_MB (env only)               op rows held in memory between flus
 PASTAPROF_OFF       (env only)               switch capture mechanisms off, for overhead
                                              breakdowns (bench/overhead.py --breakdown): any of
                                              kernels, api, ext, ops, modules, tensors, memory,
+                                             copies (CUPTI memcpy/memset), sync,
                                              callbacks (launch calls as activity records),
                                              gate (no gating at the source: the op observer
                                              and CUPTI record throughout, the store gates)
