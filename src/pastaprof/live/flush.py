@@ -13,10 +13,12 @@ program's priority, asleep until then), and goes on watching,
   the nice thread is in progress (flushes may overlap: each writes its own part numbers);
 * when the op observer's buffer reaches ``buffer_rows`` (``PASTAPROF_BUFFER_MB``) rows, or
   another multiple of it: the op that reaches it wakes the deadline thread at once (one
-  futex wake per ``buffer_rows`` ops, never a wait or a lock on the program's thread), and
-  the rows are written to disk (past twice that, while a flush is still writing the
-  previous rows, by a second flush beside it).  Past half of it, at a look, the flush
-  thread is woken early;
+  futex wake per ``buffer_rows`` ops, never a wait or a lock on the program's thread).  It
+  wakes the nice flush thread first (cheapest for the program's threads), and hands the rows
+  to a spill thread if that has not started within a look (50 ms) or when the buffer reaches
+  twice the budget (also, while a flush is still writing the previous rows, beside it): the
+  rows are written to disk, not dropped.  Past half of it, at a look, the flush thread is
+  woken early;
 * periodically in its place, for a while, once the flush thread's last flush took far
   longer in wall time than in CPU time (it was starved).
 
@@ -114,6 +116,7 @@ class FlushScheduler:
         self._active: dict[int, float] = {}  # thread id -> start of its flush in progress
         self._last_flush = time.monotonic()  # when the last flush ended
         self._starved_until = 0.0
+        self._nice_woken: float | None = None  # when the flush thread was woken for a full buffer
         self.deadline_flushes = 0  # flushes the deadline thread made (the flush thread was late or starved)
         self.starved_flushes = 0  # flush-thread flushes that took > 3x their CPU time in wall time
         self._observers: list[Any] = []  # the native op observers' libraries, their limits set
@@ -234,8 +237,18 @@ class FlushScheduler:
             running = len(self._active)
         if rows >= 2 * b["buffer_rows"] and running <= _SPILLERS:
             return True  # a flush in progress cannot keep up: a second one takes the rows since
-        if rows >= b["buffer_rows"] or age > b["deadline_ms"] / 1000:
+        if age > b["deadline_ms"] / 1000:
             return oldest is None or now - oldest > period  # overlap a flush only if it is stuck
+        if rows >= b["buffer_rows"]:
+            if oldest is not None:
+                self._nice_woken = None
+                return now - oldest > period
+            if self._nice_woken is None and now >= self._starved_until:
+                self._nice_woken = now  # the nice thread first: it costs the program's threads least
+                self._wake.set()
+                return False
+            return self._nice_woken is None or now - self._nice_woken >= _TICK_S  # it did not start
+        self._nice_woken = None
         if now < self._starved_until:
             return age > period and oldest is None
         if rows > b["buffer_rows"] // 2:
