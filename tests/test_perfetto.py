@@ -27,6 +27,7 @@ import pytest
 import pastaprof
 from pastaprof.events.schema import GPU_ACTIVITY_KINDS, conform
 from pastaprof.report import perfetto as pf
+from pastaprof.report import perfetto_wire as pfw
 from pastaprof.report import protowire
 from pastaprof.report.perfetto import write_perfetto
 from pastaprof.store.run import Run
@@ -76,7 +77,7 @@ def decode(path: Path) -> Decoded:
     counters: dict[int, list[tuple[int, int]]] = defaultdict(list)
     events = []
     for i, pkt in enumerate(trace.packet):
-        assert pkt.trusted_packet_sequence_id == pf.SEQUENCE_ID
+        assert pkt.trusted_packet_sequence_id == pfw.SEQUENCE_ID
         cleared = bool(pkt.sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED)
         assert cleared == (i == 0), f"packet {i}: flags {pkt.sequence_flags}"
         if pkt.HasField("interned_data"):
@@ -366,8 +367,8 @@ def test_small_batches_write_the_same_bytes(tmp_path, monkeypatch):
                 "device": _i32(np.zeros(50)), "bytes": np.full(50, 8)},
     )
     big = write_perfetto(run, tmp_path / "big.pftrace")
-    monkeypatch.setattr(pf, "_CHUNK", 7)
-    monkeypatch.setattr(pf, "_CHUNK_BYTES", 4000)
+    monkeypatch.setattr(pfw, "_CHUNK", 7)
+    monkeypatch.setattr(pfw, "_CHUNK_BYTES", 4000)
     small = write_perfetto(run, tmp_path / "small.pftrace")
     assert small == big and big["flows"] == n_k
     assert (tmp_path / "small.pftrace").read_bytes() == (tmp_path / "big.pftrace").read_bytes()
@@ -425,7 +426,7 @@ def test_empty_run_and_gzip(tmp_path):
     counts = write_perfetto(run, tmp_path / "g.pftrace.gz")
     assert (tmp_path / "g.pftrace.gz").read_bytes()[:2] == b"\x1f\x8b"
     dec = decode(tmp_path / "g.pftrace.gz")
-    assert [s.name for s in dec.slices] == [pf.UNNAMED] and counts["ops"] == 1
+    assert [s.name for s in dec.slices] == [pfw.UNNAMED] and counts["ops"] == 1
 
 
 # --- the encoder against Perfetto's descriptors and protobuf's own encoding -----------------
@@ -476,8 +477,8 @@ def test_field_numbers_match_perfetto():
         "THD_THREAD_NAME": ("ThreadDescriptor", "thread_name"), "CD_UNIT": ("CounterDescriptor", "unit"),
     }
     for const, (msg, name) in fields.items():
-        assert getattr(pf, const) == getattr(pb, msg).DESCRIPTOR.fields_by_name[name].number, const
-    assert (pf.TYPE_SLICE_BEGIN, pf.TYPE_SLICE_END, pf.TYPE_COUNTER) == (
+        assert getattr(pfw, const) == getattr(pb, msg).DESCRIPTOR.fields_by_name[name].number, const
+    assert (pfw.TYPE_SLICE_BEGIN, pfw.TYPE_SLICE_END, pfw.TYPE_COUNTER) == (
         TE.TYPE_SLICE_BEGIN, TE.TYPE_SLICE_END, TE.TYPE_COUNTER)
-    assert pf.UNIT_SIZE_BYTES == pb.CounterDescriptor.UNIT_SIZE_BYTES
-    assert pf.CHILD_ORDERING_EXPLICIT == pb.TrackDescriptor.EXPLICIT
+    assert pfw.UNIT_SIZE_BYTES == pb.CounterDescriptor.UNIT_SIZE_BYTES
+    assert pfw.CHILD_ORDERING_EXPLICIT == pb.TrackDescriptor.EXPLICIT
