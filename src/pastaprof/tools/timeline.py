@@ -55,7 +55,7 @@ launch-bound kernels (table ``launch_bound``, top ``top_n`` names by count)
     ``graph_launches`` (calls with several) and their launch-bound subsets;
     ``launch_bound_share`` is launch-bound launches / launches.
 
-Findings (thresholds are the module constants below)
+Findings (thresholds: the constants of ``_timeline_findings``)
     * rank idle > 50% of its span and host_wait >= 50% of the idle time summed over
       its streams: "GPU starved by the host" (critical from 80% idle); idle > 50%
       otherwise: "GPU idle", naming the dominant idle category;
@@ -78,6 +78,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.tools._by_rank import rank_rows
+from pastaprof.tools._timeline_findings import timeline_findings
+from pastaprof.tools._timeline_launch import launch_bound_flags, launch_bound_table
 from pastaprof.tools._timeline_math import (
     COMMUNICATION,
     COMPUTATION,
@@ -91,52 +93,12 @@ from pastaprof.tools._timeline_math import (
     name_codes,
     to_np,
 )
-from pastaprof.tools.base import Finding, Report, Tool
+from pastaprof.tools.base import Report, Tool
 
 CONSECUTIVE_KERNEL_DELAY_NS = 30_000   # HTA's default consecutive_kernel_delay (30 us)
-STARVED_IDLE_PCT = 50.0                # a rank idle for more than half its span ...
-HOST_WAIT_DOMINANT = 0.5               # ... with host_wait >= half of its stream idle time: GPU starved by the host
-CRITICAL_IDLE_PCT = 80.0               # idle beyond this makes the starvation finding critical
-HOST_WAIT_PCT = 20.0                   # a rank not starved, yet idle waiting for launches this share of its span
-LAUNCH_BOUND_SHARE = 0.5               # >= 50% of the kernels with a known launch call are launch-bound ...
-LAUNCH_BOUND_MIN = 100                 # ... and at least this many: a finding
-NON_COMPUTE_PCT = 25.0                 # exposed communication or memory above 25% of the span: a finding
 TOP_N = 20
 _NO_LAUNCH = np.iinfo(np.int64).max
 _COLUMNS = ("start", "end", "rank", "device", "stream", "lag", "cls", "launch")
-
-
-_NO_UNITS = (0, 0, 0, 0)
-
-
-def _launch_bound_flags(start: np.ndarray, end: np.ndarray, launch: np.ndarray, a_start: np.ndarray,
-                        a_end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                                                    tuple[int, int, int, int]]:
-    """Per kernel: has a launch call, is launch-bound, its duration, its share of the
-    call's duration; and (launches, graph launches, launch-bound launches, launch-bound
-    graph launches).  A call that launched one kernel is launch-bound when the kernel is
-    shorter than the call.  A call that launched several (``cudaGraphLaunch``: every
-    kernel of the graph carries the call's correlation id) is judged once, on the GPU
-    time of all its kernels; each of its kernels takes that verdict and an equal share
-    of the call's time (so per-name sums add up to the call, not n times it)."""
-    has = launch >= 0
-    call = launch[has].astype(np.int64)
-    kernel_ns = end - start
-    n_calls = len(a_start)
-    per_call = np.bincount(call, minlength=n_calls)
-    gpu_ns = np.rint(np.bincount(call, weights=kernel_ns[has], minlength=n_calls)).astype(np.int64)
-    call_ns = a_end - a_start
-    multi = per_call[call] > 1
-    bound_has = np.where(multi, gpu_ns[call] < call_ns[call], kernel_ns[has] < call_ns[call])
-    bound = np.zeros(len(start), dtype=bool)
-    bound[has] = bound_has
-    launch_ns = np.zeros(len(start), dtype=np.int64)
-    launch_ns[has] = call_ns[call] // np.maximum(per_call[call], 1)
-    used = per_call > 0
-    graphs = per_call > 1
-    call_bound = gpu_ns < call_ns
-    units = (int(used.sum()), int(graphs.sum()), int((used & call_bound).sum()), int((graphs & call_bound).sum()))
-    return has, bound, kernel_ns, launch_ns, units
 
 
 def _pct(part: np.ndarray, whole: np.ndarray) -> np.ndarray:
@@ -199,7 +161,7 @@ class Timeline(Tool):
             if kind == "kernel":
                 codes, names = name_codes(t["name"])
                 cls = np.array([hta_kernel_class(x) for x in names], dtype=np.int8)[codes]
-                self._lb = (names, codes) + _launch_bound_flags(start, end, launch, a_start, a_end)
+                self._lb = (names, codes) + launch_bound_flags(start, end, launch, a_start, a_end)
             else:
                 cls = np.full(len(start), MEMORY, dtype=np.int8)
             parts.append({"start": start, "end": end, "rank": rank, "device": to_np(t["device"], dtype=np.int32),
@@ -229,7 +191,7 @@ class Timeline(Tool):
         streams = self._streams(act, by_start, delay)
         devices = self._devices(act, by_start)
         temporal = self._temporal(act, by_start, self._syncs() if self.options.get("include_sync", True) else None)
-        launch_bound, lb_totals = self._launch_bound(top_n)
+        launch_bound, lb_totals = launch_bound_table(self._lb, top_n)
         summary: dict[str, Any] = {
             "activities": int(len(act["start"])),
             "streams": streams.num_rows,
@@ -238,7 +200,8 @@ class Timeline(Tool):
                          for r in temporal.to_pylist()],
             **lb_totals,
         }
-        findings = self._findings(temporal, streams, lb_totals, launch_bound)
+        findings = timeline_findings(temporal, streams, lb_totals, launch_bound, self._host_wait_site,
+                                     self._peer_waits)
         return Report(self.name, tables={"devices": devices, "streams": streams, "temporal": temporal,
                                          "launch_bound": launch_bound},
                       findings=findings, summary=summary, display=DISPLAY)
@@ -326,38 +289,6 @@ class Timeline(Tool):
             "communication_pct": _pct(comm, span), "memory_pct": _pct(mem, span), "other_pct": _pct(other, span),
         })
 
-    def _launch_bound(self, top_n: int) -> tuple[pa.Table, dict[str, Any]]:
-        if self._lb is None:
-            z = np.zeros(0, np.int64)
-            names, codes, has, bound, kdur, ldur, units = [], np.zeros(0, np.int32), z > 0, z > 0, z, z, _NO_UNITS
-        else:
-            names, codes, has, bound, kdur, ldur, units = self._lb
-        m = len(names)
-
-        def per_name(weights: np.ndarray) -> np.ndarray:  # exact int64 sums per name (float64 sums of ints < 2**53)
-            return np.rint(np.bincount(codes, weights=weights, minlength=m)).astype(np.int64)
-
-        launches = np.bincount(codes, minlength=m)
-        with_launch, lb = per_name(has), per_name(bound)
-        order = np.lexsort((np.arange(m), -lb))
-        order = order[lb[order] > 0][:top_n]
-        table = pa.table({
-            "name": pa.array([names[i] for i in order], pa.string()),
-            "launches": launches[order], "with_launch": with_launch[order], "launch_bound": lb[order],
-            "launch_bound_share": np.round(lb[order] / np.maximum(with_launch[order], 1), 4),
-            "kernel_ns": per_name(kdur)[order],
-            "launch_bound_kernel_ns": per_name(np.where(bound, kdur, 0))[order],
-            "launch_bound_launch_ns": per_name(np.where(bound, ldur, 0))[order],
-        })
-        n_units, n_graphs, lb_units, lb_graphs = units
-        totals = {"kernels": int(len(codes)), "kernels_with_launch": int(has.sum()),
-                  "launch_bound_kernels": int(bound.sum()), "launches": n_units, "graph_launches": n_graphs,
-                  "launch_bound_launches": lb_units, "launch_bound_graph_launches": lb_graphs,
-                  "launch_bound_share": round(lb_units / n_units, 4) if n_units else 0.0,
-                  # GPU time lost to launch-bound kernels: their launch call outlasts them
-                  "launch_bound_excess_ns": int(np.maximum(np.where(bound, ldur - kdur, 0), 0).sum())}
-        return table, totals
-
     # ------------------------------------------------------------------ findings
 
     def _host_wait_site(self, rank: int, evidence: dict[str, Any]) -> str | None:
@@ -423,88 +354,3 @@ class Timeline(Tool):
         from pastaprof.tools.ranks.waits import waited_for  # not at import: it imports the steps tool
 
         return waited_for(self.table("kernel"), self.table("collective"))
-
-    def _findings(self, temporal: pa.Table, streams: pa.Table, lb: dict[str, Any], lb_table: pa.Table) -> list[Finding]:
-        out: list[Finding] = []
-        st = streams.to_pydict()
-        multi = temporal.num_rows > 1 and bool(pc.any(pc.greater_equal(temporal["communication_pct"],
-                                                                        NON_COMPUTE_PCT)).as_py())
-        peer = self._peer_waits() if multi else {}
-        waiting: list[tuple[dict[str, Any], dict[str, int]]] = []
-        streams_of: dict[Any, list[int]] = {}
-        for i, x in enumerate(st["rank"]):  # each rank's streams, in one pass
-            streams_of.setdefault(x, []).append(i)
-        for r in temporal.to_pylist():
-            rank, where = r["rank"], f"rank {r['rank']}"
-            rows = streams_of.get(rank, [])
-            waits = {c: sum(st[f"{c}_ns"][i] for i in rows) for c in ("host_wait", "kernel_wait", "other")}
-            total_wait = sum(waits.values())
-            share = waits["host_wait"] / total_wait if total_wait else 0.0
-            host_idle = int(min(waits["host_wait"], r["idle_ns"]))  # streams' waits, at most the rank's idle time
-            evidence = {"idle_pct": r["idle_pct"], "idle_ns": r["idle_ns"], "span_ns": r["span_ns"],
-                        **{f"streams_{c}_ns": v for c, v in waits.items()},
-                        "host_wait_share_of_stream_idle": round(share, 4)}
-            host_pct = 100 * host_idle / r["span_ns"] if r["span_ns"] else 0.0
-            site = self._host_wait_site(rank, evidence) if host_pct >= HOST_WAIT_PCT else None
-            if r["idle_pct"] <= STARVED_IDLE_PCT and host_pct >= HOST_WAIT_PCT:
-                out.append(Finding("warning", f"GPU idle {host_pct:.1f}% waiting for launches",
-                                   {**evidence, "host_wait_pct": round(host_pct, 2)}, site or where,
-                                   impact_ns=host_idle, kind="host wait"))
-            if r["idle_pct"] > STARVED_IDLE_PCT:
-                if share >= HOST_WAIT_DOMINANT:
-                    sev = "critical" if r["idle_pct"] >= CRITICAL_IDLE_PCT else "warning"
-                    out.append(Finding(sev, f"GPU starved by the host: idle {r['idle_pct']:.1f}% of its span, "
-                                            f"{share:.0%} of stream idle time waiting for launches", evidence,
-                                       site or where,
-                                       impact_ns=host_idle, kind="host wait"))
-                else:
-                    top = max(waits, key=waits.get) if total_wait else "other"
-                    out.append(Finding("warning", f"GPU idle {r['idle_pct']:.1f}% of its span (mostly {top})",
-                                       evidence, where, impact_ns=int(r["idle_ns"])))
-            for label, what in (("communication", "exposed communication (not overlapped with compute)"),
-                                ("memory", "copies/memsets not overlapped with compute")):
-                w = peer.get(rank, {}) if label == "communication" else {}
-                if w.get("attributed_ns") and r["communication_pct"] >= NON_COMPUTE_PCT:
-                    own = max(0, int(r["communication_ns"]) - w["attributed_ns"])
-                    if 100 * own / max(r["span_ns"], 1) < NON_COMPUTE_PCT:
-                        waiting.append((r, w))  # mostly waiting for a peer: said once for all such ranks
-                        continue
-                    r = {**r, "communication_ns": own, "communication_pct": round(100 * own / r["span_ns"], 2)}
-                if r[f"{label}_pct"] >= NON_COMPUTE_PCT:
-                    out.append(Finding("warning", f"{what}: {r[f'{label}_pct']:.1f}% of the GPU span",
-                                       {f"{label}_ns": r[f"{label}_ns"], f"{label}_pct": r[f"{label}_pct"],
-                                        "span_ns": r["span_ns"], "compute_pct": r["compute_pct"],
-                                        **({"waiting_for_peers_ns": w["attributed_ns"]} if w else {})}, where,
-                                       impact_ns=int(r[f"{label}_ns"])))
-        if waiting:
-            out.append(self._waiting_finding(waiting))
-        if lb["launch_bound_launches"] >= LAUNCH_BOUND_MIN and lb["launch_bound_share"] >= LAUNCH_BOUND_SHARE:
-            graphs = (f", {lb['launch_bound_graph_launches']} of them CUDA-graph launches"
-                      if lb["launch_bound_graph_launches"] else "")
-            out.append(Finding("warning", f"{lb['launch_bound_launches']} of {lb['launches']} kernel launches "
-                                          f"({lb['launch_bound_share']:.0%}) run shorter on the GPU than their "
-                                          f"launch call{graphs}",
-                               {**lb, "top_kernels": lb_table.column("name").to_pylist()[:5]},
-                               location="launch-bound: consider CUDA graphs, fusion or larger batches",
-                               impact_ns=lb.get("launch_bound_excess_ns"), kind="launch bound"))
-        return out
-
-    @staticmethod
-    def _waiting_finding(waiting: list[tuple[dict[str, Any], dict[str, int]]]) -> Finding:
-        """One finding for the ranks whose exposed communication is mostly waiting for late peers."""
-        from collections import Counter
-
-        peers: Counter = Counter()
-        for _, w in waiting:
-            peers[w["rank"]] += w["rank_ns"]
-        top, _ = peers.most_common(1)[0]
-        total = sum(w["attributed_ns"] for _, w in waiting)
-        ranks = sorted(r["rank"] for r, _ in waiting)
-        shown = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
-        evidence = {"ranks": ranks[:64], "waiting_ranks": len(ranks), "waiting_for_rank": top,
-                    "waiting_ns": total, "waiting_for": {str(k): v for k, v in peers.most_common(8)},
-                    "exposed_communication_ns": sum(int(r["communication_ns"]) for r, _ in waiting)}
-        return Finding("warning", f"{len(ranks)} ranks ({shown}) spend their exposed communication waiting for "
-                                  f"rank {top} in collectives: its late arrival, not their own communication "
-                                  "(the ranks tool says why it was late)", evidence, f"rank {top}",
-                       impact_ns=total, kind="waiting for a rank")
