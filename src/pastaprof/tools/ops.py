@@ -18,6 +18,9 @@ inclusive ``gpu_ns`` adds the GPU time of descendant ops.
 
 from __future__ import annotations
 
+from typing import Any
+
+import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -75,117 +78,12 @@ class Ops(Tool):
             UNION ALL SELECT rank, op_id, CAST(name AS VARCHAR), end_ns - start_ns FROM c
             UNION ALL SELECT rank, op_id, CAST(name AS VARCHAR), end_ns - start_ns FROM s
         """)
-        per_op = con.sql(
-            "SELECT rank, op_id, sum(d)::BIGINT AS gpu_ns, count(*) AS launches FROM gpu WHERE op_id IS NOT NULL GROUP BY ALL"
-        ).to_arrow_table()
-        per_op_lag = con.sql(
-            "SELECT rank, op_id, sum(delay)::BIGINT AS d, count(*) AS n, max(delay)::BIGINT AS mx FROM lag "
-            "WHERE op_id >= 0 GROUP BY ALL"
-        ).to_arrow_table()
-        self_gpu = np.zeros(op.num_rows, dtype=np.int64)
-        self_launch = np.zeros(op.num_rows, dtype=np.int64)
-        incl = np.zeros(op.num_rows, dtype=np.int64)
-        lag_sum = np.zeros(op.num_rows, dtype=np.int64)
-        lag_n = np.zeros(op.num_rows, dtype=np.int64)
-        lag_max = np.full(op.num_rows, -1, dtype=np.int64)
-        ppos = np.full(op.num_rows, -1, dtype=np.int64)
-        if op.num_rows:
-            # by search (or arithmetic on consecutive ids), not an array indexed by id: ids are
-            # data (a damaged store's op id of 3.6e17 asked numpy for 2.5 EiB)
-            def col(t: pa.Table, name: str) -> np.ndarray:
-                return np.asarray(t[name].to_numpy(zero_copy_only=False))
-
-            ranks = col(op, "rank")
-            all_ids = np.asarray(op["id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
-            by_rank, gpu_of, lag_of = rank_rows(ranks), rank_rows(col(per_op, "rank")), rank_rows(col(per_op_lag, "rank"))
-            gpu_oid, lag_oid = col(per_op, "op_id").astype(np.int64), col(per_op_lag, "op_id").astype(np.int64)
-            gpu_cols = {"gpu_ns": col(per_op, "gpu_ns"), "launches": col(per_op, "launches")}
-            lag_cols = {c: col(per_op_lag, c) for c in ("d", "n", "mx")}
-            parent = np.asarray(op["parent_id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
-            for r in by_rank.ranks():
-                rows = by_rank[r]
-                ids = all_ids[rows]
-                ppos[rows] = find_keys(parent[rows], ids, rows)  # the row of each op's parent, or -1
-                m = gpu_of[r]
-                pos = find_keys(gpu_oid[m], ids, np.arange(len(rows), dtype=np.int64))
-                ok = pos >= 0
-                at = rows[pos[ok]]
-                self_gpu[at] = gpu_cols["gpu_ns"][m][ok]
-                self_launch[at] = gpu_cols["launches"][m][ok]
-                m = lag_of[r]
-                pos = find_keys(lag_oid[m], ids, np.arange(len(rows), dtype=np.int64))
-                ok = pos >= 0
-                at = rows[pos[ok]]
-                for arr, c in ((lag_sum, "d"), (lag_n, "n"), (lag_max, "mx")):
-                    arr[at] = lag_cols[c][m][ok]
-            depth = np.asarray(op["depth"].fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-            incl = _inclusive(depth, ppos, self_gpu)
-        cpu = (np.asarray(op["end_ns"]) - np.asarray(op["start_ns"])).astype(np.int64) if op.num_rows \
-            else np.zeros(0, np.int64)
-        ops = pa.table({
-            # names stay dictionary-encoded (1.2 M ops as strings were ~0.5 GB more at the peak);
-            # the queries below read them as VARCHAR
-            "rank": op["rank"], "id": op["id"], "name": op["name"],
-            "module": op["module"], "call_site": op["call_site"],
-            "is_backward": op["is_backward"], "depth": op["depth"], "input_shapes": op["input_shapes"],
-            "cpu_ns": pa.array(cpu, pa.int64()), "self_cpu_ns": pa.array(_self_cpu(ppos, cpu), pa.int64()),
-            "self_gpu_ns": pa.array(self_gpu), "gpu_ns": pa.array(incl), "self_launches": pa.array(self_launch),
-            "launch_delay_sum_ns": pa.array(lag_sum), "delayed_launches": pa.array(lag_n),
-            "max_launch_delay_ns": pa.array(lag_max, mask=lag_max < 0),
-        })
+        ops = _per_op_table(op, _attribute(con, op))
         con.register("ops_raw", ops)
         con.execute("CREATE TEMP VIEW ops AS SELECT * REPLACE (CAST(name AS VARCHAR) AS name, "
                     "CAST(module AS VARCHAR) AS module, CAST(call_site AS VARCHAR) AS call_site) FROM ops_raw")
-        dominant = """
-            dom AS (SELECT o.name AS op_name, g.kname, sum(g.d) AS d FROM gpu g JOIN ops o
-                    ON g.op_id = o.id AND g.rank = o.rank GROUP BY ALL),
-            domk AS (SELECT op_name, first(kname ORDER BY d DESC, kname) AS dominant_kernel, max(d)::BIGINT AS dominant_ns
-                     FROM dom GROUP BY 1)"""
-        by_name = con.sql(f"""
-            WITH {dominant.strip()},
-            shape_counts AS (SELECT name, input_shapes, count(*) AS c FROM ops
-                             WHERE input_shapes IS NOT NULL GROUP BY ALL),
-            shapes AS (SELECT name, first(input_shapes ORDER BY c DESC, input_shapes) AS shapes
-                       FROM shape_counts GROUP BY 1),
-            per_name AS (  -- ops aggregated by name first: the joins below see one row per name, not per op
-                SELECT name, count(*) AS calls, sum(cpu_ns)::BIGINT AS cpu_ns, sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
-                       sum(self_gpu_ns)::BIGINT AS self_gpu_ns, sum(gpu_ns)::BIGINT AS gpu_ns,
-                       sum(self_launches)::BIGINT AS kernels, round(sum(self_launches) / count(*), 2) AS kernels_per_call,
-                       bool_or(is_backward) AS backward,
-                       (sum(launch_delay_sum_ns) / NULLIF(sum(delayed_launches), 0))::BIGINT AS launch_delay_ns,
-                       max(max_launch_delay_ns) AS max_launch_delay_ns
-                FROM ops GROUP BY name)
-            SELECT o.name, o.calls, o.cpu_ns, o.self_cpu_ns, o.self_gpu_ns, o.gpu_ns, o.kernels, o.kernels_per_call,
-                   domk.dominant_kernel, shapes.shapes AS input_shapes, o.backward, o.launch_delay_ns,
-                   o.max_launch_delay_ns
-            FROM per_name o LEFT JOIN domk ON domk.op_name = o.name LEFT JOIN shapes ON shapes.name = o.name
-            ORDER BY o.self_gpu_ns DESC, o.cpu_ns DESC, o.name  -- ties by name: the same order every run
-        """).to_arrow_table()
-        by_module = con.sql("""
-            SELECT coalesce(module, '(no module)') AS module, count(*) AS ops,
-                   sum(self_gpu_ns)::BIGINT AS gpu_ns, sum(CASE WHEN depth = 0 THEN cpu_ns ELSE 0 END)::BIGINT AS cpu_ns,
-                   sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
-                   sum(CASE WHEN is_backward THEN self_gpu_ns ELSE 0 END)::BIGINT AS backward_gpu_ns
-            FROM ops GROUP BY 1 ORDER BY gpu_ns DESC, module
-        """).to_arrow_table()
-        # The same module class across instances (all 12 GPT2Block_k as "GPT2Block"):
-        # which kind of layer costs the most, whatever its depth in the model.
-        by_module_type = con.sql("""
-            SELECT coalesce(regexp_replace(regexp_extract(module, '[^/]+$'), '_[0-9]+$', ''), '(no module)')
-                       AS module_type,
-                   count(DISTINCT module) AS instances, sum(ops)::BIGINT AS ops, sum(gpu_ns)::BIGINT AS gpu_ns,
-                   sum(backward_gpu_ns)::BIGINT AS backward_gpu_ns
-            FROM (SELECT module, count(*) AS ops, sum(self_gpu_ns) AS gpu_ns,
-                         sum(CASE WHEN is_backward THEN self_gpu_ns ELSE 0 END) AS backward_gpu_ns
-                  FROM ops GROUP BY module)  -- per distinct module first: the regexes run once per module
-            GROUP BY 1 ORDER BY gpu_ns DESC, module_type
-        """).to_arrow_table()
-        by_site = con.sql("""
-            SELECT call_site, count(*) AS ops, sum(self_gpu_ns)::BIGINT AS gpu_ns, sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
-                   (sum(launch_delay_sum_ns) / NULLIF(sum(delayed_launches), 0))::BIGINT AS launch_delay_ns
-            FROM ops WHERE call_site IS NOT NULL GROUP BY 1
-            ORDER BY greatest(sum(self_gpu_ns), sum(self_cpu_ns)) DESC, call_site LIMIT 50
-        """).to_arrow_table()
+        by_name = _by_name(con)
+        by_module, by_module_type, by_site = _rollups(con)
         totals = con.execute("""
             SELECT (SELECT coalesce(sum(d), 0) FROM gpu)::BIGINT,
                    (SELECT coalesce(sum(d), 0) FROM gpu WHERE op_id IS NOT NULL)::BIGINT,
@@ -199,22 +97,158 @@ class Ops(Tool):
                    # shapes of some forward ops only: `pastaprof run --shapes sample` (the default)
                    "forward_ops_with_shapes": int(totals[3]),
                    "shapes": "none" if not totals[3] else "sampled" if totals[3] < totals[4] else "all"}
-        findings = []
-        if totals[0] and 1 - totals[1] / totals[0] > UNATTRIBUTED_WARN_SHARE:
-            findings.append(Finding("warning", "GPU time not attributed to any framework op",
-                                    {"unattributed_ns": int(totals[0] - totals[1]),
-                                     "share": round(1 - totals[1] / totals[0], 4)}))
-        if summary["shapes"] == "sampled":
-            findings.append(Finding("info", "input shapes are from a sample of the calls",
-                                    {"forward_ops_with_shapes": int(totals[3]), "forward_ops": int(totals[4]),
-                                     "hint": "pastaprof run --shapes all records every op's"}))
-        if by_name.num_rows:
-            top = by_name.slice(0, 1).to_pylist()[0]
-            if totals[0] and top["self_gpu_ns"]:
-                findings.append(Finding("info", f"{top['name']} launches the most GPU time",
-                                        {"gpu_ns": top["self_gpu_ns"], "calls": top["calls"],
-                                         "share": round(top["self_gpu_ns"] / totals[0], 4)},
-                                        location=top["dominant_kernel"]))
         return Report(self.name, tables={"ops": by_name, "module types": by_module_type, "modules": by_module,
                                          "call sites": by_site},
-                      findings=findings, summary=summary, details={"per op": ops})
+                      findings=_findings(totals, summary, by_name), summary=summary, details={"per op": ops})
+
+
+def _attribute(con: duckdb.DuckDBPyConnection, op: pa.Table) -> dict[str, np.ndarray]:
+    """Per op row: the GPU time and launches of the work it launched itself (``gpu`` rows whose
+    (rank, op_id) is the op), that plus its descendants', its launch delays, and its parent's row."""
+    per_op = con.sql(
+        "SELECT rank, op_id, sum(d)::BIGINT AS gpu_ns, count(*) AS launches FROM gpu WHERE op_id IS NOT NULL GROUP BY ALL"
+    ).to_arrow_table()
+    per_op_lag = con.sql(
+        "SELECT rank, op_id, sum(delay)::BIGINT AS d, count(*) AS n, max(delay)::BIGINT AS mx FROM lag "
+        "WHERE op_id >= 0 GROUP BY ALL"
+    ).to_arrow_table()
+    self_gpu = np.zeros(op.num_rows, dtype=np.int64)
+    self_launch = np.zeros(op.num_rows, dtype=np.int64)
+    incl = np.zeros(op.num_rows, dtype=np.int64)
+    lag_sum = np.zeros(op.num_rows, dtype=np.int64)
+    lag_n = np.zeros(op.num_rows, dtype=np.int64)
+    lag_max = np.full(op.num_rows, -1, dtype=np.int64)
+    ppos = np.full(op.num_rows, -1, dtype=np.int64)
+    if op.num_rows:
+        # by search (or arithmetic on consecutive ids), not an array indexed by id: ids are
+        # data (a damaged store's op id of 3.6e17 asked numpy for 2.5 EiB)
+        def col(t: pa.Table, name: str) -> np.ndarray:
+            return np.asarray(t[name].to_numpy(zero_copy_only=False))
+
+        ranks = col(op, "rank")
+        all_ids = np.asarray(op["id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+        by_rank, gpu_of, lag_of = rank_rows(ranks), rank_rows(col(per_op, "rank")), rank_rows(col(per_op_lag, "rank"))
+        gpu_oid, lag_oid = col(per_op, "op_id").astype(np.int64), col(per_op_lag, "op_id").astype(np.int64)
+        gpu_cols = {"gpu_ns": col(per_op, "gpu_ns"), "launches": col(per_op, "launches")}
+        lag_cols = {c: col(per_op_lag, c) for c in ("d", "n", "mx")}
+        parent = np.asarray(op["parent_id"].fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+        for r in by_rank.ranks():
+            rows = by_rank[r]
+            ids = all_ids[rows]
+            ppos[rows] = find_keys(parent[rows], ids, rows)  # the row of each op's parent, or -1
+            m = gpu_of[r]
+            pos = find_keys(gpu_oid[m], ids, np.arange(len(rows), dtype=np.int64))
+            ok = pos >= 0
+            at = rows[pos[ok]]
+            self_gpu[at] = gpu_cols["gpu_ns"][m][ok]
+            self_launch[at] = gpu_cols["launches"][m][ok]
+            m = lag_of[r]
+            pos = find_keys(lag_oid[m], ids, np.arange(len(rows), dtype=np.int64))
+            ok = pos >= 0
+            at = rows[pos[ok]]
+            for arr, c in ((lag_sum, "d"), (lag_n, "n"), (lag_max, "mx")):
+                arr[at] = lag_cols[c][m][ok]
+        depth = np.asarray(op["depth"].fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        incl = _inclusive(depth, ppos, self_gpu)
+    return {"self_gpu": self_gpu, "self_launch": self_launch, "incl": incl, "lag_sum": lag_sum, "lag_n": lag_n,
+            "lag_max": lag_max, "ppos": ppos}
+
+
+def _per_op_table(op: pa.Table, a: dict[str, np.ndarray]) -> pa.Table:
+    """One row per op (the report's ``per op`` details): its columns plus CPU, self CPU, GPU and
+    launch-delay figures."""
+    cpu = (np.asarray(op["end_ns"]) - np.asarray(op["start_ns"])).astype(np.int64) if op.num_rows \
+        else np.zeros(0, np.int64)
+    return pa.table({
+        # names stay dictionary-encoded (1.2 M ops as strings were ~0.5 GB more at the peak);
+        # the ops view (Ops.report) reads them as VARCHAR
+        "rank": op["rank"], "id": op["id"], "name": op["name"],
+        "module": op["module"], "call_site": op["call_site"],
+        "is_backward": op["is_backward"], "depth": op["depth"], "input_shapes": op["input_shapes"],
+        "cpu_ns": pa.array(cpu, pa.int64()), "self_cpu_ns": pa.array(_self_cpu(a["ppos"], cpu), pa.int64()),
+        "self_gpu_ns": pa.array(a["self_gpu"]), "gpu_ns": pa.array(a["incl"]),
+        "self_launches": pa.array(a["self_launch"]),
+        "launch_delay_sum_ns": pa.array(a["lag_sum"]), "delayed_launches": pa.array(a["lag_n"]),
+        "max_launch_delay_ns": pa.array(a["lag_max"], mask=a["lag_max"] < 0),
+    })
+
+
+def _by_name(con: duckdb.DuckDBPyConnection) -> pa.Table:
+    """The ``ops`` table: per op name, calls, CPU and GPU times, kernels, dominant kernel, shapes."""
+    dominant = """
+        dom AS (SELECT o.name AS op_name, g.kname, sum(g.d) AS d FROM gpu g JOIN ops o
+                ON g.op_id = o.id AND g.rank = o.rank GROUP BY ALL),
+        domk AS (SELECT op_name, first(kname ORDER BY d DESC, kname) AS dominant_kernel, max(d)::BIGINT AS dominant_ns
+                 FROM dom GROUP BY 1)"""
+    by_name = con.sql(f"""
+        WITH {dominant.strip()},
+        shape_counts AS (SELECT name, input_shapes, count(*) AS c FROM ops
+                         WHERE input_shapes IS NOT NULL GROUP BY ALL),
+        shapes AS (SELECT name, first(input_shapes ORDER BY c DESC, input_shapes) AS shapes
+                   FROM shape_counts GROUP BY 1),
+        per_name AS (  -- ops aggregated by name first: the joins below see one row per name, not per op
+            SELECT name, count(*) AS calls, sum(cpu_ns)::BIGINT AS cpu_ns, sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
+                   sum(self_gpu_ns)::BIGINT AS self_gpu_ns, sum(gpu_ns)::BIGINT AS gpu_ns,
+                   sum(self_launches)::BIGINT AS kernels, round(sum(self_launches) / count(*), 2) AS kernels_per_call,
+                   bool_or(is_backward) AS backward,
+                   (sum(launch_delay_sum_ns) / NULLIF(sum(delayed_launches), 0))::BIGINT AS launch_delay_ns,
+                   max(max_launch_delay_ns) AS max_launch_delay_ns
+            FROM ops GROUP BY name)
+        SELECT o.name, o.calls, o.cpu_ns, o.self_cpu_ns, o.self_gpu_ns, o.gpu_ns, o.kernels, o.kernels_per_call,
+               domk.dominant_kernel, shapes.shapes AS input_shapes, o.backward, o.launch_delay_ns,
+               o.max_launch_delay_ns
+        FROM per_name o LEFT JOIN domk ON domk.op_name = o.name LEFT JOIN shapes ON shapes.name = o.name
+        ORDER BY o.self_gpu_ns DESC, o.cpu_ns DESC, o.name  -- ties by name: the same order every run
+    """).to_arrow_table()
+    return by_name
+
+
+def _rollups(con: duckdb.DuckDBPyConnection) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """The ``modules``, ``module types`` and ``call sites`` tables."""
+    by_module = con.sql("""
+        SELECT coalesce(module, '(no module)') AS module, count(*) AS ops,
+               sum(self_gpu_ns)::BIGINT AS gpu_ns, sum(CASE WHEN depth = 0 THEN cpu_ns ELSE 0 END)::BIGINT AS cpu_ns,
+               sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
+               sum(CASE WHEN is_backward THEN self_gpu_ns ELSE 0 END)::BIGINT AS backward_gpu_ns
+        FROM ops GROUP BY 1 ORDER BY gpu_ns DESC, module
+    """).to_arrow_table()
+    # The same module class across instances (all 12 GPT2Block_k as "GPT2Block"):
+    # which kind of layer costs the most, whatever its depth in the model.
+    by_module_type = con.sql("""
+        SELECT coalesce(regexp_replace(regexp_extract(module, '[^/]+$'), '_[0-9]+$', ''), '(no module)')
+                   AS module_type,
+               count(DISTINCT module) AS instances, sum(ops)::BIGINT AS ops, sum(gpu_ns)::BIGINT AS gpu_ns,
+               sum(backward_gpu_ns)::BIGINT AS backward_gpu_ns
+        FROM (SELECT module, count(*) AS ops, sum(self_gpu_ns) AS gpu_ns,
+                     sum(CASE WHEN is_backward THEN self_gpu_ns ELSE 0 END) AS backward_gpu_ns
+              FROM ops GROUP BY module)  -- per distinct module first: the regexes run once per module
+        GROUP BY 1 ORDER BY gpu_ns DESC, module_type
+    """).to_arrow_table()
+    by_site = con.sql("""
+        SELECT call_site, count(*) AS ops, sum(self_gpu_ns)::BIGINT AS gpu_ns, sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
+               (sum(launch_delay_sum_ns) / NULLIF(sum(delayed_launches), 0))::BIGINT AS launch_delay_ns
+        FROM ops WHERE call_site IS NOT NULL GROUP BY 1
+        ORDER BY greatest(sum(self_gpu_ns), sum(self_cpu_ns)) DESC, call_site LIMIT 50
+    """).to_arrow_table()
+    return by_module, by_module_type, by_site
+
+
+def _findings(totals: tuple, summary: dict[str, Any], by_name: pa.Table) -> list[Finding]:
+    """Unattributed GPU time, sampled shapes, the op that launches the most GPU time."""
+    findings = []
+    if totals[0] and 1 - totals[1] / totals[0] > UNATTRIBUTED_WARN_SHARE:
+        findings.append(Finding("warning", "GPU time not attributed to any framework op",
+                                {"unattributed_ns": int(totals[0] - totals[1]),
+                                 "share": round(1 - totals[1] / totals[0], 4)}))
+    if summary["shapes"] == "sampled":
+        findings.append(Finding("info", "input shapes are from a sample of the calls",
+                                {"forward_ops_with_shapes": int(totals[3]), "forward_ops": int(totals[4]),
+                                 "hint": "pastaprof run --shapes all records every op's"}))
+    if by_name.num_rows:
+        top = by_name.slice(0, 1).to_pylist()[0]
+        if totals[0] and top["self_gpu_ns"]:
+            findings.append(Finding("info", f"{top['name']} launches the most GPU time",
+                                    {"gpu_ns": top["self_gpu_ns"], "calls": top["calls"],
+                                     "share": round(top["self_gpu_ns"] / totals[0], 4)},
+                                    location=top["dominant_kernel"]))
+    return findings
