@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 
 from pastaprof.errors import InputError
-from pastaprof.events.schema import SCHEMAS
+from pastaprof.importers.kineto_tables import check_time_range, collectives, encode_names, frame_fields
 from pastaprof.importers.staging import split_staged, stage_events
 
 # Kineto category (lower-cased) -> pastaprof kind.  Besides CUDA and ROCm, Kineto's other
@@ -71,10 +70,6 @@ COLUMNS = (
     "{ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'VARCHAR', tid: 'VARCHAR', "
     "ts: 'DECIMAL(38,6)', dur: 'DECIMAL(38,6)', id: 'VARCHAR', args: 'JSON'}"
 )
-
-_DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
-                "int": 4, "int32": 4, "long": 8, "int64": 8, "long int": 8, "byte": 1, "uint8": 1, "char": 1,
-                "int8": 1, "bool": 1, "short": 2, "int16": 2}
 
 
 _MAPPED_SQL = ", ".join(f"'{c}'" for c in CATEGORY_KIND)
@@ -177,8 +172,8 @@ def _cats(kind: str) -> list[str]:
 
 
 class _Sql:
-    """SQL fragments for one import: ``a`` is the list of extracted ``args`` values,
-    holding only the keys of the wanted kinds."""
+    """SQL fragments for one kind's projection: ``a`` is the list of the ``args`` values
+    that kind reads (``KIND_ARGS``), extracted in one ``json_extract`` per event."""
 
     def __init__(self, kinds: set[str]) -> None:
         keys: list[str] = []
@@ -235,15 +230,15 @@ class _Sql:
                 {dim('grid', 0)} AS grid_x, {dim('grid', 1)} AS grid_y, {dim('grid', 2)} AS grid_z,
                 {dim('block', 0)} AS block_x, {dim('block', 1)} AS block_y, {dim('block', 2)} AS block_z,
                 {arg('registers per thread', 'INTEGER')} AS registers, {arg('shared memory')} AS shared_bytes,
-                {ext} AS external_id FROM ev WHERE kind = 'kernel'""",
+                {ext} AS external_id FROM evk""",
             "memcpy": f"""SELECT {self.common(rank, dev, stream, True)}, {arg('bytes')} AS bytes,
-                {direction} AS direction, {ext} AS external_id FROM ev WHERE kind = 'memcpy'""",
+                {direction} AS direction, {ext} AS external_id FROM evk""",
             "memset": f"""SELECT {self.common(rank, dev, stream, True)}, {arg('bytes')} AS bytes,
-                {ext} AS external_id FROM ev WHERE kind = 'memset'""",
-            "sync": f"""SELECT {self.common(rank, dev, stream, True)}, name AS sync_kind FROM ev WHERE kind = 'sync'""",
+                {ext} AS external_id FROM evk""",
+            "sync": f"""SELECT {self.common(rank, dev, stream, True)}, name AS sync_kind FROM evk""",
             "api": f"""SELECT {self.common(rank, corr=True)},
                 CASE WHEN contains(lcat, 'driver') THEN 'driver' ELSE 'runtime' END AS api_kind,
-                {ext} AS external_id FROM ev WHERE kind = 'api'""",
+                {ext} AS external_id FROM evk""",
             "op": f"""SELECT {self.common(rank)}, {ext} AS external_id,
                 {arg('Sequence number')} AS sequence_id, {arg('Record function id')} AS rf_id,
                 CAST({arg('Input Dims', 'JSON')} AS VARCHAR) AS input_shapes,
@@ -251,23 +246,24 @@ class _Sql:
                 {arg('Collective name', 'VARCHAR')} AS collective,
                 {arg('In msg nelems')} AS nelems, {arg('Group size', 'INTEGER')} AS group_size,
                 {arg('dtype', 'VARCHAR')} AS dtype, CAST({arg('Process Group Ranks', 'JSON')} AS VARCHAR) AS peers
-                FROM ev WHERE kind = 'op'""",
+                FROM evk""",
             "range": f"""SELECT {self.common(rank, f"CASE WHEN {gpu_range} THEN {dev} END",
                                              f"CASE WHEN {gpu_range} THEN {stream} END")},
                 CASE WHEN {gpu_range} THEN 'gpu_user' ELSE 'user' END AS domain, {ext} AS id
-                FROM ev WHERE kind = 'range'""",
-            # file, line, function and is_module come from the name: see _frame_fields
+                FROM evk""",
+            # file, line, function and is_module come from the name: see kineto_tables.frame_fields
             "frame": f"""SELECT {self.common(rank)}, {arg('Python id')} AS id, {arg('Python parent id')} AS parent_id
-                FROM ev WHERE kind = 'frame'""",
+                FROM evk""",
             "tensor": f"""SELECT {self.common(rank, arg('Device Id', 'INTEGER'))},
                 CAST({arg('Addr', 'UBIGINT')} AS UBIGINT) AS address, {arg('Bytes')} AS bytes,
                 {arg('Total Allocated')} AS total_allocated, {arg('Total Reserved')} AS total_reserved,
                 CASE {arg('Device Type', 'INTEGER')} {_DEVICE_TYPE_WHENS}
                      ELSE CAST({arg('Device Type', 'INTEGER')} AS VARCHAR) END AS device_type
-                FROM ev WHERE kind = 'tensor'""",
+                FROM evk""",
         }
 
-    def kind_case(self, kinds: set[str]) -> str:
+    @staticmethod
+    def kind_case(kinds: set[str]) -> str:
         """SQL giving each raw event its pastaprof kind (NULL: not wanted)."""
         whens = []
         for kind in sorted(kinds & set(KIND_ARGS)):
@@ -279,6 +275,15 @@ class _Sql:
         if kinds & FLOW_USERS:
             whens.append("WHEN lcat IN ('ac2g', 'async') AND ph IN ('s', 'f') THEN 'flow'")
         return "CASE " + " ".join(whens) + " END" if whens else "NULL"
+
+
+def _kind_query(kind: str, rank: int) -> str:
+    """The projection of one kind: its events of ``ev`` with only its own ``args`` keys
+    extracted (each event's JSON is parsed for the few keys its kind reads, not for the
+    union of every wanted kind's keys, and the parse table holds no list per event)."""
+    sql = _Sql({kind})
+    return (f"WITH evk AS (SELECT *, {sql.extract()} AS a FROM ev WHERE kind = '{kind}') "
+            + sql.queries(rank)[kind])
 
 
 MEMORY_LIMIT = "600MB"  # DuckDB's share; beyond it, it spills to the import's temporary directory
@@ -322,7 +327,7 @@ def import_file(
             tables, counts, phases = _project(con, files, rank, base, path, wanted)
         finally:
             con.close()
-    _check_time_range(tables, path)
+    check_time_range(tables, path)
     meta = {k: v for k, v in meta.items() if k != "_bytes"} | {"bytes": meta.get("_bytes", 0)}
     meta["rank"] = rank
     meta["category_counts"] = counts
@@ -333,8 +338,7 @@ def import_file(
 
 def _project(con, files: list[Path], rank: int, base: int, path: Path,
              kinds: set[str]) -> tuple[dict[str, pa.Table], dict[str, int], dict[str, int]]:
-    sql = _Sql(kinds)
-    kind = sql.kind_case(kinds)
+    kind = _Sql.kind_case(kinds)
     when = "kind IS NOT NULL"
     try:
         # One parallel parse of the whole array.  Every event keeps its category (for
@@ -356,7 +360,7 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
                    t_ns AS start_ns,  -- ts in integer ns, computed once, for wanted events only
                    CASE WHEN {when} THEN t_ns + GREATEST(COALESCE(CAST(dur * 1000 AS BIGINT), 0), 0) END AS end_ns,
                    CASE WHEN kind = 'flow' THEN TRY_CAST(id AS BIGINT) END AS fid,
-                   CASE WHEN {when} AND kind <> 'flow' THEN {sql.extract()} END AS a,
+                   CASE WHEN {when} AND kind <> 'flow' THEN args END AS args,
                    CAST(NULL AS BIGINT) AS flow_id
             FROM k
         """, [[str(f) for f in files]])
@@ -367,88 +371,25 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
         if total and not with_ph:
             raise InputError(path, "no event has a 'ph' field: not a Chrome/Kineto trace")
         con.execute("DELETE FROM ev WHERE kind IS NULL OR start_ns IS NULL AND kind <> 'flow'")
-        _borrow_flow_ids(con, sql)
+        _borrow_flow_ids(con)
         tables = {}
-        for k, q in sql.queries(rank).items():
+        for k in KIND_ARGS:
             if k in kinds:  # fetched one by one, names dictionary-encoded at once: a lower peak
-                t = con.sql(q + " ORDER BY start_ns").to_arrow_table()
-                tables[k] = _encode_names(k, _frame_fields(con, t) if k == "frame" else t)
+                t = con.sql(_kind_query(k, rank) + " ORDER BY start_ns").to_arrow_table()
+                tables[k] = encode_names(k, frame_fields(con, t) if k == "frame" else t)
                 con.execute(f"DELETE FROM ev WHERE kind = '{k}'")
     except (duckdb.Error, UnicodeDecodeError) as e:
         raise InputError(path, _describe_duckdb_error(e)) from None
     if "collective" in kinds:
-        tables["collective"] = _collectives(tables["op"])
+        tables["collective"] = collectives(tables["op"])
     return tables, counts, phases
 
 
-TIME_RANGE_LIMIT = 1 << 62  # ns (146 years): any span of real events is far below; int64 arithmetic stays exact
-
-
-def _check_time_range(tables: dict[str, pa.Table], path: Path) -> None:
-    """Refuse events spread over more than ``TIME_RANGE_LIMIT``: their spans and gaps
-    would not fit int64 nanoseconds (the tools' arithmetic), so no number would be right."""
-    import pyarrow.compute as pc
-
-    lo, hi = None, None
-    for t in tables.values():
-        if t.num_rows and "start_ns" in t.column_names:
-            a, b = pc.min(t["start_ns"]).as_py(), pc.max(t["end_ns"]).as_py()
-            lo = a if lo is None or (a is not None and a < lo) else lo
-            hi = b if hi is None or (b is not None and b > hi) else hi
-    if lo is not None and hi is not None and hi - lo >= TIME_RANGE_LIMIT:
-        raise InputError(path, f"event times span {(hi - lo) / 86400e9:.3g} days ({lo} to {hi} ns): "
-                               "not the timestamps of one trace")
-
-
-def _encode_names(kind: str, t: pa.Table) -> pa.Table:
-    """Dictionary-encode the columns the schema keeps as dictionaries (names repeat:
-    a kernel name is stored once per batch, not once per launch)."""
-    schema = SCHEMAS.get(kind)
-    if schema is None:
-        return t
-    for field in schema:
-        i = t.schema.get_field_index(field.name)
-        if i >= 0 and pa.types.is_dictionary(field.type) and not pa.types.is_dictionary(t.schema.field(i).type):
-            t = t.set_column(i, field.name, t.column(i).cast(field.type))
-    return t
-
-
-_FRAME_RE = "'^(.*)\\((\\d+)\\): '"
-_FRAME_FIELDS = f"""
-    CASE WHEN starts_with(name, 'nn.Module: ') THEN NULL
-         ELSE NULLIF(regexp_extract(name, {_FRAME_RE}, 1), '') END AS file,
-    TRY_CAST(NULLIF(regexp_extract(name, {_FRAME_RE}, 2), '') AS INTEGER) AS line,
-    CASE WHEN starts_with(name, 'nn.Module: ') THEN substr(name, 12)
-         WHEN regexp_matches(name, {_FRAME_RE}) THEN regexp_replace(name, {_FRAME_RE}, '')
-         ELSE name END AS function,
-    starts_with(name, 'nn.Module: ') AS is_module"""
-
-
-def _frame_fields(con, t: pa.Table) -> pa.Table:
-    """Append file, line, function and is_module, parsed from each frame's name.  A trace
-    repeats a few thousand distinct Python frames across millions of events, so the
-    regular expressions run once per distinct name (in DuckDB, the same SQL as per row
-    would be) and their results are gathered onto the rows by the name's position."""
-    import pyarrow.compute as pc
-
-    names = t["name"]
-    distinct = pc.unique(names)
-    codes = pc.index_in(names, value_set=distinct)
-    con.register("frame_names", pa.table({"i": np.arange(len(distinct), dtype=np.int64), "name": distinct}))
-    try:
-        fields = con.sql(f"SELECT i, {_FRAME_FIELDS} FROM frame_names ORDER BY i").to_arrow_table()
-    finally:
-        con.unregister("frame_names")
-    for col in ("file", "line", "function", "is_module"):
-        t = t.append_column(col, fields[col].take(codes))
-    return t
-
-
-def _borrow_flow_ids(con, sql: _Sql) -> None:
+def _borrow_flow_ids(con) -> None:
     """Older traces link GPU work to its launch only through ac2g/async flows: an
     activity (or API call) without ``args.correlation`` takes the id of the flow
     that ends (starts) at the same thread and time."""
-    corr = sql.arg("correlation")
+    corr = "TRY_CAST(json_extract(args, '$.\"correlation\"') ->> '$' AS BIGINT)"
     missing = con.execute(
         f"SELECT count(*) FROM ev WHERE kind IN ('kernel','memcpy','memset','api','sync') AND {corr} IS NULL"
     ).fetchall()[0][0]
@@ -458,29 +399,12 @@ def _borrow_flow_ids(con, sql: _Sql) -> None:
         UPDATE ev SET flow_id = fl.fid
         FROM (SELECT ph, {_int_or_digits('pid')} AS p, {_int_or_digits('tid')} AS t, start_ns, fid FROM ev
               WHERE kind = 'flow') AS fl
-        WHERE ev.kind IN ('kernel','memcpy','memset','api','sync') AND {corr.replace('a[', 'ev.a[')} IS NULL
+        WHERE ev.kind IN ('kernel','memcpy','memset','api','sync') AND {corr.replace('(args', '(ev.args')} IS NULL
           AND fl.ph = (CASE WHEN ev.kind = 'api' THEN 's' ELSE 'f' END)
           AND fl.start_ns = ev.start_ns
           AND fl.p IS NOT DISTINCT FROM {_int_or_digits('ev.pid')}
           AND fl.t IS NOT DISTINCT FROM {_int_or_digits('ev.tid')}
     """)
-
-
-def _collectives(op: pa.Table) -> pa.Table:
-    """record_param_comms ops carry collective metadata (name, elements, dtype)."""
-    import pyarrow.compute as pc
-
-    mask = pc.is_valid(op["collective"])
-    t = op.filter(mask)
-    dtypes = t["dtype"].to_pylist()
-    size = pa.array([_DTYPE_BYTES.get((d or "").lower().replace("c10::", ""), 0) or None for d in dtypes], pa.int64())
-    nbytes = pc.multiply(t["nelems"].cast(pa.int64()), size)
-    return pa.table({
-        "start_ns": t["start_ns"], "end_ns": t["end_ns"], "rank": t["rank"], "device": t["device"],
-        "stream": t["stream"], "pid": t["pid"], "tid": t["tid"], "correlation": t["correlation"],
-        "name": t["collective"], "bytes": nbytes, "dtype": t["dtype"], "group_size": t["group_size"],
-        "peers": t["peers"], "external_id": t["external_id"],
-    })
 
 
 _DUCK_RE = re.compile(r"^[A-Za-z ]*Error: ")
