@@ -33,7 +33,8 @@ PASTAPROF_FLUSH_MS  (env only)               flush period (default 1000); a flus
                                              the last one is older than two periods, whatever
                                              the machine's load (see live/flush.py)
 PASTAPROF_BUFFER_MB (env only)               op rows held in memory between flushes (default 16):
-                                             past it a flush writes them to disk, none is dropped
+                                             past it a flush writes them to disk; past 16x that
+                                             (no flush could run) rows are dropped and counted
 PASTAPROF_OFF       (env only)               switch capture mechanisms off, for overhead
                                              breakdowns (bench/overhead.py --breakdown): any of
                                              kernels, api, ext, ops, modules, tensors, memory,

@@ -71,7 +71,9 @@ class Manifests:
         dropped = sum(h["dropped"] for h in handlers.values())
         if dropped:
             by = ", ".join(f"{k} {v['dropped']}" for k, v in handlers.items() if v["dropped"])
-            self.status["dropped"] = f"{dropped} events dropped: the capture buffers were full ({by})"
+            why = ("; op rows past 16x PASTAPROF_BUFFER_MB wait for no flush" if handlers.get("torch", {}).get("dropped")
+                   else "")
+            self.status["dropped"] = f"{dropped} events dropped: the capture buffers were full ({by}{why})"
         summaries = {h.name: _summary(h) for h in list(self.handlers) if isinstance(h, Summarized)}
         meta = {
             "schema_version": SCHEMA_VERSION, "rank": self.rank, "pid": self.pid, "host": socket.gethostname(),
