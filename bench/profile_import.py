@@ -172,7 +172,10 @@ def instrument() -> None:
     import pastaprof.importers.kineto_importer as kineto_importer
 
     REC.wrap(kineto_importer, "import_file", "import_file (stage + DuckDB + temp cleanup)")
-    REC.wrap(kineto, "_collectives", "collectives from ops")
+    for attr in ("collectives", "_collectives"):  # the name kineto.py imports it under (old trees: _collectives)
+        if hasattr(kineto, attr):
+            REC.wrap(kineto, attr, "collectives from ops")
+            break
     if hasattr(kineto, "_borrow_flow_ids"):
         REC.wrap(kineto, "_borrow_flow_ids", "borrow flow ids (old traces)")
     REC.wrap(pipeline, "link_rank", "link_rank")
