@@ -73,3 +73,28 @@ def test_empty_run_gives_one_line_notes():
     notes = {r.tool: r.summary.get("note") for r in reps}
     for tool in ("ranges", "sequences", "gemm", "critical_path"):
         assert notes[tool] and "\n" not in notes[tool], (tool, notes[tool])
+
+
+def test_a_window_holding_only_the_free_of_an_earlier_block(tmp_path):
+    """A trace whose only allocator event frees a block allocated before the trace began (the
+    fuzzer's case 202612:1095): no device has a peak, and the memory report still has every
+    table, its category table with its columns and no rows (was a KeyError on device_type)."""
+    import gzip
+    import json
+
+    from conftest import DATA
+
+    doc = json.loads(gzip.decompress((DATA / "mlp_train_3steps.pt.trace.json.gz").read_bytes()))
+    mem = [e for e in doc["traceEvents"] if e.get("name") == "[memory]"]
+    free = next(e for e in mem if e["args"]["Bytes"] < 0)
+    free["args"]["Total Allocated"] = 0  # the program's only block before the trace: nothing left after it
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("name") != "[memory]"] + [free]
+    path = tmp_path / "free_only.json"
+    path.write_text(json.dumps(doc))
+    (rep,) = pastaprof.analyze(path, ["memory"])
+    (dev,) = rep.tables["devices"].to_pylist()
+    assert (dev["alloc_events"], dev["free_events"], dev["peak_bytes"], dev["end_bytes"]) == (0, 1, 0, 0)
+    assert dev["pretrace_freed_bytes"] == -free["args"]["Bytes"]
+    cat = rep.tables["peak_by_category"]
+    assert cat.num_rows == 0 and {"rank", "device", "device_type", "category", "bytes"} <= set(cat.column_names)
+    assert rep.summary["peak_by_category"] == {}

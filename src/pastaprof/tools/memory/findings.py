@@ -98,7 +98,11 @@ def peak_by_category(live: pa.Table, dev_rows: list[dict]) -> pa.Table:
             r = rows.setdefault((*dk, "before_trace"), dict(zip(keys, (*dk, "before_trace"))) | {"bytes": 0, "blocks": 0})
             r["bytes"] += unseen
     out = sorted(rows.values(), key=lambda r: (r["rank"], r["device_type"] != "cuda", r["device"], -r["bytes"]))
-    return pa.Table.from_pylist(out) if out else pa.table({"category": pa.array([], pa.string())})
+    if not out:  # no device has a peak (no alloc at all): the same columns, no rows
+        return pa.table({"rank": pa.array([], pa.int64()), "device": pa.array([], pa.int64()),
+                         "device_type": pa.array([], pa.string()), "category": pa.array([], pa.string()),
+                         "bytes": pa.array([], pa.int64()), "blocks": pa.array([], pa.int64())})
+    return pa.Table.from_pylist(out)
 
 
 def summarize(dev_rows: list[dict], leaks: list[dict], step_rows: list[dict]) -> dict:
