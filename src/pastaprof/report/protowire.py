@@ -6,7 +6,7 @@ protobuf runtime) would cost a Python object per event.  The functions here
 encode whole columns of field values at once, so the per-event work stays in
 NumPy.  They know only the wire format -- varints, tags, length-delimited and
 fixed64 fields -- and nothing of any message schema: which fields make up which
-Perfetto message, and their numbers, live in ``perfetto.py``.
+Perfetto message, and their numbers, live in ``perfetto_wire.py``.
 
 Three layers, from the simplest to the fastest per row:
 
