@@ -47,7 +47,7 @@ DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "
                 8: "maia", 9: "xla", 10: "vulkan", 11: "metal", 12: "xpu", 13: "mps", 14: "meta", 15: "hpu",
                 16: "ve", 17: "lazy", 18: "ipu", 19: "mtia", 20: "privateuse1"}
 
-# JSON keys each kind needs from ``args`` (only the wanted kinds' keys are extracted).
+# JSON keys each kind reads from ``args`` (its projection extracts these, and only these, per event).
 KIND_ARGS: dict[str, tuple[str, ...]] = {
     "kernel": ("External id", "external id", "correlation", "device", "stream", "grid", "block",
                "registers per thread", "shared memory"),
@@ -342,7 +342,7 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
     when = "kind IS NOT NULL"
     try:
         # One parallel parse of the whole array.  Every event keeps its category (for
-        # the manifest's counts); only wanted events keep their fields.
+        # the manifest's counts); only wanted events keep their fields, ``args`` as JSON text.
         con.execute(f"""
             CREATE TEMP TABLE ev AS
             WITH src AS (
