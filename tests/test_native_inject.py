@@ -308,6 +308,28 @@ def test_convert_makes_a_run_every_tool_reads(lib, programs, tmp_path):
     assert reports and reports[0].tables  # a native program's run through a real tool
 
 
+def test_ranges_window_a_native_run_by_its_nvtx_ranges(lib, programs, tmp_path):
+    """--ranges on a native program: kept are the kernels (and copies, calls, allocations)
+    launched inside a selected NVTX range. The selftest's range "step j" holds exactly kernel
+    10*j and its launch call; its copies come before every range."""
+    from pastaprof.live.config import CaptureConfig
+
+    run = tmp_path / "run"
+    _selftest(programs, lib, run, "exit", 25)
+    rows = npg.convert(run, config=CaptureConfig.from_env({"PASTAPROF_RANGES": "step 1,step 2"}))
+    assert rows == {"kernel": 2, "api": 2, "range": 3}
+    import duckdb
+
+    grid = duckdb.connect().execute(f"select list(grid_x order by grid_x) from '{run}/kernel/*.parquet'").fetchone()
+    assert grid == ([11, 21],)  # kernels 10 and 20 (grid_x = i + 1)
+    shard = json.loads(next((run / "shards").glob("*.json")).read_text())
+    assert shard["filtered_by_kind"] == {"kernel": 23, "api": 23, "memcpy": 4, "alloc": 1, "free": 1}
+    assert shard["filtered_out"] == 23 + 23 + 4 + 2
+    run2 = tmp_path / "all"
+    _selftest(programs, lib, run2, "exit", 25)
+    assert npg.convert(run2, config=CaptureConfig.from_env({"PASTAPROF_RANGES": "step *"}))["kernel"] == 3
+
+
 # ---- hostile files ---------------------------------------------------------------------------
 
 def test_damaged_files_lose_only_their_damage(lib, programs, tmp_path):

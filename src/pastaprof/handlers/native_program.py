@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from pastaprof.events.schema import SCHEMA_VERSION, conform
+from pastaprof.handlers import native_windows
 from pastaprof.handlers.base import Handler, HandlerContext, Setting, boolean, integer
 from pastaprof.handlers.cupti_memory import lookup_names, memory_tables
 from pastaprof.handlers.cupti_records import _MEMCPY_KIND, _SYNC_KIND
@@ -196,6 +197,7 @@ def convert(run_dir: Path, kernels: str | None = None, config: Any = None) -> di
             continue
         base = meta_path.with_suffix("")
         meta, tables, status = read_process(base, kernels)
+        tables, windowed_out = native_windows.gate(tables, config)  # --ranges: by NVTX range, at store time
         rank, pid = _int(meta.get("rank"), int(m.group(1))), _int(meta.get("pid"), int(m.group(2)))
         if meta:
             from pastaprof.handlers.native_sanitizer import tables as access_tables
@@ -206,10 +208,12 @@ def convert(run_dir: Path, kernels: str | None = None, config: Any = None) -> di
                 status["sanitizer"] = trouble
         events: dict[str, int] = {}
         for kind, t in tables.items():
+            if not t.num_rows:  # e.g. every copy outside the --ranges windows
+                continue
             write_part(run_dir / kind / f"rank-{rank}-pid-{pid}-part-{0:05d}.parquet", t)
             events[kind] = t.num_rows
             rows[kind] = rows.get(kind, 0) + t.num_rows
-        _write_shard(run_dir, rank, pid, meta, events, status)
+        _write_shard(run_dir, rank, pid, meta, events, status, windowed_out)
     shutil.rmtree(d, ignore_errors=True)
     return rows
 
@@ -219,7 +223,7 @@ def _int(v: Any, default: int) -> int:
 
 
 def _write_shard(run_dir: Path, rank: int, pid: int, meta: dict[str, Any], events: dict[str, int],
-                 status: dict[str, str]) -> None:
+                 status: dict[str, str], windowed_out: dict[str, int] | None = None) -> None:
     stats = meta.get("stats") if isinstance(meta.get("stats"), dict) else {}
     stat = {k: _int(v, 0) for k, v in stats.items()}
     shard = {
@@ -227,7 +231,9 @@ def _write_shard(run_dir: Path, rank: int, pid: int, meta: dict[str, Any], event
         "argv": [a for a in meta.get("argv", []) if isinstance(a, str)] if isinstance(meta.get("argv"), list)
         else None,
         "started_ns": _int(meta.get("started_ns"), 0) if isinstance(meta.get("started_ns"), int) else None,
-        "status": status, "events": events, "filtered_out": stat.get("sampled_out", 0),
+        "status": status, "events": events,
+        "filtered_out": stat.get("sampled_out", 0) + sum((windowed_out or {}).values()),
+        "filtered_by_kind": dict(windowed_out or {}),
         "handlers": {"native": {"records": stat.get("records", 0), "dropped": stat.get("dropped", 0),
                                 "sampled_out": stat.get("sampled_out", 0),
                                 "kernels_seen": stat.get("kernels_seen", 0),
