@@ -14,13 +14,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pastaprof.processor.link import map_keys
+from pastaprof.processor.intervals import in_windows
+from pastaprof.processor.link import _np, map_keys
 
 UNGATED = ("range", "marker")  # the windows themselves; access_* tables are gated by the sanitizer
-
-
-def _i64(col: Any) -> np.ndarray:
-    return np.asarray(col.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def windows(rng: pa.Table | None, config: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -30,7 +27,7 @@ def windows(rng: pa.Table | None, config: Any) -> tuple[np.ndarray, np.ndarray]:
     names = rng["name"].to_pylist()
     chosen = {n for n in set(names) if n is not None and config.range_selected([n])}
     pick = np.fromiter((n in chosen for n in names), bool, len(names))
-    s, e = _i64(rng["start_ns"])[pick], _i64(rng["end_ns"])[pick]
+    s, e = _np(rng["start_ns"])[pick], _np(rng["end_ns"])[pick]
     e = np.maximum(e, s)
     order = np.argsort(s, kind="stable")
     s, e = s[order], e[order]
@@ -42,18 +39,13 @@ def windows(rng: pa.Table | None, config: Any) -> tuple[np.ndarray, np.ndarray]:
     return s[new], reach[last]
 
 
-def _inside(t: np.ndarray, ws: np.ndarray, we: np.ndarray) -> np.ndarray:
-    i = np.searchsorted(ws, t, side="right") - 1
-    return (i >= 0) & (t <= we[np.clip(i, 0, None)])
-
-
 def gate(tables: dict[str, pa.Table], config: Any) -> tuple[dict[str, pa.Table], dict[str, int]]:
     """Tables with only the events launched inside a selected range; events left out per kind."""
     if config is None or not getattr(config, "ranges", None):
         return tables, {}
     ws, we = windows(tables.get("range"), config)
     api = tables.get("api")
-    launches = ((_i64(api["correlation"]), _i64(api["start_ns"])) if api is not None and api.num_rows
+    launches = ((_np(api["correlation"]), _np(api["start_ns"])) if api is not None and api.num_rows
                 and "correlation" in api.column_names else None)
     out: dict[str, pa.Table] = {}
     left_out: dict[str, int] = {}
@@ -61,11 +53,11 @@ def gate(tables: dict[str, pa.Table], config: Any) -> tuple[dict[str, pa.Table],
         if kind in UNGATED or kind.startswith("access_") or not t.num_rows or "start_ns" not in t.column_names:
             out[kind] = t
             continue
-        when = _i64(t["start_ns"])
+        when = _np(t["start_ns"])
         if kind != "api" and launches is not None and "correlation" in t.column_names:
-            launch = map_keys(_i64(t["correlation"]), *launches)
+            launch = map_keys(_np(t["correlation"]), *launches)
             when = np.where(launch >= 0, launch, when)
-        keep = _inside(when, ws, we)
+        keep = in_windows(when, ws, we)
         dropped = len(keep) - int(np.count_nonzero(keep))
         if dropped:
             left_out[kind] = dropped

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from pastaprof.processor.intervals import in_windows
 from pastaprof.processor.link import map_keys
 
 EXTERNAL = "_external"  # CUPTI external-correlation records: launch correlation -> op id
@@ -42,10 +43,7 @@ class Linking:
                 wins.append((self._gate_open_since, np.iinfo(np.int64).max))
         if not wins:
             return np.zeros(len(t), dtype=bool)
-        ws = np.array([w[0] for w in wins], dtype=np.int64)
-        we = np.array([w[1] for w in wins], dtype=np.int64)
-        i = np.searchsorted(ws, t, side="right") - 1
-        return (i >= 0) & (t < we[np.clip(i, 0, None)])
+        return in_windows(t, np.array([w[0] for w in wins], dtype=np.int64), np.array([w[1] for w in wins], dtype=np.int64))
 
 
     def _link_ops(self, tables: dict[str, pa.Table], final: bool = False) -> None:

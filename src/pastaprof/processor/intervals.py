@@ -59,6 +59,13 @@ def stable_group_order(codes: np.ndarray) -> np.ndarray:
     return np.argsort(codes, kind="stable")
 
 
+def in_windows(t: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Which times fall in one of the windows [starts[i], ends[i]) (sorted by start, not
+    overlapping): the recording windows of --ranges/--steps, live and for native programs."""
+    i = np.searchsorted(starts, t, side="right") - 1
+    return (i >= 0) & (t < ends[np.clip(i, 0, None)])
+
+
 def _laminar_index(start: np.ndarray, end: np.ndarray):
     """Sort one group's intervals (outer first on ties) and compute their levels."""
     order = np.lexsort((-end, start))
