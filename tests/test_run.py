@@ -200,6 +200,10 @@ def test_vocabulary_parsing():
     assert CaptureConfig.from_env(cfg.to_env()) == cfg
     off = CaptureConfig.from_env({"PASTAPROF_OFF": "copies,sync"})  # every CUPTI kind can be switched off
     assert off.is_off("copies") and off.is_off("sync") and not off.is_off("kernels")
+    from pastaprof.live.config import current_rank
+
+    assert current_rank({"OMPI_COMM_WORLD_RANK": "5"}) == 5 and current_rank({}) == 0
+    assert current_rank({"RANK": str(2**40), "SLURM_PROCID": "3"}) == 3  # no int32: the next variable says
 
 
 def test_step_window_gates_gpu_work_by_launch_time(tmp_path):

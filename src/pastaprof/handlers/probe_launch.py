@@ -26,6 +26,7 @@ from pastaprof.handlers.native_program import is_python_command
 from pastaprof.handlers.probe import ROOT_ENV
 from pastaprof.handlers.probe_session import BpftraceSession, ProbeError, unavailable
 from pastaprof.handlers.probe_spec import parse_specs
+from pastaprof.live.config import current_rank
 
 ENV = "PASTAPROF_PROBE"
 
@@ -41,7 +42,7 @@ def launch_hook(env: dict[str, str], command: list[str], config: Any = None) -> 
         _note(f"probes off: {why}; the program runs unprobed")
         return None
     try:
-        session = BpftraceSession(parse_specs(value), os.getpid(), _rank(env), include_root=False)
+        session = BpftraceSession(parse_specs(value), os.getpid(), current_rank(env), include_root=False)
         session.start()
     except (ProbeError, ValueError, OSError) as e:
         _note(f"probes off: {e}; the program runs unprobed")
@@ -96,14 +97,6 @@ def _store(session: BpftraceSession, run_dir: Path) -> dict[str, int]:
     tmp.write_text(json.dumps(shard))
     os.replace(tmp, path)
     return out
-
-
-def _rank(env: dict[str, str]) -> int:
-    for key in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
-        v = env.get(key, "")
-        if v.isdigit() and int(v) < 1 << 31:
-            return int(v)
-    return 0
 
 
 def _note(line: str) -> None:

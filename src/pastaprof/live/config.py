@@ -68,6 +68,18 @@ from dataclasses import dataclass, field
 from pastaprof.errors import UsageError
 
 ENV_PREFIX = "PASTAPROF_"
+RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")  # torchrun, Open MPI, MPICH, Slurm
+
+
+def current_rank(env: Mapping[str, str] | None = None) -> int:
+    """This process's rank from the launcher's variables (``env``: default this process's),
+    else 0; a value that is no int32 is no rank."""
+    env = os.environ if env is None else env
+    for var in RANK_ENV:
+        v = env.get(var, "")
+        if v.isascii() and v.isdigit() and int(v) < 1 << 31:
+            return int(v)
+    return 0
 
 # What PASTAPROF_OFF can switch off: CUPTI kernel records, launch-call records (without them
 # kernels keep no launch time and no op), the op id per launch, the op observer, the module

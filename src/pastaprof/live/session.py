@@ -35,7 +35,7 @@ from pastaprof.events.schema import conform, merge, schema
 from pastaprof.handlers import registry
 from pastaprof.handlers.base import Handler
 from pastaprof.live import exits
-from pastaprof.live.config import CaptureConfig
+from pastaprof.live.config import CaptureConfig, current_rank
 from pastaprof.live.flush import FlushScheduler, sort_by_start
 from pastaprof.live.gates import Gates
 from pastaprof.live.imports import after_import
@@ -53,14 +53,6 @@ __all__ = ["SHARDS", "UNFLUSHED", "Session", "current_rank"]
 UNFLUSHED = ("ended without its final flush (SIGKILL, a crash, or os._exit from C): the events it "
              "recorded after its last flush are not in the run")
 _INTERNAL_KINDS = frozenset(("external",))  # CUPTI's op -> launch correlation, consumed by linking
-
-
-def current_rank() -> int:
-    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
-        v = os.environ.get(var)
-        if v and v.isdigit():
-            return int(v)
-    return 0
 
 
 class Session(Wiring, Gates, Manifests, Linking, FlushScheduler):
