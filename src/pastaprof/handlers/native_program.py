@@ -242,7 +242,13 @@ def _write_shard(run_dir: Path, rank: int, pid: int, meta: dict[str, Any], event
         "dropped_events": stat.get("dropped", 0), "relink_needed": False, "sanitizer": meta.get("_sanitizer"),
         "capture_overhead": {"flush_seconds": 0.0, "stop_seconds": 0.0},
     }
-    (run_dir / "shards").mkdir(exist_ok=True)
+    write_shard(run_dir, rank, pid, shard)
+
+
+def write_shard(run_dir: Path, rank: int, pid: int, shard: dict[str, Any]) -> None:
+    """A process's shard header, written whole or not at all (compaction reads every one), for a
+    process whose events the launcher stores (native programs, probed ones)."""
+    (run_dir / "shards").mkdir(parents=True, exist_ok=True)
     path = run_dir / "shards" / f"rank-{rank}-pid-{pid}.json"
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(shard))

@@ -16,13 +16,12 @@ the program runs, or its run is stored, without probes.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from pastaprof.handlers.native_program import is_python_command
+from pastaprof.handlers.native_program import is_python_command, write_shard
 from pastaprof.handlers.probe import ROOT_ENV
 from pastaprof.handlers.probe_session import BpftraceSession, ProbeError, unavailable
 from pastaprof.handlers.probe_spec import parse_specs
@@ -91,11 +90,7 @@ def _store(session: BpftraceSession, run_dir: Path) -> dict[str, int]:
                                     "clock_uncertainty_ns": session.offset_error_ns, "pids": out}},
              "dropped_events": dropped, "relink_needed": False,
              "capture_overhead": {"flush_seconds": 0.0, "stop_seconds": 0.0}}
-    (run_dir / "shards").mkdir(parents=True, exist_ok=True)
-    path = run_dir / "shards" / f"rank-{session.rank}-pid-{os.getpid()}.json"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(shard))
-    os.replace(tmp, path)
+    write_shard(run_dir, session.rank, os.getpid(), shard)
     return out
 
 
