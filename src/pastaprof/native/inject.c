@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -196,18 +197,35 @@ static void decode(const CUpti_Activity* a) {
 
 /* ---- CUPTI buffers ------------------------------------------------------------------------ */
 /* Completed buffers are kept for reuse (a few): a fresh 8 MB buffer is new memory whose pages
- * fault in as CUPTI writes records, partly on the program's launching thread. */
+ * fault in as CUPTI writes records, partly on the program's launching thread.  With
+ * PASTAPROF_NATIVE_ZEROED=1 CUPTI is told buffers come zeroed (it then skips its own memset on
+ * the program's thread): fresh ones are anonymous mappings, faulted in at once (MAP_POPULATE),
+ * reused ones are zeroed in buffer_completed, on CUPTI's thread. */
 #define SPARE_SLOTS 4
 static void* g_spare[SPARE_SLOTS];
 static int g_nspare;
 static pthread_mutex_t g_spare_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void* buffer_new(void) {
+  void* p = NULL;
+  if (g_zeroed) {
+    p = mmap(NULL, g_buffer_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+  }
+  return posix_memalign(&p, 8, g_buffer_bytes) == 0 ? p : NULL;
+}
+
+static void buffer_free(void* p) {
+  if (p && g_zeroed) munmap(p, g_buffer_bytes);
+  else free(p);
+}
 
 static void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   void* p = NULL;
   pthread_mutex_lock(&g_spare_mu);
   if (g_nspare > 0) p = g_spare[--g_nspare];
   pthread_mutex_unlock(&g_spare_mu);
-  if (!p && posix_memalign(&p, 8, g_buffer_bytes) != 0) p = NULL;
+  if (!p) p = buffer_new();
   *buffer = (uint8_t*)p;
   *size = p ? g_buffer_bytes : 0;
   *max_records = 0;
@@ -228,13 +246,15 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* b
     if (g_sanitizer) pp_bridge_drain(); /* the instruction-level tables too, at the same pace */
   }
   pthread_mutex_unlock(&g_mu);
+  if (!buffer) return;
+  if (g_zeroed) memset(buffer, 0, g_buffer_bytes); /* the whole buffer: what CUPTI wrote past `valid` too */
   pthread_mutex_lock(&g_spare_mu);
   if (g_nspare < SPARE_SLOTS) {
     g_spare[g_nspare++] = buffer;
     buffer = NULL;
   }
   pthread_mutex_unlock(&g_spare_mu);
-  free(buffer);
+  buffer_free(buffer);
 }
 
 static int alloc_tables(void) {
@@ -256,6 +276,7 @@ static void read_settings(void) {
   g_off_kernels = pp_off("kernels");
   g_off_api = pp_off("api");
   g_off_memory = pp_off("memory");
+  pp_read_knobs();
 }
 
 /* ---- exits (signals and the flusher thread: inject_exits.c) ---------------------------------------------------------------------- */
@@ -433,6 +454,7 @@ int pp_test_begin(void) {
   }
   pp_names_demangler(1);
   if (getenv("PASTAPROF_NATIVE_CUPTI")) pp_bind_cupti(); /* API names through cuptiGetCallbackName, if it loads */
+  pp_apply_knobs(); /* through that libcupti's cuptiActivitySetAttribute, as a capture would */
   snprintf(g_status, sizeof g_status, "ok");
   g_state = 1;
   return 0;
@@ -441,6 +463,26 @@ int pp_test_begin(void) {
 int pp_test_named(void) { return p_cb_name != NULL; }
 
 void pp_decode(const void* record) { decode((const CUpti_Activity*)record); }
+
+/* One buffer through CUPTI's two callbacks, as CUPTI hands them: 0 when a fresh buffer and a
+ * reused one came zeroed (PASTAPROF_NATIVE_ZEROED=1) or, without the knob, when the second
+ * request got the first buffer back; -1 otherwise.  After pp_test_end (the lock is free). */
+int pp_test_buffers(void) {
+  uint8_t *a = NULL, *b = NULL;
+  size_t size = 0, max = 0;
+  buffer_requested(&a, &size, &max);
+  if (!a || size != g_buffer_bytes) return -1;
+  for (size_t i = 0; g_zeroed && i < size; ++i)
+    if (a[i]) return -1;
+  memset(a, 0x5a, size); /* records, as CUPTI would have written them */
+  buffer_completed(NULL, 0, a, size, 0);
+  buffer_requested(&b, &size, &max);
+  if (b != a) return -1;
+  for (size_t i = 0; g_zeroed && i < size; ++i)
+    if (b[i]) return -1;
+  buffer_completed(NULL, 0, b, size, 0);
+  return 0;
+}
 
 void pp_test_end(void) {
   stage_flush();

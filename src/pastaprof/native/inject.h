@@ -67,6 +67,7 @@ int pp_test_begin(void);
 int pp_test_named(void);
 void pp_decode(const void* record);
 void pp_test_end(void);
+int pp_test_buffers(void);
 
 /* inject_util.c: names (under inject.c's lock) and settings */
 int pp_names_alloc(void);

@@ -27,6 +27,7 @@ __typeof__(cuptiGetCallbackName)* p_cb_name;
 __typeof__(cuptiActivityEnableRuntimeApi)* p_enable_rt;
 __typeof__(cuptiActivityEnableDriverApi)* p_enable_drv;
 __typeof__(cuptiGetResultString)* p_result;
+__typeof__(cuptiActivitySetAttribute)* p_set_attr;
 void* g_cupti;
 
 int pp_bind_cupti(void) {
@@ -51,6 +52,7 @@ int pp_bind_cupti(void) {
   BIND(p_enable_rt, cuptiActivityEnableRuntimeApi);
   BIND(p_enable_drv, cuptiActivityEnableDriverApi);
   BIND(p_result, cuptiGetResultString);
+  BIND(p_set_attr, cuptiActivitySetAttribute);
 #undef BIND
   if (!p_register || !p_enable || !p_next || !p_flush) {
     snprintf(g_status, sizeof g_status, "libcupti lacks the activity API");
@@ -112,6 +114,7 @@ static int kind_wanted(const char* kind) {
 }
 
 int pp_start_cupti(CUpti_BuffersCallbackRequestFunc requested, CUpti_BuffersCallbackCompleteFunc completed) {
+  pp_apply_knobs(); /* before register and enable: the per-thread attribute must be */
   CUptiResult r = p_register(requested, completed);
   if (r != CUPTI_SUCCESS) {
     snprintf(g_status, sizeof g_status, "cuptiActivityRegisterCallbacks: %s (%d)", cupti_error(r), (int)r);
@@ -136,4 +139,86 @@ int pp_start_cupti(CUpti_BuffersCallbackRequestFunc requested, CUpti_BuffersCall
   if (!g_off_api && kind_wanted("api")) enable_api();
   if (p_flush_period && g_flush_ms > 0) p_flush_period((uint32_t)g_flush_ms);
   return 0;
+}
+
+/* ---- knobs: CUPTI's activity attributes, to measure what each costs a launch-bound loop -----
+ * Read once, when capture starts (read_settings in inject.c, inside cuInit: InitializeInjection
+ * runs before any context exists, so the device-buffer attributes apply to the program's
+ * first context); applied by pp_apply_knobs() before cuptiActivityRegisterCallbacks and before
+ * any kind is enabled, the order cupti_activity.h asks for.  An unset knob leaves CUPTI's
+ * default; a knob CUPTI refuses (or a libcupti without cuptiActivitySetAttribute) is not
+ * fatal: the capture goes on with the default and the run's status says so (g_note).
+ *   PASTAPROF_NATIVE_ZEROED=1      ZEROED_OUT_ACTIVITY_BUFFER=1: buffer_requested hands out
+ *                                  zeroed buffers, so CUPTI does not memset them on the
+ *                                  program's thread (inject.c zeroes reused ones off it);
+ *   PASTAPROF_NATIVE_PINNED=0|1    MEM_ALLOCATION_TYPE_HOST_PINNED: CUPTI's per-context
+ *                                  timestamp buffers in pinned host memory (1) or on the device;
+ *   PASTAPROF_NATIVE_DEVBUF_MB=N   DEVICE_BUFFER_SIZE = N MiB (1..4096; CUPTI's default ~3 MB);
+ *   PASTAPROF_NATIVE_DEVBUF_PRE=N  DEVICE_BUFFER_PRE_ALLOCATE_VALUE = N buffers (0..249; default 3);
+ *   PASTAPROF_NATIVE_PERTHREAD=0|1 PER_THREAD_ACTIVITY_BUFFER (default 1).
+ * The activity buffer's size stays PASTAPROF_NATIVE_BUFFER, the kinds PASTAPROF_NATIVE_KINDS. */
+int g_zeroed;
+char g_knobs[512];
+
+enum { KNOB_ZEROED, KNOB_PINNED, KNOB_DEVBUF_MB, KNOB_DEVBUF_PRE, KNOB_PERTHREAD, NKNOBS };
+static const struct {
+  const char* env;
+  CUpti_ActivityAttribute attr;
+  int is_size; /* size_t value, else uint8_t */
+  long long lo, hi;
+} knob_spec[NKNOBS] = {
+    {"PASTAPROF_NATIVE_ZEROED", CUPTI_ACTIVITY_ATTR_ZEROED_OUT_ACTIVITY_BUFFER, 0, 1, 1},
+    {"PASTAPROF_NATIVE_PINNED", CUPTI_ACTIVITY_ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED, 0, 0, 1},
+    {"PASTAPROF_NATIVE_DEVBUF_MB", CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, 1, 1, 4096},
+    {"PASTAPROF_NATIVE_DEVBUF_PRE", CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_PRE_ALLOCATE_VALUE, 1, 0, 249},
+    /* CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER, by number: headers older than CUDA 12.3's lack the name */
+    {"PASTAPROF_NATIVE_PERTHREAD", (CUpti_ActivityAttribute)9, 0, 0, 1},
+};
+static long long g_knob_value[NKNOBS];
+static int g_knob_set[NKNOBS];
+
+/* `line` appended to buf ("; " between lines), cut where buf is full */
+static void knob_say(char* buf, size_t cap, const char* line) {
+  size_t used = strlen(buf);
+  if (used + 3 < cap) snprintf(buf + used, cap - used, "%s%s", used ? "; " : "", line);
+}
+
+/* The knobs' values, once; a value out of range is ignored and said in g_note. */
+void pp_read_knobs(void) {
+  for (int i = 0; i < NKNOBS; ++i) {
+    const char* v = getenv(knob_spec[i].env);
+    if (!v || !*v) continue;
+    char* end = NULL;
+    long long x = strtoll(v, &end, 10);
+    if (*end || x < knob_spec[i].lo || x > knob_spec[i].hi) {
+      char line[160];
+      snprintf(line, sizeof line, "%s=%.20s ignored (not %lld..%lld)", knob_spec[i].env, v, knob_spec[i].lo,
+               knob_spec[i].hi);
+      knob_say(g_note, sizeof g_note, line);
+      continue;
+    }
+    g_knob_set[i] = 1;
+    g_knob_value[i] = x;
+  }
+  g_zeroed = g_knob_set[KNOB_ZEROED] && g_knob_value[KNOB_ZEROED] == 1;
+}
+
+/* Each knob set, through cuptiActivitySetAttribute: g_knobs lists what was asked and CUPTI's
+ * answer (the run's header, "knobs"); a refusal is also in g_note (the run's status). */
+void pp_apply_knobs(void) {
+  for (int i = 0; i < NKNOBS; ++i) {
+    if (!g_knob_set[i]) continue;
+    long long x = g_knob_value[i];
+    size_t sz = (size_t)(i == KNOB_DEVBUF_MB ? x << 20 : x);
+    uint8_t u8 = (uint8_t)x;
+    size_t len = knob_spec[i].is_size ? sizeof sz : sizeof u8;
+    void* value = knob_spec[i].is_size ? (void*)&sz : (void*)&u8;
+    CUptiResult r = p_set_attr ? p_set_attr(knob_spec[i].attr, &len, value) : CUPTI_ERROR_NOT_SUPPORTED;
+    const char* why = !p_set_attr ? "cuptiActivitySetAttribute not bound" : r == CUPTI_SUCCESS ? "ok"
+                                                                                      : cupti_error(r);
+    char line[200];
+    snprintf(line, sizeof line, "%s=%lld %s%s", knob_spec[i].env, x, r == CUPTI_SUCCESS ? "" : "not applied: ", why);
+    knob_say(g_knobs, sizeof g_knobs, line);
+    if (r != CUPTI_SUCCESS) knob_say(g_note, sizeof g_note, line);
+  }
 }

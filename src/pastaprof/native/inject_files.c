@@ -68,6 +68,10 @@ void pp_write_meta(int complete) {
     fputs(", \"note\": ", f);
     pp_json_string(f, g_note, strlen(g_note));
   }
+  if (g_knobs[0]) {
+    fputs(", \"knobs\": ", f);
+    pp_json_string(f, g_knobs, strlen(g_knobs));
+  }
   if (g_san_status[0]) {
     fputs(", \"sanitizer_status\": ", f);
     pp_json_string(f, g_san_status, strlen(g_san_status));

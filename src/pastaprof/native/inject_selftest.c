@@ -120,3 +120,7 @@ EXPORT int pp_inject_selftest(int kernels, int names, int copies, int mangled) {
   pp_test_end();
   return 0;
 }
+
+/* Test-only: one buffer through the capture's CUPTI buffer callbacks (pp_test_buffers in
+ * inject.c); call after pp_inject_selftest.  0: the buffers came as PASTAPROF_NATIVE_ZEROED says. */
+EXPORT int pp_inject_buffer_check(void) { return pp_test_buffers(); }

@@ -21,6 +21,7 @@ extern __typeof__(cuptiGetCallbackName)* p_cb_name;
 extern __typeof__(cuptiActivityEnableRuntimeApi)* p_enable_rt;
 extern __typeof__(cuptiActivityEnableDriverApi)* p_enable_drv;
 extern __typeof__(cuptiGetResultString)* p_result;
+extern __typeof__(cuptiActivitySetAttribute)* p_set_attr;
 extern void* g_cupti;
 typedef int (*nvtx_init_t)(void*);
 
@@ -52,5 +53,10 @@ int pp_open_files(void);
 int pp_bind_cupti(void);
 int pp_api_kept(const char* name);
 int pp_start_cupti(CUpti_BuffersCallbackRequestFunc requested, CUpti_BuffersCallbackCompleteFunc completed);
+/* the PASTAPROF_NATIVE_* knobs of CUPTI's activity attributes (inject_cupti.c) */
+extern int g_zeroed;     /* PASTAPROF_NATIVE_ZEROED=1: buffers handed to CUPTI are zeroed */
+extern char g_knobs[512]; /* each knob set and CUPTI's answer, for the run's header */
+void pp_read_knobs(void);
+void pp_apply_knobs(void);
 
 #endif
