@@ -61,10 +61,18 @@ def rows(run: Path, kind: str, where: str = "") -> int:
                                     ).fetchone()[0]
 
 
-def build(bdir: Path) -> dict[str, Path]:
+NEEDS = {"vecadd": "vecadd", "exits": "vecadd", "procs": "vecadd", "sanitizer": "vecadd", "libs": "blas_fft",
+         "loop": "empty_loop"}
+
+
+def build(bdir: Path, parts: list[str]) -> dict[str, Path]:
+    """The examples the parts run (blas_fft links cuBLAS and cuFFT: tens of seconds), or all with part build only."""
     bdir.mkdir(parents=True, exist_ok=True)
+    want = {NEEDS[p] for p in parts if p in NEEDS} or set(NEEDS.values())
     out = {}
     for name, libs in (("vecadd", []), ("empty_loop", []), ("blas_fft", ["-lcublas", "-lcufft"])):
+        if name not in want:
+            continue
         exe = bdir / name
         r = sh(["nvcc", "-O2", "-arch=sm_90", "-o", str(exe), str(EX / f"{name}.cu"), *libs], timeout=240)
         check(f"build {name}", r.returncode == 0, (r.stderr.strip().splitlines() or ["built"])[-1][:200])
@@ -311,7 +319,7 @@ def main() -> int:
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
     parts = a.parts.split(",")
-    exe = build(Path("/tmp/pastaprof-native-build"))
+    exe = build(Path("/tmp/pastaprof-native-build"), parts)
     runs = Path("/tmp/pastaprof-native-runs")  # the runs stay on the machine; results.json comes back
     runs.mkdir(parents=True, exist_ok=True)
     loop = functools.partial(part_loop, rounds=a.loop_rounds, variants=variants or None)
