@@ -75,7 +75,7 @@ def test_zeroed_buffers_fresh_and_reused(prog, tmp_path):
     out, meta = _run(prog, tmp_path, PASTAPROF_NATIVE_ZEROED="1", PASTAPROF_NATIVE_BUFFER=str(1 << 20))
     # pp_test_buffers filled the first buffer with 0x5a, completed it and got it back all zeros
     assert out == "selftest 0 buffers 0"
-    assert meta["knobs"].startswith("PASTAPROF_NATIVE_ZEROED=1 ")
+    assert meta["knobs"].startswith("PASTAPROF_NATIVE_ZEROED=1 ") and meta["note"] == meta["knobs"]
     assert meta["stats"]["written"] == 25  # records unchanged by the knob
 
 
@@ -88,8 +88,7 @@ def test_each_knob_reaches_cuptiActivitySetAttribute(prog, tmp_path):
     # CUPTI's own answer per knob: ok with a driver; without one (this machine) its error string
     for s in said:
         assert s.endswith(" ok") or "not applied: CUPTI_ERROR_" in s, s
-    refused = [s for s in said if not s.endswith(" ok")]
-    assert meta.get("note", "") == "; ".join(refused)
+    assert meta["note"] == meta["knobs"]  # the run's status shows what took
     assert meta["status"] == "ok"  # a refused knob is not fatal
 
 

@@ -147,7 +147,8 @@ int pp_start_cupti(CUpti_BuffersCallbackRequestFunc requested, CUpti_BuffersCall
  * first context); applied by pp_apply_knobs() before cuptiActivityRegisterCallbacks and before
  * any kind is enabled, the order cupti_activity.h asks for.  An unset knob leaves CUPTI's
  * default; a knob CUPTI refuses (or a libcupti without cuptiActivitySetAttribute) is not
- * fatal: the capture goes on with the default and the run's status says so (g_note).
+ * fatal: the capture goes on with the default.  Each knob set and CUPTI's answer ("ok" or its
+ * error) is in the run's status (g_note: one line on stderr, so a measurement shows what took).
  *   PASTAPROF_NATIVE_ZEROED=1      ZEROED_OUT_ACTIVITY_BUFFER=1: buffer_requested hands out
  *                                  zeroed buffers, so CUPTI does not memset them on the
  *                                  program's thread (inject.c zeroes reused ones off it);
@@ -171,7 +172,7 @@ static const struct {
     {"PASTAPROF_NATIVE_PINNED", CUPTI_ACTIVITY_ATTR_MEM_ALLOCATION_TYPE_HOST_PINNED, 0, 0, 1},
     {"PASTAPROF_NATIVE_DEVBUF_MB", CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, 1, 1, 4096},
     {"PASTAPROF_NATIVE_DEVBUF_PRE", CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_PRE_ALLOCATE_VALUE, 1, 0, 249},
-    /* CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER, by number: headers older than CUDA 12.3's lack the name */
+    /* CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER (9 in CUDA 13.0's header), by number: older headers lack the name */
     {"PASTAPROF_NATIVE_PERTHREAD", (CUpti_ActivityAttribute)9, 0, 0, 1},
 };
 static long long g_knob_value[NKNOBS];
@@ -203,8 +204,8 @@ void pp_read_knobs(void) {
   g_zeroed = g_knob_set[KNOB_ZEROED] && g_knob_value[KNOB_ZEROED] == 1;
 }
 
-/* Each knob set, through cuptiActivitySetAttribute: g_knobs lists what was asked and CUPTI's
- * answer (the run's header, "knobs"); a refusal is also in g_note (the run's status). */
+/* Each knob set, through cuptiActivitySetAttribute: what was asked and CUPTI's answer, in the
+ * process's header ("knobs") and the run's status (g_note). */
 void pp_apply_knobs(void) {
   for (int i = 0; i < NKNOBS; ++i) {
     if (!g_knob_set[i]) continue;
@@ -219,6 +220,6 @@ void pp_apply_knobs(void) {
     char line[200];
     snprintf(line, sizeof line, "%s=%lld %s%s", knob_spec[i].env, x, r == CUPTI_SUCCESS ? "" : "not applied: ", why);
     knob_say(g_knobs, sizeof g_knobs, line);
-    if (r != CUPTI_SUCCESS) knob_say(g_note, sizeof g_note, line);
+    knob_say(g_note, sizeof g_note, line);
   }
 }
