@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from pastaprof.errors import InputError
 from pastaprof.importers.kineto_tables import check_time_range, collectives, encode_names, frame_fields
-from pastaprof.importers.staging import split_staged, stage_events
+from pastaprof.importers.staging import split_staged, stage_events, stage_plain
 
 # Kineto category (lower-cased) -> pastaprof kind.  Besides CUDA and ROCm, Kineto's other
 # backends: MTIA's on-device "CCP" events are its kernels and mtia_runtime its host API
@@ -312,21 +312,20 @@ def import_file(
     wanted = expand_kinds(kinds)
     with tempfile.TemporaryDirectory(prefix="pastaprof-import-", dir=tmpdir) as tmp:
         staged = Path(tmp) / "events.json"
-        meta = stage_events(path, staged, progress)
-        if "deviceProperties" in meta:
-            meta["deviceProperties"] = clean_devices(meta["deviceProperties"])
-        files = split_staged(staged, THREADS)
-        dist = meta.get("distributedInfo") or {}
-        if rank is None:
-            r = dist.get("rank") if isinstance(dist, dict) else None
-            rank = int(r) if isinstance(r, int) else 0
-        base = meta.get("baseTimeNanoseconds", 0)
-        base = int(base) if isinstance(base, (int, float)) and abs(base) < 2**62 else 0
-        con = _connect(tmp=tmp)
+        fast = stage_plain(path, staged, THREADS, progress)  # a big plain file: its events are not read here
+        meta, files = fast or _stage_exactly(path, staged, progress)
+        given = rank
+        rank, base = _rank_and_base(meta, given)
         try:
-            tables, counts, phases = _project(con, files, rank, base, path, wanted)
-        finally:
-            con.close()
+            tables, counts, phases = _parse(files, rank, base, path, wanted, tmp)
+        except InputError:
+            if fast is None:
+                raise
+            # the tail's guess of where the array closes was wrong, or the trace is bad:
+            # what the exact path reads (or says) stands
+            meta, files = _stage_exactly(path, staged, progress)
+            rank, base = _rank_and_base(meta, given)
+            tables, counts, phases = _parse(files, rank, base, path, wanted, tmp)
     check_time_range(tables, path)
     meta = {k: v for k, v in meta.items() if k != "_bytes"} | {"bytes": meta.get("_bytes", 0)}
     meta["rank"] = rank
@@ -334,6 +333,34 @@ def import_file(
     meta["unread_phases"] = phases
     meta["kinds"] = sorted(wanted)
     return tables, meta
+
+
+def _stage_exactly(path: Path, staged: Path, progress: Callable[[int], None] | None) -> tuple[dict[str, Any], list[Path]]:
+    meta = stage_events(path, staged, progress)
+    return meta, split_staged(staged, THREADS)
+
+
+def _rank_and_base(meta: dict[str, Any], rank: int | None) -> tuple[int, int]:
+    """The rank (given, else ``distributedInfo.rank``, else 0) and the ns offset of ``ts``;
+    cleans ``deviceProperties`` in place."""
+    if "deviceProperties" in meta:
+        meta["deviceProperties"] = clean_devices(meta["deviceProperties"])
+    dist = meta.get("distributedInfo") or {}
+    if rank is None:
+        r = dist.get("rank") if isinstance(dist, dict) else None
+        rank = int(r) if isinstance(r, int) else 0
+    base = meta.get("baseTimeNanoseconds", 0)
+    base = int(base) if isinstance(base, (int, float)) and abs(base) < 2**62 else 0
+    return rank, base
+
+
+def _parse(files: list[Path], rank: int, base: int, path: Path, kinds: set[str],
+           tmp: str) -> tuple[dict[str, pa.Table], dict[str, int], dict[str, int]]:
+    con = _connect(tmp=tmp)
+    try:
+        return _project(con, files, rank, base, path, kinds)
+    finally:
+        con.close()
 
 
 def _project(con, files: list[Path], rank: int, base: int, path: Path,

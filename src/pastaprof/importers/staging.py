@@ -263,15 +263,10 @@ def split_staged(path: Path, parts: int) -> list[Path]:
     size = os.path.getsize(path)
     if parts < 2 or size < SPLIT_MIN_BYTES or not hasattr(os, "copy_file_range"):
         return [path]
-    cuts = []
     with open(path, "rb") as f:
-        for k in range(1, parts):
-            f.seek(size * k // parts)
-            window = f.read(4 << 20)
-            i = window.find(_KINETO_BOUNDARY)
-            if i < 0:
-                return [path]
-            cuts.append(size * k // parts + i)
+        cuts = _cuts(lambda off, n: os.pread(f.fileno(), n, off), size, parts)
+    if cuts is None:
+        return [path]
     out = [path]
     pieces = []
     try:
@@ -294,3 +289,100 @@ def split_staged(path: Path, parts: int) -> list[Path]:
             p.unlink(missing_ok=True)
         raise
     return out + list(reversed(pieces))
+
+
+def _cuts(read: Callable[[int, int], bytes], size: int, parts: int) -> list[int] | None:
+    """Offsets (in a staged array of ``size`` bytes, read through ``read(offset, n)``) of
+    the event boundaries that cut it into ``parts`` (None: no boundary near a cut)."""
+    cuts = []
+    for k in range(1, parts):
+        at = size * k // parts
+        i = read(at, min(4 << 20, size - at)).find(_KINETO_BOUNDARY)
+        if i < 0:
+            return None
+        cuts.append(at + i)
+    return cuts
+
+
+TAIL_WINDOW = 4 << 20  # the end of a plain trace read to find where its event array closes
+
+
+def stage_plain(path: Path, dest: Path, parts: int,
+                progress: Callable[[int], None] | None = None) -> tuple[dict[str, Any], list[Path]] | None:
+    """Stage a big uncompressed trace in Kineto's layout without reading its events: the
+    parts :func:`split_staged` would cut from :func:`stage_events`' copy, byte for byte,
+    copied inside the kernel (copy_file_range).  None: not such a trace (gzip, small, no
+    Kineto boundary near the end or a cut, the array does not close in the last
+    ``TAIL_WINDOW`` bytes, a malformed head or trailer); the caller stages exactly.
+
+    Where the array closes is found by an exact scan from the last event boundary in the
+    tail, assumed to lie between two events of the array.  Whether it does is proven by
+    the parse: the staged bytes form one valid JSON array (DuckDB rejects anything else,
+    content after the closing bracket included) only if the bracket found closes the
+    array that ``traceEvents`` opens.  A caller whose parse fails stages exactly and
+    parses again, so errors are those of the exact path."""
+    if parts < 2 or not hasattr(os, "copy_file_range"):
+        return None
+    try:
+        with open(path, "rb") as src:
+            size = os.fstat(src.fileno()).st_size
+            if size < SPLIT_MIN_BYTES or src.read(2) == b"\x1f\x8b":
+                return None
+            src.seek(0)
+            head, first, start, bare = _read_head(src, path)
+            close = _close_from_tail(src.fileno(), size, start, bare)
+            if close is None:
+                return None
+            meta = {} if bare else _parse_header(head, first, start, path)
+            meta.update(_parse_trailer(os.pread(src.fileno(), size - close - 1, close + 1), bare, path))
+            copied = [0]
+
+            def count(n: int) -> None:
+                copied[0] += n
+                if progress:
+                    progress(n)
+
+            files = _write_parts(src.fileno(), start, close + 1, dest, parts, count)
+    except (InputError, OSError):
+        return None
+    if files is None:
+        return None
+    if progress:
+        progress(size - copied[0])  # the bytes around the copied parts: all of the file in all
+    meta["_bytes"] = size
+    return meta, files
+
+
+def _close_from_tail(fd: int, size: int, start: int, bare: bool) -> int | None:
+    """Offset of the ']' that closes the event array, scanned from the last Kineto event
+    boundary within the file's last ``TAIL_WINDOW`` bytes (None: none found)."""
+    lo = max(start + 1, size - TAIL_WINDOW)
+    tail = os.pread(fd, size - lo, lo)
+    j = tail.rfind(_KINETO_BOUNDARY)
+    if j < 0:
+        return None
+    after = j + 4  # just past the '}' that ends an event ("\n  }")
+    end = ArrayEnd(1 if bare else 2)
+    pos = end.feed(tail[after:])
+    return lo + after + pos if pos >= 0 else None
+
+
+def _write_parts(fd: int, start: int, stop: int, dest: Path, parts: int,
+                 progress: Callable[[int], None] | None) -> list[Path] | None:
+    """Write the array ``src[start:stop]`` as :func:`split_staged`'s parts of it."""
+    size = stop - start
+    cuts = _cuts(lambda off, n: os.pread(fd, n, start + off), size, parts)
+    if cuts is None:
+        return None
+    bounds = [0, *[c + len(_KINETO_BOUNDARY) - 1 for c in cuts]]
+    ends = [*[c + 4 for c in cuts], size]
+    files = [dest] + [dest.with_name(f"{dest.stem}.part{k}.json") for k in range(1, len(bounds))]
+    for k, (lo, hi, out) in enumerate(zip(bounds, ends, files)):
+        with open(out, "wb") as g:
+            if k:
+                g.write(b"[")
+                g.flush()  # before copy_file_range writes at the descriptor's offset
+            _copy_bytes(fd, g.fileno(), start + lo, start + hi, progress)
+            if k < len(files) - 1:
+                g.write(b"]")
+    return files
