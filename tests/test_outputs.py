@@ -241,6 +241,44 @@ def test_json_into_a_fifo_reaches_its_reader(tmp_path, mlp_run):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("verb", ["analyze", "export", "report", "diff"])
+def test_a_fifo_that_nothing_reads_is_one_line_not_a_hang(tmp_path, mlp_run, verb):
+    """`--json FIFO` with no reader: the open waits a few seconds for one, then fails (it used
+    to block forever in open(2)); the FIFO stays a FIFO and nothing else is written."""
+    from pastaprof.store.outputs import FIFO_READER_WAIT
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    args = {"analyze": ["analyze", mlp_run, "-t", "kernels", "-q", "--json", fifo],
+            "export": ["export", mlp_run, "-o", fifo],
+            "report": ["report", mlp_run, "-t", "kernels", "-q", "-o", fifo],
+            "diff": ["diff", mlp_run, mlp_run, "-q", "--json", fifo]}[verb]
+    t0 = time.monotonic()
+    r = subprocess.run([*PY, *map(str, args)], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    one_error_line(r, f"cannot write {fifo}", "a FIFO that nothing reads")
+    assert time.monotonic() - t0 >= FIFO_READER_WAIT
+    assert os.listdir(tmp_path) == ["pipe"] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_a_fifo_reader_that_comes_late_gets_the_json(tmp_path, mlp_run):
+    from pastaprof.store.outputs import write_output
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+
+    def late_reader() -> None:
+        time.sleep(1.0)  # the writer is already waiting for a reader
+        got.append(fifo.read_bytes())
+
+    reader = threading.Thread(target=late_reader, daemon=True)
+    reader.start()
+    write_output(fifo, b"x" * 200_000)  # more than a pipe buffer: the blocking writes reach the reader
+    reader.join(timeout=30)
+    assert got == [b"x" * 200_000]
+
+
 def test_export_to_dev_null_and_a_fifo(tmp_path, mlp_run):
     r = cli("export", mlp_run, "-o", "/dev/null")
     assert r.returncode == 0, r.stderr

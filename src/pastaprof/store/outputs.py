@@ -19,7 +19,8 @@ Files (:func:`open_output`, :func:`write_output`) go to what the user named:
 * ``-``, ``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``, ``/proc/self/fd/N``:
   written to that open descriptor (what came before on it is kept; the CLI then
   prints its tables and messages to stderr, so stdout carries only the output);
-* an existing FIFO or character device: opened and written into, never replaced;
+* an existing FIFO or character device: opened and written into, never replaced (a FIFO
+  that no reader opens within a few seconds is an error, not a hang);
 * a symbolic link to a regular file: the file it points at is replaced
   (atomically), the link stays; a dangling link is refused;
 * anything else: a temp file beside the target, renamed over it at the end, with
@@ -40,6 +41,7 @@ import signal
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,6 +57,7 @@ _RENAME_NOREPLACE = 1
 _UNPUBLISHED: set[str] = set()
 _HELD_SIGNALS = {getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGINT") if hasattr(signal, n)}
 _AT_FDCWD = -100
+FIFO_READER_WAIT = 5.0  # seconds an output FIFO without a reader is given to get one
 _PROBLEMS = {
     errno.EFBIG: "file too large (the file size limit, ulimit -f, was reached)",
     errno.ENOSPC: "no space left on device",
@@ -215,6 +218,27 @@ class _Output:
         return self._f.closed
 
 
+def _open_stream(name: str) -> int:
+    """A blocking write descriptor of an existing FIFO or character device.  A FIFO gets
+    ``FIFO_READER_WAIT`` seconds for a reader to open it (``pastaprof analyze --json p & cat p``
+    may start the reader a moment later); a FIFO nobody reads is one error, not a hang."""
+    flags = os.O_WRONLY | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+    deadline = time.monotonic() + FIFO_READER_WAIT
+    while True:
+        try:
+            fd = os.open(name, flags | os.O_NONBLOCK)  # no truncation: FIFOs and devices have none
+        except OSError as e:
+            if e.errno == errno.ENXIO and time.monotonic() < deadline:
+                time.sleep(0.05)  # a FIFO without a reader yet
+                continue
+            if e.errno == errno.ENXIO:
+                raise OutputError(name, f"a FIFO that nothing reads (no reader opened it within "
+                                        f"{FIFO_READER_WAIT:g} s)") from None
+            raise OutputError(name, problem(e)) from None
+        os.set_blocking(fd, True)
+        return fd
+
+
 @contextmanager
 def open_output(path: Path | str) -> Iterator[_Output]:
     """A binary file to write ``path`` with (see the module doc for what each kind of path gets)."""
@@ -230,11 +254,7 @@ def open_output(path: Path | str) -> Iterator[_Output]:
             out.close()
         return
     if kind == "stream":
-        try:
-            f = open(name, "wb")  # noqa: SIM115 -- closed below; truncation does not apply to FIFOs/devices
-        except OSError as e:
-            raise OutputError(name, problem(e)) from None
-        out = _Output(f, name)
+        out = _Output(os.fdopen(_open_stream(name), "wb"), name)
         try:
             yield out
         finally:
