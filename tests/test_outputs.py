@@ -466,6 +466,37 @@ def test_full_disk_is_one_line_blaming_the_output(full_disk, tmp_path):
 PROGRAM = [sys.executable, "-c", "print('program output')"]
 
 
+def _fifo_and_device(tmp_path: Path) -> list[Path]:
+    """A FIFO and, where this user may make one, a character device (a copy of /dev/null's node)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    made = [fifo]
+    try:
+        os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        made.append(tmp_path / "null")
+    except OSError:
+        pass
+    return made
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_run_dir_outputs_never_replace_a_fifo_or_device(tmp_path, force):
+    """`import/run -o /dev/null --force` turned /dev/null into a directory: a device node, FIFO or
+    socket at -o is refused, --force or not, and the program does not start."""
+    marker = tmp_path / "program-ran"
+    program = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    extra = ["--force"] if force else []
+    nodes = _fifo_and_device(tmp_path)
+    for node in nodes:
+        kind = "a FIFO" if stat.S_ISFIFO(os.lstat(node).st_mode) else "a character device"
+        for args in (["import", MLP, "-o", node, *extra], ["run", "-o", node, *extra, "--", *program]):
+            one_error_line(cli(*args, stdin=subprocess.DEVNULL), f"{node}: is {kind}", "not replacing it")
+        mode = os.lstat(node).st_mode
+        assert stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+    assert not marker.exists()
+    assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in nodes)  # no run, no hidden temp dir
+
+
 def test_run_out_creates_parents(tmp_path):
     out = tmp_path / "runs" / "nested" / "a"
     r = cli("run", "-o", out, "--", *PROGRAM)

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from pastaprof.errors import OutputError, UsageError
+from pastaprof.store.safe_read import describe_mode
 
 _FD_NAME = re.compile(r"^/(?:dev/fd|proc/self/fd|proc/thread-self/fd|proc/(?P<pid>\d+)/fd)/(?P<fd>\d+)$")
 _STD_NAMES = {"-": 1, "/dev/stdout": 1, "/dev/stderr": 2}
@@ -455,7 +456,15 @@ def check_output_dir(dest: Path | str, force: bool = False) -> None:
     dest = str(dest)
     if not os.path.lexists(dest) or _is_empty_dir(dest):
         return
-    real_dir = os.path.isdir(dest) and not os.path.islink(dest)
+    try:
+        mode = os.lstat(dest).st_mode
+    except OSError as e:
+        raise OutputError(dest, problem(e)) from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+        # a device node, FIFO or socket is the system's or another program's: /dev/null must stay a device
+        raise UsageError(f"{dest}: is {describe_mode(mode)}, not a run directory; not replacing it"
+                         + (", even with --force" if force else ""))
+    real_dir = stat.S_ISDIR(mode)
     if force:
         if real_dir and not os.path.lexists(os.path.join(dest, "run.json")):
             raise UsageError(f"{dest}: a directory that is not a pastaprof run; not replacing it, even with --force")
