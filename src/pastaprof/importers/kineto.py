@@ -398,11 +398,17 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
         if total and not with_ph:
             raise InputError(path, "no event has a 'ph' field: not a Chrome/Kineto trace")
         con.execute("DELETE FROM ev WHERE kind IS NULL OR start_ns IS NULL AND kind <> 'flow'")
-        _borrow_flow_ids(con)
         tables = {}
+        borrowed = False
         for k in KIND_ARGS:
             if k in kinds:  # fetched one by one, names dictionary-encoded at once: a lower peak
                 t = con.sql(_kind_query(k, rank) + " ORDER BY start_ns").to_arrow_table()
+                if k in FLOW_USERS and not borrowed and t["correlation"].null_count:
+                    # an older trace: the ids come from flows, for this kind and the ones after
+                    # it (those before it had every correlation)
+                    _borrow_flow_ids(con)
+                    borrowed = True
+                    t = con.sql(_kind_query(k, rank) + " ORDER BY start_ns").to_arrow_table()
                 tables[k] = encode_names(k, frame_fields(con, t) if k == "frame" else t)
                 con.execute(f"DELETE FROM ev WHERE kind = '{k}'")
     except (duckdb.Error, UnicodeDecodeError) as e:
@@ -415,13 +421,10 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
 def _borrow_flow_ids(con) -> None:
     """Older traces link GPU work to its launch only through ac2g/async flows: an
     activity (or API call) without ``args.correlation`` takes the id of the flow
-    that ends (starts) at the same thread and time."""
+    that ends (starts) at the same thread and time.  Run only once a projection
+    found an event without one (reading every event's ``args`` to find out first
+    would parse them all once more)."""
     corr = "TRY_CAST(json_extract(args, '$.\"correlation\"') ->> '$' AS BIGINT)"
-    missing = con.execute(
-        f"SELECT count(*) FROM ev WHERE kind IN ('kernel','memcpy','memset','api','sync') AND {corr} IS NULL"
-    ).fetchall()[0][0]
-    if not missing:
-        return
     con.execute(f"""
         UPDATE ev SET flow_id = fl.fid
         FROM (SELECT ph, {_int_or_digits('pid')} AS p, {_int_or_digits('tid')} AS t, start_ns, fid FROM ev
