@@ -73,15 +73,24 @@ def map_keys(keys: np.ndarray, table_keys: np.ndarray, values: np.ndarray) -> np
 
 
 def _thread_groups(*tables: pa.Table) -> list[np.ndarray]:
-    """Shared (pid, tid) group codes across several tables."""
+    """Shared (pid, tid) group codes across several tables: the codes
+    ``group_codes(concatenated pids, concatenated tids)`` gives (each pair's rank among
+    the distinct pairs), found per table by hashing one packed key and ranking only the
+    few distinct pairs of all tables together."""
     pids = [_col(t, "pid") for t in tables]
     tids = [_col(t, "tid") for t in tables]
-    codes = group_codes(np.concatenate(pids), np.concatenate(tids))
-    out, k = [], 0
-    for p in pids:
-        out.append(codes[k : k + len(p)])
-        k += len(p)
-    return out
+    lo, hi = -(1 << 31), 1 << 31
+    if not all(len(a) == 0 or (int(a.min()) >= lo and int(a.max()) < hi) for a in (*pids, *tids)):
+        codes = group_codes(np.concatenate(pids), np.concatenate(tids))
+        bounds = np.cumsum([0, *[len(p) for p in pids]])
+        return [codes[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    uniq, inv = [], []
+    for p, t in zip(pids, tids):  # (pid, tid) order is the packed key's order
+        enc = pc.dictionary_encode(pa.array((p << 32) + (t - lo)))
+        uniq.append(enc.dictionary.to_numpy())
+        inv.append(enc.indices.to_numpy())
+    distinct = np.unique(np.concatenate(uniq)) if uniq else np.zeros(0, np.int64)
+    return [np.searchsorted(distinct, u)[i].astype(np.int64) for u, i in zip(uniq, inv)]
 
 
 def link_ops(op: pa.Table) -> pa.Table:
