@@ -12,7 +12,8 @@ and which writes CUPTI's records as fixed 128-byte records to
   before the run is compacted, so every tool reads a native program's run as any other:
   kernels (grid, block, registers, shared memory), copies, memsets, synchronizations, launch,
   copy, sync and allocation API calls, NVTX ranges (``range``, domain ``nvtx`` or
-  ``nvtx:<domain>``) and cudaMalloc-level allocations (``alloc`` / ``free``).
+  ``nvtx:<domain>``), cudaMalloc-level allocations (``alloc`` / ``free``) and, with ``--uvm``,
+  unified-memory counters (``uvm``, as the Python path's).
 
 Decoding is columnar: one ``numpy.frombuffer`` over a process's records, then per-kind
 column slices.  The files are the program's output, read as untrusted: a truncated or
@@ -45,7 +46,7 @@ FORMAT_VERSION = 1
 WORDS = 16
 MAX_STRING = 4096
 MAX_STRING_IDS = 1 << 17  # the library's string table (inject_util.c: STR_SLOTS / 2): a larger id is damage
-K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_API, K_MEMORY, K_MARKER = range(1, 8)
+K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_API, K_MEMORY, K_MARKER, K_UVM = range(1, 9)
 _FILE_RE = re.compile(r"^rank-(\d+)-pid-(\d+)\.json$")
 _PYTHON_RE = re.compile(r"^(python|pypy)[0-9.]*(-dbg)?$")
 MARKER_INSTANT, MARKER_START, MARKER_END = 1, 2, 4
@@ -71,7 +72,7 @@ class NativeProgram(Handler):
 
     name = "native"
     kinds = ("kernel", "memcpy", "memset", "sync", "api", "range", "alloc", "free", "access_launch",
-             "access_summary", "access_pc")
+             "access_summary", "access_pc", "uvm")
     settings = (
         Setting("NATIVE_INJECT", "0: no injection into native programs; 1: prepare it without an NVIDIA driver",
                 boolean),
@@ -142,6 +143,8 @@ def prepare(env: dict[str, str], command: list[str], config: Any = None) -> str 
 
         consumed = {k for cls in resolve(list(config.tools)) for k in getattr(cls, "consumes", ())
                     if k not in getattr(cls, "optional", ())}
+        if "uvm" in consumed:  # as in a Python session: a tool that reads uvm turns the counters on
+            env["PASTAPROF_UVM"] = "1"
         return launcher_env(env, config, consumed)
     return None
 
@@ -264,6 +267,8 @@ def read_process(base: Path, kernels: str | None = None) -> tuple[dict[str, Any]
         return {}, {}, status
     if meta.get("status") not in (None, "ok"):
         status["native"] = f"native capture: {str(meta['status'])[:300]}"
+    if isinstance(meta.get("uvm"), str):  # --uvm: "ok", or why the counters are not recorded
+        status["uvm"] = meta["uvm"][:300]
     if isinstance(meta.get("note"), str):
         status["native_note"] = f"native capture: {meta['note'][:300]}"
     records, trouble = _read_records(base.with_suffix(".rec"))
@@ -402,6 +407,10 @@ def decode(records: np.ndarray, strings: dict[int, str], rank: int, pid: int,
                           "operation", "pid", "is_async"))
     if len(mem["bytes"]):
         out.update(memory_tables("memory", mem, rank))
+    uvm = cols(K_UVM, ("start_ns", "end_ns", "counter_kind", "value", "address", "src_device", "dst_device",
+                       "stream", "flags"))
+    if len(uvm["value"]):
+        out.update(memory_tables("uvm", uvm, rank))
     rng = _ranges(cols(K_MARKER, ("start_ns", "flags", "id", "object_kind", "pid", "tid", "name", "domain")),
                   strings, rank, pid, _last_ns(records))
     if rng is not None:
@@ -411,9 +420,9 @@ def decode(records: np.ndarray, strings: dict[int, str], rank: int, pid: int,
 
 def _last_ns(records: np.ndarray) -> int:
     """The process's last event time: word 1 is every kind's start, word 2 the end of the
-    kinds with one (kernel, memcpy, memset, sync, api)."""
+    kinds with one (kernel, memcpy, memset, sync, api, uvm)."""
     kind = records[:, 0]
-    timed = (kind >= K_KERNEL) & (kind <= K_API)
+    timed = ((kind >= K_KERNEL) & (kind <= K_API)) | (kind == K_UVM)
     return int(max(records[:, 1].max(), np.max(records[:, 2], where=timed, initial=0)))
 
 

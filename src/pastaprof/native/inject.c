@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -182,6 +183,13 @@ static void decode(const CUpti_Activity* a) {
           m->memoryKind, m->memoryOperationType, m->processId, m->isAsync);
       break;
     }
+    case CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER: {
+      const CUpti_ActivityUnifiedMemoryCounter3* u = (const CUpti_ActivityUnifiedMemoryCounter3*)a;
+      if (!(r = row(PP_UVM))) return;
+      PUT((int64_t)u->start, (int64_t)u->end, u->counterKind, (int64_t)u->value, (int64_t)u->address,
+          (int64_t)(int32_t)u->srcId, (int64_t)(int32_t)u->dstId, u->streamId, u->flags, u->processId);
+      break;
+    }
     case CUPTI_ACTIVITY_KIND_MARKER: {
       const CUpti_ActivityMarker2* m = (const CUpti_ActivityMarker2*)a;
       if (!(r = row(PP_MARKER))) return;
@@ -276,6 +284,8 @@ static void read_settings(void) {
   g_off_kernels = pp_off("kernels");
   g_off_api = pp_off("api");
   g_off_memory = pp_off("memory");
+  v = getenv("PASTAPROF_UVM"); /* --uvm: unified-memory counters (inject_cupti.c) */
+  g_uvm = v && (!strcasecmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcasecmp(v, "on"));
   pp_read_knobs();
 }
 

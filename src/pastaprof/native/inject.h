@@ -36,6 +36,8 @@ enum {
   PP_MEMORY = 6,
   /* start flags id object_kind pid tid name domain */
   PP_MARKER = 7,
+  /* start end counter_kind value address src_id dst_id stream flags pid  (--uvm: inject_cupti.c) */
+  PP_UVM = 8,
 };
 
 enum {

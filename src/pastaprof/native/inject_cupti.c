@@ -137,6 +137,7 @@ int pp_start_cupti(CUpti_BuffersCallbackRequestFunc requested, CUpti_BuffersCall
     }
   }
   if (!g_off_api && kind_wanted("api")) enable_api();
+  if (g_uvm) pp_start_uvm();
   if (p_flush_period && g_flush_ms > 0) p_flush_period((uint32_t)g_flush_ms);
   return 0;
 }
@@ -222,4 +223,106 @@ void pp_apply_knobs(void) {
     knob_say(g_knobs, sizeof g_knobs, line);
     knob_say(g_note, sizeof g_note, line);
   }
+}
+
+/* ---- unified-memory counters (PASTAPROF_UVM=1: `pastaprof run --uvm`) ------------------------
+ * CUPTI takes the counters' configuration once the driver is initialized and before the
+ * UNIFIED_MEMORY_COUNTER kind is enabled (cupti_activity.h).  InitializeInjection runs inside
+ * cuInit, before that point, so the configuration is made on the first context-created resource
+ * callback (a CUPTI subscriber of this library's own): every device's counters (cuDeviceGetCount)
+ * at scope PROCESS_SINGLE_DEVICE, as the Python path's pp_cupti_configure_uvm, then the kind is
+ * enabled.  Where CUPTI refuses (MIG, some virtualised hosts; a multi-GPU host without P2P is
+ * retried with the context's device alone) g_uvm_status says why in one line of the run's
+ * status, and the rest of the capture goes on. */
+int g_uvm;
+char g_uvm_status[300];
+typedef CUptiResult (*uvm_cfg_t)(CUpti_ActivityUnifiedMemoryCounterConfig*, uint32_t);
+static uvm_cfg_t p_uvm_cfg;
+static __typeof__(cuptiGetDeviceId)* p_device_id;
+static CUpti_SubscriberHandle g_uvm_sub;
+static int g_uvm_tried;
+
+#define UVM_MAX_DEVICES 64
+static const CUpti_ActivityUnifiedMemoryCounterKind uvm_kinds[] = {
+    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD,
+    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH,
+    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOD,
+    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_CPU_PAGE_FAULT_COUNT,
+    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT,
+    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_THRASHING,
+    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_THROTTLING,
+    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_REMOTE_MAP};
+enum { UVM_KINDS = sizeof uvm_kinds / sizeof uvm_kinds[0] };
+
+/* The counters of devices device .. device+ndev-1, then the kind enabled: 0, or CUPTI's error. */
+int pp_uvm_configure(uint32_t device, uint32_t ndev) {
+  static CUpti_ActivityUnifiedMemoryCounterConfig cfg[UVM_MAX_DEVICES * UVM_KINDS];
+  if (ndev > UVM_MAX_DEVICES) ndev = UVM_MAX_DEVICES;
+  memset(cfg, 0, sizeof cfg);
+  uint32_t n = 0;
+  for (uint32_t d = 0; d < ndev; ++d)
+    for (int k = 0; k < UVM_KINDS; ++k, ++n) {
+      cfg[n].scope = CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_SCOPE_PROCESS_SINGLE_DEVICE;
+      cfg[n].kind = uvm_kinds[k];
+      cfg[n].deviceId = device + d;
+      cfg[n].enable = 1;
+    }
+  CUptiResult r = p_uvm_cfg ? p_uvm_cfg(cfg, n) : CUPTI_ERROR_NOT_SUPPORTED;
+  if (r == CUPTI_SUCCESS) r = p_enable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER);
+  return (int)r;
+}
+
+static int device_count(void) {
+  void* cuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  int (*count)(int*) = cuda ? (int (*)(int*))dlsym(cuda, "cuDeviceGetCount") : NULL;
+  int n = 0;
+  if (!count || count(&n) != 0 || n < 1) n = 1; /* inside cuInit (no subscriber): device 0 */
+  if (cuda) dlclose(cuda);
+  return n;
+}
+
+/* Once: configure and enable (ctx: the first context, NULL when called at InitializeInjection). */
+static void uvm_once(CUcontext ctx) {
+  if (__atomic_exchange_n(&g_uvm_tried, 1, __ATOMIC_ACQ_REL)) return;
+  int ndev = device_count();
+  uint32_t dev = 0;
+  if (ctx && p_device_id) p_device_id(ctx, &dev);
+  char line[sizeof g_uvm_status];
+  int r = pp_uvm_configure(0, (uint32_t)ndev);
+  if (r == 0) snprintf(line, sizeof line, "ok");
+  if (r != 0 && ndev > 1) {
+    int one = pp_uvm_configure(dev, 1);
+    if (one == 0)
+      snprintf(line, sizeof line, "unified-memory counters of device %u only (all %d devices: %.120s (%d))", dev,
+               ndev, cupti_error((CUptiResult)r), r);
+    r = one;
+  }
+  if (r != 0)
+    snprintf(line, sizeof line, "unified-memory counters not supported here (%.160s (%d)); the rest of the capture "
+             "goes on", cupti_error((CUptiResult)r), r);
+  memcpy(g_uvm_status, line, sizeof line);
+}
+
+static void CUPTIAPI uvm_resource(void* user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
+  (void)user;
+  if (domain == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_CONTEXT_CREATED && data)
+    uvm_once(((const CUpti_ResourceData*)data)->context);
+}
+
+/* After the other kinds are enabled (pp_start_cupti), when PASTAPROF_UVM asks. */
+void pp_start_uvm(void) {
+  p_uvm_cfg = (uvm_cfg_t)dlsym(g_cupti, "cuptiActivityConfigureUnifiedMemoryCounter");
+  p_device_id = (__typeof__(p_device_id))dlsym(g_cupti, "cuptiGetDeviceId");
+  __typeof__(cuptiSubscribe)* subscribe = (__typeof__(subscribe))dlsym(g_cupti, "cuptiSubscribe");
+  __typeof__(cuptiEnableCallback)* enable_cb = (__typeof__(enable_cb))dlsym(g_cupti, "cuptiEnableCallback");
+  if (!p_uvm_cfg) {
+    snprintf(g_uvm_status, sizeof g_uvm_status, "unified-memory counters not recorded: this libcupti lacks "
+             "cuptiActivityConfigureUnifiedMemoryCounter");
+    return;
+  }
+  snprintf(g_uvm_status, sizeof g_uvm_status, "unified-memory counters not recorded: the program made no CUDA "
+           "context");
+  CUptiResult r = subscribe && enable_cb ? subscribe(&g_uvm_sub, uvm_resource, NULL) : CUPTI_ERROR_NOT_SUPPORTED;
+  if (r == CUPTI_SUCCESS) r = enable_cb(1, g_uvm_sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_CONTEXT_CREATED);
+  if (r != CUPTI_SUCCESS) uvm_once(NULL); /* no subscriber of its own (another CUPTI client): at once */
 }

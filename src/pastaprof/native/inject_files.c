@@ -72,6 +72,10 @@ void pp_write_meta(int complete) {
     fputs(", \"knobs\": ", f);
     pp_json_string(f, g_knobs, strlen(g_knobs));
   }
+  if (g_uvm_status[0]) {
+    fputs(", \"uvm\": ", f);
+    pp_json_string(f, g_uvm_status, strlen(g_uvm_status));
+  }
   if (g_san_status[0]) {
     fputs(", \"sanitizer_status\": ", f);
     pp_json_string(f, g_san_status, strlen(g_san_status));

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "inject.h"
+#include "inject_state.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -124,3 +125,61 @@ EXPORT int pp_inject_selftest(int kernels, int names, int copies, int mangled) {
 /* Test-only: one buffer through the capture's CUPTI buffer callbacks (pp_test_buffers in
  * inject.c); call after pp_inject_selftest.  0: the buffers came as PASTAPROF_NATIVE_ZEROED says. */
 EXPORT int pp_inject_buffer_check(void) { return pp_test_buffers(); }
+
+/* Test-only: unified-memory counter records through decode() and the writer, as a capture with
+ * --uvm takes them: one managed allocation of `pages` x 64 KiB, `pages` HtoD migrations of 64 KiB (cause coherence), one GPU page-fault
+ * record of pages/4 fault groups (write), pages/2 CPU page faults and pages/2 DtoH migrations
+ * of 4 KiB (cause coherence), on device 0 and stream 7.  With PASTAPROF_UVM=1 and
+ * PASTAPROF_NATIVE_CUPTI, the counters are configured first through that libcupti, as a capture
+ * would (without a driver CUPTI refuses: the refusal is the process's "uvm" status).  0, or -1
+ * when the files cannot be made. */
+EXPORT int pp_inject_selftest_uvm(int pages) {
+  if (pp_test_begin() != 0) return -1;
+  if (g_uvm && g_cupti) pp_start_uvm();
+  int64_t t = 1700000000000000000LL;
+  CUpti_ActivityMemory4 m; /* the managed allocation the pages are in */
+  memset(&m, 0, sizeof m);
+  m.kind = CUPTI_ACTIVITY_KIND_MEMORY2;
+  m.memoryOperationType = CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION;
+  m.memoryKind = CUPTI_ACTIVITY_MEMORY_KIND_MANAGED;
+  m.address = 0x7f1000000000ull;
+  m.bytes = 65536ull * (uint64_t)(pages > 0 ? pages : 1);
+  m.timestamp = (uint64_t)(t - 5000);
+  m.processId = (uint32_t)getpid();
+  pp_decode(&m);
+  CUpti_ActivityUnifiedMemoryCounter3 u;
+  for (int i = 0; i < pages + 1 + pages / 2 + pages / 2; ++i) {
+    memset(&u, 0, sizeof u);
+    u.kind = CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER;
+    u.start = (uint64_t)(t + 1000LL * i);
+    u.end = u.start + 400;
+    u.address = 0x7f1000000000ull + 65536ull * (uint64_t)(i % (pages > 0 ? pages : 1));
+    u.streamId = 7;
+    u.processId = (uint32_t)getpid();
+    if (i < pages) { /* host -> device: CPU (-1) to device 0 */
+      u.counterKind = CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD;
+      u.value = 65536;
+      u.srcId = (uint32_t)-1;
+      u.flags = CUPTI_ACTIVITY_UNIFIED_MEMORY_MIGRATION_CAUSE_COHERENCE;
+    } else if (i == pages) {
+      u.counterKind = CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT;
+      u.value = (uint64_t)(pages / 4);
+      u.srcId = u.dstId = 0;
+      u.flags = CUPTI_ACTIVITY_UNIFIED_MEMORY_ACCESS_TYPE_WRITE;
+    } else if (i <= pages + pages / 2) {
+      u.counterKind = CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_CPU_PAGE_FAULT_COUNT;
+      u.value = 1;
+      u.srcId = u.dstId = (uint32_t)-1;
+      u.end = 0; /* CUPTI gives CPU faults an instant */
+      u.flags = CUPTI_ACTIVITY_UNIFIED_MEMORY_ACCESS_TYPE_READ;
+    } else {
+      u.counterKind = CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH;
+      u.value = 4096;
+      u.dstId = (uint32_t)-1;
+      u.flags = CUPTI_ACTIVITY_UNIFIED_MEMORY_MIGRATION_CAUSE_COHERENCE;
+    }
+    pp_decode(&u);
+  }
+  pp_test_end();
+  return 0;
+}

@@ -58,5 +58,10 @@ extern int g_zeroed;     /* PASTAPROF_NATIVE_ZEROED=1: buffers handed to CUPTI a
 extern char g_knobs[512]; /* each knob set and CUPTI's answer, for the run's header */
 void pp_read_knobs(void);
 void pp_apply_knobs(void);
+/* unified-memory counters (PASTAPROF_UVM=1, `pastaprof run --uvm`; inject_cupti.c) */
+extern int g_uvm;             /* wanted */
+extern char g_uvm_status[300]; /* "ok", or why they are not recorded; "" when not wanted */
+void pp_start_uvm(void);
+int pp_uvm_configure(uint32_t device, uint32_t ndev);
 
 #endif
