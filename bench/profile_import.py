@@ -5,7 +5,7 @@ Runs the same code path as the CLI in this process (``api.analyze`` + ``write_js
 or ``api.import_trace``), with timers wrapped around pastaprof's functions from the
 outside (monkeypatching; nothing in src/ is changed):
 
-  stage_events (staging copy of the event array) | DuckDB statements of the Kineto
+  stage_events (staging copy of the event array) or stage_plain (a big plain file) | DuckDB statements of the Kineto
   importer, each on its own: read_json -> raw, flows, ev (+ flow join), counts, and
   one projection per kind (executing the query + fetching it as Arrow) |
   _collectives | link_rank (link_ops, place_ops, link_api, link_activity) |
@@ -165,6 +165,8 @@ def instrument() -> None:
         tools = available()
 
     REC.wrap(kineto, "stage_events", "staging copy (stage_events)")
+    if hasattr(kineto, "stage_plain"):  # a big plain file: staged by kernel copies, its events unread
+        REC.wrap(kineto, "stage_plain", "staging of a plain file (stage_plain)")
     orig_connect = kineto._connect
     kineto._connect = lambda *a, **k: TimedCon(orig_connect(*a, **k))
     REC.wrap(kineto, "_project", "kineto._project (all DuckDB work)")
