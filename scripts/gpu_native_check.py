@@ -5,7 +5,7 @@ what the run stored against independent counts: the program's own (vecadd prints
 launches, copies and NVTX ranges), ``ncu``'s list of kernels (cuBLAS / cuFFT), and the exit
 codes and output of the bare runs.  Prints one line per check and writes results.json.
 
-    python3 scripts/gpu_native_check.py OUT [--parts build,vecadd,libs,loop,exits,procs,sanitizer,python]
+    python3 scripts/gpu_native_check.py OUT [--parts build,vecadd,libs,loop,exits,procs,sanitizer,uvm,python]
         [--loop-rounds 3] [--loop-variants kernel,default,best,...]
 
 Part loop prints a table (median loop time, ratio to bare, per variant of CUPTI kinds and
@@ -62,7 +62,7 @@ def rows(run: Path, kind: str, where: str = "") -> int:
 
 
 NEEDS = {"vecadd": "vecadd", "exits": "vecadd", "procs": "vecadd", "sanitizer": "vecadd", "libs": "blas_fft",
-         "loop": "empty_loop"}
+         "loop": "empty_loop", "uvm": "uvm"}
 
 
 def build(bdir: Path, parts: list[str]) -> dict[str, Path]:
@@ -70,7 +70,7 @@ def build(bdir: Path, parts: list[str]) -> dict[str, Path]:
     bdir.mkdir(parents=True, exist_ok=True)
     want = {NEEDS[p] for p in parts if p in NEEDS} or set(NEEDS.values())
     out = {}
-    for name, libs in (("vecadd", []), ("empty_loop", []), ("blas_fft", ["-lcublas", "-lcufft"])):
+    for name, libs in (("vecadd", []), ("empty_loop", []), ("uvm", []), ("blas_fft", ["-lcublas", "-lcufft"])):
         if name not in want:
             continue
         exe = bdir / name
@@ -292,6 +292,57 @@ def part_sanitizer(exe: dict[str, Path], out: Path) -> None:
     RESULTS["sanitizer_report"] = r.stderr[-3000:]
 
 
+def total(run: Path, kind: str, col: str, where: str = "") -> int:
+    import duckdb
+
+    files = list((run / kind).glob("*.parquet"))
+    if not files:
+        return 0
+    v = duckdb.connect().execute(f"select sum({col}) from read_parquet({[str(f) for f in files]!r}) {where}").fetchone()
+    return int(v[0] or 0)
+
+
+def part_uvm(exe: dict[str, Path], out: Path) -> None:
+    """examples/native/uvm.cu under --uvm: the stored counters against the program's own counts
+    (every managed page written on the host, touched by a kernel, read back), the uvm_advisor
+    report on the run, and no uvm rows without --uvm."""
+    cmd = [str(exe["uvm"]), "64"]
+    bare = sh(cmd)
+    facts = dict(kv.split("=") for kv in bare.stdout.split() if "=" in kv)
+    touched, read = int(facts.get("kernel_touched", 0)), int(facts.get("host_read", 0))
+    r = pastaprof_run(out / "uvm", cmd, flags=["--uvm"])
+    run = out / "uvm"
+    check("uvm output and exit unchanged", (r.returncode, r.stdout) == (bare.returncode, bare.stdout) and
+          "check ok" in bare.stdout, f"bare {bare.returncode} {bare.stdout.strip()!r}; run {r.returncode}; "
+          f"stderr {r.stderr.strip()[-300:]!r}")
+    status = [p.get("status", {}).get("uvm") for p in _processes(run)]
+    htod = total(run, "uvm", "bytes", "where uvm_kind = 'htod'")
+    dtoh = total(run, "uvm", "bytes", "where uvm_kind = 'dtoh'")
+    faults = total(run, "uvm", "count", "where uvm_kind = 'gpu_page_fault'")
+    cpu = total(run, "uvm", "count", "where uvm_kind = 'cpu_page_fault'")
+    RESULTS["uvm_counts"] = {"htod_bytes": htod, "dtoh_bytes": dtoh, "gpu_fault_groups": faults, "cpu_faults": cpu,
+                             "rows": rows(run, "uvm"), "status": status, "program": facts}
+    check("uvm status", status == ["ok"], f"processes' uvm status {status}")
+    check("uvm HtoD >= bytes the kernel touched", touched > 0 and htod >= touched, f"{htod} B HtoD, touched {touched}")
+    check("uvm GPU page-fault groups", faults > 0, f"{faults} fault groups, {cpu} CPU faults")
+    check("uvm DtoH >= bytes the host read back", read > 0 and dtoh >= read, f"{dtoh} B DtoH, read {read}")
+    j = out / "uvm.json"
+    a = sh([sys.executable, "-m", "pastaprof.cli", "analyze", str(run), "-t", "uvm_advisor", "--json", str(j), "-q"])
+    s = json.loads(j.read_text())["tools"]["uvm_advisor"]["summary"] if a.returncode == 0 and j.exists() else {}
+    RESULTS["uvm_advisor"] = s
+    check("uvm_advisor reports them", (s.get("htod_bytes"), s.get("dtoh_bytes"), s.get("gpu_faults")) == (
+          htod, dtoh, faults) and s.get("allocations", 0) >= 1 and s.get("unattributed") == 0,
+          f"summary {s}; stderr {a.stderr.strip()[-300:]!r}")
+    pastaprof_run(out / "uvm-off", cmd)
+    n = rows(out / "uvm-off", "uvm")
+    check("no uvm rows without --uvm", n == 0, f"{n} uvm rows")
+
+
+def _processes(run: Path) -> list[dict]:
+    p = run / "run.json"
+    return json.loads(p.read_text()).get("processes", []) if p.exists() else []
+
+
 def part_python(out: Path) -> None:
     """A torch program under `pastaprof run` (CUDA_INJECTION64_PATH is set for it too): the
     Python session captures it, the library stays out (no native files, no CUPTI conflict)."""
@@ -307,7 +358,7 @@ def part_python(out: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
-    ap.add_argument("--parts", default="build,vecadd,libs,loop,exits,procs,sanitizer,python")
+    ap.add_argument("--parts", default="build,vecadd,libs,loop,exits,procs,sanitizer,uvm,python")
     ap.add_argument("--loop-rounds", type=int, default=3, help="rounds of part loop (each runs every variant once)")
     ap.add_argument("--loop-variants", default="",
                     help=f"comma-separated, of: {', '.join(LOOP_VARIANTS)} (default: {','.join(DEFAULT_LOOP)})")
@@ -324,7 +375,7 @@ def main() -> int:
     runs.mkdir(parents=True, exist_ok=True)
     loop = functools.partial(part_loop, rounds=a.loop_rounds, variants=variants or None)
     for name, fn in (("vecadd", part_vecadd), ("libs", part_libs), ("loop", loop), ("exits", part_exits),
-                     ("procs", part_procs), ("sanitizer", part_sanitizer)):
+                     ("procs", part_procs), ("sanitizer", part_sanitizer), ("uvm", part_uvm)):
         if name in parts:
             t0 = time.perf_counter()
             try:
