@@ -6,8 +6,9 @@
  * CUDA's libcupti is dlopen'ed (PASTAPROF_NATIVE_CUPTI, found by pastaprof; no link-time
  * dependency, so the library builds from headers alone), CUPTI's activity API records kernels,
  * copies, memsets, synchronizations, launch/copy/sync/alloc API calls, NVTX markers and
- * cudaMalloc-level allocations, and every completed buffer is written, as fixed 128-byte
- * records (inject.h), to the process's files in $PASTAPROF_OUT/native/.  pastaprof turns them
+ * cudaMalloc-level allocations (with --uvm, unified-memory counters too: inject_cupti.c), and
+ * every completed buffer is written, as fixed 128-byte records (inject.h), to the process's
+ * files in $PASTAPROF_OUT/native/.  pastaprof turns them
  * into the run's event tables when the run is stored (handlers/native_program.py).
  * Parts: libcupti and what is enabled (inject_cupti.c), the files (inject_files.c), names and
  * settings (inject_util.c), exits (inject_exits.c), the sanitizer bridge (inject_sanitizer.c).

@@ -127,12 +127,12 @@ EXPORT int pp_inject_selftest(int kernels, int names, int copies, int mangled) {
 EXPORT int pp_inject_buffer_check(void) { return pp_test_buffers(); }
 
 /* Test-only: unified-memory counter records through decode() and the writer, as a capture with
- * --uvm takes them: one managed allocation of `pages` x 64 KiB, `pages` HtoD migrations of 64 KiB (cause coherence), one GPU page-fault
- * record of pages/4 fault groups (write), pages/2 CPU page faults and pages/2 DtoH migrations
- * of 4 KiB (cause coherence), on device 0 and stream 7.  With PASTAPROF_UVM=1 and
- * PASTAPROF_NATIVE_CUPTI, the counters are configured first through that libcupti, as a capture
- * would (without a driver CUPTI refuses: the refusal is the process's "uvm" status).  0, or -1
- * when the files cannot be made. */
+ * --uvm takes them: one managed allocation of `pages` x 64 KiB, `pages` HtoD migrations of
+ * 64 KiB (cause coherence), one GPU page-fault record of pages/4 fault groups (write), pages/2
+ * CPU page faults (read) and pages/2 DtoH migrations of 4 KiB (cause coherence), on device 0
+ * and stream 7.  With PASTAPROF_UVM=1 and PASTAPROF_NATIVE_CUPTI, the counters are configured
+ * first through that libcupti, as a capture would (without a driver CUPTI refuses: the refusal
+ * is the process's "uvm" status).  0, or -1 when the files cannot be made. */
 EXPORT int pp_inject_selftest_uvm(int pages) {
   if (pp_test_begin() != 0) return -1;
   if (g_uvm && g_cupti) pp_start_uvm();
