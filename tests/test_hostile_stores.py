@@ -281,6 +281,42 @@ def test_unreadable_manifest(good_run, tmp_path):
     assert "permission denied" in one_error_line(cli("info", str(run)))
 
 
+def _as_nobody(*args: str) -> subprocess.CompletedProcess:
+    """The CLI as user nobody (root reads a chmod-000 file anyway): setpriv drops the privileges."""
+    if os.geteuid() != 0:
+        return cli(*args)
+    if shutil.which("setpriv") is None:
+        pytest.skip("no setpriv to drop root's privileges")
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                           "pastaprof.cli", *args], capture_output=True, text=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("rel", ["run.json", K, "kernel"])
+def test_unreadable_entry_is_permission_denied(good_run, rel):
+    """A run.json, part or kind directory the user may not read is "permission denied" on that path
+    (an unreadable kernel/ read as "has no parts: a part is missing or damaged")."""
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="hostile-"))  # /tmp itself, so that user nobody reaches it
+    try:
+        top.chmod(0o755)
+        run = top / "run"
+        shutil.copytree(good_run, run, symlinks=True)
+        for p in (run, *run.rglob("*")):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        (run / rel).chmod(0)
+        if os.geteuid() != 0 and os.access(run / rel, os.R_OK):
+            pytest.skip("this user reads a chmod-000 file")
+        for args in (["analyze", str(run), "-q"], ["info", str(run)]):
+            line = one_error_line(_as_nobody(*args))
+            assert line == f"pastaprof: error: {run / rel}: permission denied", line
+    finally:
+        for p in (top, *top.rglob("*")):
+            p.chmod(0o755)
+        shutil.rmtree(top)
+
+
 def test_the_good_run_reads_and_counts(good_run, tmp_path):
     """The undamaged copy: every command works and the counts are the trace's."""
     r = cli("info", str(good_run))

@@ -17,7 +17,7 @@ import pyarrow as pa
 from pastaprof.errors import InputError
 from pastaprof.events.schema import KINDS, schema
 from pastaprof.store.manifest_check import read_manifest
-from pastaprof.store.safe_read import check_inside, part_rows, read_part
+from pastaprof.store.safe_read import check_inside, os_problem, part_rows, read_part
 from pastaprof.store.writer import MANIFEST
 
 if TYPE_CHECKING:
@@ -126,7 +126,11 @@ def _check_parts(run_dir: Path, kind: str, manifest: dict[str, Any]) -> list[Pat
         check_inside(d, run_dir)
         if not d.is_dir():
             raise InputError(d, "is not a directory of Parquet parts")
-        files = sorted(d.glob("rank-*.parquet"))
+        try:  # a listing that fails (permission denied) is that error, not "no parts"
+            names = sorted(e.name for e in os.scandir(d) if e.name.startswith("rank-") and e.name.endswith(".parquet"))
+        except OSError as e:
+            raise InputError(d, os_problem(e)) from None
+        files = [d / n for n in names]
     ranks = manifest.get("ranks")
     for f in files:
         m = _PART_NAME.match(f.name)

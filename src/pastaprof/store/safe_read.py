@@ -59,7 +59,8 @@ def describe_mode(mode: int) -> str:
     return "not a regular file"
 
 
-def _os_problem(e: OSError) -> str:
+def os_problem(e: OSError) -> str:
+    """What an OSError of reading says, as the end of a one-line message (no file name: the caller names it)."""
     if e.errno == errno.ENOENT:
         return "no such file"
     if e.errno == errno.ELOOP:
@@ -90,13 +91,13 @@ def open_regular(path: Path, root: Path | None = None, what: str = "a regular fi
     try:
         st = os.stat(path)
     except OSError as e:
-        raise InputError(path, _os_problem(e)) from None
+        raise InputError(path, os_problem(e)) from None
     if not stat.S_ISREG(st.st_mode):
         raise InputError(path, f"is {describe_mode(st.st_mode)}, expected {what}")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
-        raise InputError(path, _os_problem(e)) from None
+        raise InputError(path, os_problem(e)) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):  # replaced between the stat and the open
         os.close(fd)
@@ -115,7 +116,7 @@ def read_bounded(path: Path, limit: int, root: Path | None = None, what: str = "
             try:
                 block = os.read(fd, min(_CHUNK, limit + 1 - total))
             except OSError as e:
-                raise InputError(path, _os_problem(e)) from None
+                raise InputError(path, os_problem(e)) from None
             if not block:
                 break
             chunks.append(block)
@@ -172,7 +173,7 @@ def check_trace_file(path: Path) -> Path:
     try:
         st = os.stat(path)
     except OSError as e:
-        raise InputError(path, _os_problem(e)) from None
+        raise InputError(path, os_problem(e)) from None
     if stat.S_ISREG(st.st_mode):
         return path
     if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == _DEV_NULL:
@@ -211,7 +212,7 @@ def _copy_pipe(path: Path, copy: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
-        raise InputError(path, _os_problem(e)) from None
+        raise InputError(path, os_problem(e)) from None
     try:
         os.set_blocking(fd, True)  # a pipe with a writer: wait for its data, as `cat` would
         room = min(PIPE_MAX_BYTES, shutil.disk_usage(copy.parent).free - PIPE_FREE_MARGIN)
@@ -237,7 +238,7 @@ def _copy_pipe(path: Path, copy: Path) -> None:
         if total == 0 or not checked:
             raise InputError(path, "empty file (the pipe gave no data), expected a trace")
     except OSError as e:
-        raise InputError(path, _os_problem(e)) from None
+        raise InputError(path, os_problem(e)) from None
     finally:
         os.close(fd)
 
