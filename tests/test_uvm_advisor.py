@@ -130,6 +130,16 @@ def test_eviction_means_oversubscribed_and_thrashing_means_advise():
     assert ("advise", "range:readback") in acts
 
 
+def test_uvm_records_without_any_allocation_are_all_unattributed():
+    t = _program()
+    del t["alloc"]
+    rep = _report(t)
+    n = t["uvm"].num_rows
+    assert rep.summary["records"] == n and rep.summary["unattributed"] == n
+    assert rep.summary["allocations"] == 0 and rep.summary["actions"] == 0
+    assert rep.summary["htod_bytes"] == 64 * MiB and rep.summary["dtoh_bytes"] == 32 * 2 * MiB
+
+
 def test_no_uvm_records_is_an_empty_plan():
     t = _program()
     t["uvm"] = t["uvm"].slice(0, 0)

@@ -289,6 +289,8 @@ class UvmAdvisor(Tool):
         """An allocation whose record has no device (the registry's hooks and managed
         MEMORY2 records do not say) takes the GPU its pages migrated to (HtoD destination,
         else DtoH source), so a plan never names device -1."""
+        if allocs.num_rows == 0 or "device" not in allocs.column_names:
+            return allocs
         dev = _i64(allocs["device"]).copy()
         if not (dev < 0).any():
             return allocs
