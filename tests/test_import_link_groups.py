@@ -39,3 +39,26 @@ def test_thread_groups_with_nulls_negative_and_wide_ids():
     for tables in [(a, b), (b, a, empty), (a, wide), (empty,), (a, pa.table({"x": [1, 2]}))]:
         for g, r in zip(_thread_groups(*tables), _reference(*tables)):
             assert np.array_equal(g, r), tables
+
+
+def test_outer_first_order_is_lexsort_on_imported_and_unsorted_intervals():
+    """The linker's interval order (processor.intervals._outer_first_order): that of
+    ``np.lexsort((-end, start))``, on the imported ops and frames (sorted by start, with
+    runs of equal starts) and on unsorted intervals."""
+    from pastaprof.processor.intervals import _outer_first_order
+
+    run = pastaprof.load(pastaprof.example_path())
+    rng = np.random.default_rng(3)
+    cases = []
+    for kind in ("op", "frame"):
+        t = run.table(kind)
+        s, e = _col(t, "start_ns"), _col(t, "end_ns")
+        assert (s[1:] >= s[:-1]).all()
+        coarse = s // 100_000, e // 100_000  # still sorted, now with runs of equal starts
+        assert (coarse[0][1:] == coarse[0][:-1]).sum() > 1000
+        cases += [(s, e), coarse, (s[::-1].copy(), e[::-1].copy())]
+    s = np.sort(rng.integers(0, 50, 2000))
+    cases += [(s, rng.integers(0, 100, 2000)), (rng.integers(0, 50, 2000), rng.integers(0, 100, 2000)),
+              (np.arange(5), np.arange(5)), (np.zeros(0, np.int64), np.zeros(0, np.int64))]
+    for s, e in cases:
+        assert np.array_equal(_outer_first_order(s, e), np.lexsort((-e, s)))

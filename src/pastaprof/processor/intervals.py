@@ -66,15 +66,33 @@ def in_windows(t: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
     return (i >= 0) & (t < ends[np.clip(i, 0, None)])
 
 
+def _outer_first_order(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """``np.lexsort((-end, start))``.  Events come sorted by start (the importer fetches
+    them so): then only the runs of equal starts are sorted, the other rows keep their
+    place (a stable sort moves neither)."""
+    n = len(start)
+    if n < 2 or not (start[1:] >= start[:-1]).all():
+        return np.lexsort((-end, start))
+    order = np.arange(n)
+    tie = start[1:] == start[:-1]
+    if tie.any():
+        in_run = np.zeros(n, dtype=bool)
+        in_run[1:] |= tie
+        in_run[:-1] |= tie
+        idx = np.flatnonzero(in_run)  # runs of equal starts, each contiguous and in start order
+        order[idx] = idx[np.lexsort((-end[idx], start[idx]))]
+    return order
+
+
 def _laminar_index(start: np.ndarray, end: np.ndarray):
     """Sort one group's intervals (outer first on ties) and compute their levels."""
-    order = np.lexsort((-end, start))
+    order = _outer_first_order(start, end)
     s = start[order]
     e = end[order]
     e_sorted = np.sort(e)
     n = len(s)
     level = np.arange(1, n + 1) - np.searchsorted(e_sorted, s, side="right")
-    by_level = np.lexsort((np.arange(n), level))
+    by_level = stable_group_order(level) if n and level.min() >= 0 else np.lexsort((np.arange(n), level))
     keys = level[by_level].astype(np.int64) * (n + 1) + by_level
     return order, s, e, e_sorted, level, by_level, keys
 
