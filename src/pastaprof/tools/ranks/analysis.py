@@ -130,6 +130,10 @@ def build(summaries: dict[int, dict[str, pa.Table]]) -> Job:
         la = np.full(n, np.iinfo(np.int64).min)
         np.maximum.at(la, ridx, end)
         first, last = np.where(no_steps, fa, first), np.where(no_steps, la, last)
+    empty = first == np.iinfo(np.int64).max  # a rank with neither steps nor rows: an empty span
+    if empty.any():
+        fill = int(first[~empty].min()) if (~empty).any() else 0
+        first, last = np.where(empty, fill, first), np.where(empty, fill, last)
     # labels of the rows' steps
     srow = KeyIndex(s_r, to_np(steps["step"])).find(ridx, to_np(coll["step"])) if coll.num_rows else ridx
     labels = np.array(steps["label"].to_pylist() + [OUTSIDE_STEPS], dtype=object)
