@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import re
 import shutil
@@ -103,8 +104,13 @@ def is_stdout(path: Path | str | None) -> bool:
 
 
 def _hidden(name: str, what: str) -> str:
-    """A hidden sibling's name prefix: short enough that a legal target name keeps it legal."""
-    return f".{name[:80]}.{what}"
+    """A hidden sibling's name prefix: short enough that a legal target name keeps it legal, and
+    one name's alone (a long name is cut and given a hash of the whole)."""
+    if len(name) > 80:
+        import hashlib
+
+        name = name[:64] + "~" + hashlib.sha1(os.fsencode(name)).hexdigest()[:12]
+    return f".{name}.{what}"
 
 
 def _refuse_kernel_files(path: str) -> None:
@@ -361,13 +367,22 @@ class OutputDir:
         _refuse_kernel_files(str(self.dest))
         check_output_dir(self.dest, force)
         _ensure_dir(self.dest.parent, self.dest)
+        self._lock: int | None = None
+        prefix = _hidden(self.dest.name, "partial-")
         try:
             with _signals_held():  # created and registered for cleanup as one step
-                self.tmp = Path(tempfile.mkdtemp(prefix=_hidden(self.dest.name, "partial-"), dir=self.dest.parent))
+                # the time in the name orders the claims of writers racing for one dest
+                self.tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}{time.time_ns():016x}-", dir=self.dest.parent))
                 _UNPUBLISHED.add(str(self.tmp))
             os.chmod(self.tmp, 0o777 & ~_umask())
+            self._lock = _lock_dir(str(self.tmp), fcntl.LOCK_EX)
         except OSError as e:
+            self.discard()
             raise OutputError(self.dest, problem(e)) from None
+        if _earlier_writer(self.dest.parent, prefix, self.tmp.name):
+            self.discard()
+            raise UsageError(f"{self.dest}: another pastaprof is writing a run there now; left it to that one "
+                             "(choose another output)")
 
     def publish(self) -> Path:
         """Move the finished run to ``dest``; UsageError when something took ``dest`` meanwhile
@@ -377,6 +392,7 @@ class OutputDir:
         except BaseException:
             self.discard()
             raise
+        self._unlock()
         return self.dest
 
     def _publish(self) -> None:
@@ -422,8 +438,45 @@ class OutputDir:
         raise OutputError(self.dest, "cannot replace it")
 
     def discard(self) -> None:
+        if getattr(self, "tmp", None) is None:
+            return
         shutil.rmtree(self.tmp, ignore_errors=True)
         _UNPUBLISHED.discard(str(self.tmp))
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def _lock_dir(path: str, how: int) -> int:
+    """A descriptor of directory ``path`` holding ``flock(how | LOCK_NB)`` (BlockingIOError when held)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _earlier_writer(parent: Path, prefix: str, mine: str) -> bool:
+    """Whether a live writer (its claim locked) started on the same dest before this one.  A claim
+    left by a killed writer is unlocked and does not count.  Two claims made in the same instant both
+    go on; then the publish's no-replace rename lets one win."""
+    try:
+        names = [e.name for e in os.scandir(parent) if e.name.startswith(prefix) and e.name < mine]
+    except OSError:
+        return False
+    for name in names:
+        try:
+            os.close(_lock_dir(os.path.join(parent, name), fcntl.LOCK_SH))
+        except BlockingIOError:
+            return True
+        except OSError:
+            continue  # gone meanwhile (published or discarded), or not a directory
+    return False
 
 
 def discard_unpublished() -> None:
