@@ -51,6 +51,17 @@ def _check_tables(importer: str, rank: Any, tables: Any) -> None:
             raise ImporterBug(f"importer {importer!r}: {kind} lacks start_ns/end_ns")
 
 
+def _check_times(tables: dict[str, pa.Table], path: Path) -> None:
+    """Every importer's events (not only Kineto's) must fit the tools' int64 arithmetic: times
+    spread over more than 2**62 ns are one error line, not an overflow inside a tool."""
+    from pastaprof.importers.kineto_tables import check_time_range
+
+    timed = {k: t for k, t in tables.items() if t.num_rows and {"start_ns", "end_ns"} <= set(t.column_names)
+             and pa.types.is_integer(t.schema.field("start_ns").type)
+             and pa.types.is_integer(t.schema.field("end_ns").type)}
+    check_time_range(timed, path)
+
+
 def _with_rank(tables: dict[str, pa.Table], rank: int) -> dict[str, pa.Table]:
     """``rank`` filled in on tables that do not carry it (the contract makes it optional)."""
     return {k: t if "rank" in t.column_names else t.append_column("rank", pa.array([rank] * t.num_rows, pa.int32()))
@@ -76,6 +87,7 @@ def iter_ranks(
     imp, claim = importer_for(path)
     for rank, tables, meta in imp.import_ranks(path, ranks, progress=progress, kinds=kinds, note=note):
         _check_tables(imp.name, rank, tables)
+        _check_times(tables, path)
         tables = _with_rank(tables, rank)
         meta["importer"] = imp.name
         meta.setdefault("claim", {"format": claim.format, "version": claim.version})
