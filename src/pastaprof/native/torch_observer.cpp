@@ -224,8 +224,6 @@ std::atomic<bool> g_on{false};
 at::CallbackHandle g_handle = 0;
 std::mutex g_handle_mu;  // start, stop and pause (the session's gate) may come from different threads
 
-constexpr char kEvaluate[] = "autograd::engine::evaluate_function: ";
-
 struct Frame {
   const void* rf;
   int64_t id, start, seq;
@@ -242,20 +240,51 @@ struct ThreadState {
 };
 thread_local ThreadState t_state;
 
-// FUNCTION scope: an op's name is mostly the dispatcher's (a stable address), so the address is
-// a cache key -- but not always: the autograd engine names each node's evaluation with a
-// temporary string ("autograd::engine::evaluate_function: MeanBackward0"), whose address the
-// next node's name may reuse.  Keyed by address alone, backward ops took the name of an
-// earlier node (seen as run-to-run differences in which evaluate_function names were
-// recorded).  So the cached text is compared too: a few ns for a short name.
+// An op's name id, found without an allocation or a lock per op.  Most FUNCTION ops are named
+// by the dispatcher (a stable address), so their address is the key.  Not every name is stable:
+// the autograd engine names each node's evaluation with a temporary string
+// ("autograd::engine::evaluate_function: MeanBackward0"), and BACKWARD_FUNCTION ops are named by
+// their node.  A temporary's address is a fresh heap address most of the time, so an address
+// cache gained an entry (a node and a copy of the text) per backward op: those long-lived small
+// blocks landed in the holes the step's freed tensors had left, so the heap could not reuse them
+// and grew ~3 MB a step, every large tensor of the next step faulting in fresh pages (dev VM, mlp:
+// 0 page faults a step bare, 400-2,500 observed, ~0.3-0.5x of the step).  So temporaries are
+// found by their text's hash (compared with the cached text: no copy on a hit), and the address
+// cache takes only names outside the evaluate prefix, compared with their text too (an address
+// may still be reused by another name).
 struct NameSlot {
   int32_t id;
   std::string text;
 };
-thread_local std::unordered_map<const char*, NameSlot> t_op_names;
+thread_local std::unordered_map<const char*, NameSlot> t_op_names;   // stable names, by address
+thread_local std::unordered_map<uint64_t, NameSlot> t_temp_names;    // temporaries, by text hash
+constexpr size_t kMaxNames = size_t(1) << 16;  // per map and thread: a bound, never reached by real names
+
+constexpr char kEvaluate[] = "autograd::engine::evaluate_function: ";
+inline bool is_evaluate(const char* name) {
+  return name[0] == 'a' && std::strncmp(name, kEvaluate, sizeof(kEvaluate) - 1) == 0;
+}
+
+int32_t name_by_text(const char* name) {
+  uint64_t h = 1469598103934665603ULL;
+  size_t n = 0;
+  for (const char* c = name; *c; ++c, ++n) h = (h ^ uint8_t(*c)) * 1099511628211ULL;
+  auto& m = t_temp_names;
+  auto it = m.find(h);
+  if (it != m.end() && it->second.text.size() == n && std::memcmp(it->second.text.data(), name, n) == 0)
+    return it->second.id;
+  int32_t id = intern(name);
+  if (it != m.end()) {
+    it->second = NameSlot{id, name};  // a hash collision: the newer name keeps the slot
+  } else {
+    if (m.size() >= kMaxNames) m.clear();
+    m.emplace(h, NameSlot{id, name});
+  }
+  return id;
+}
 
 int32_t name_of(const at::RecordFunction& fn, const char* name) {
-  if (fn.scope() != at::RecordScope::FUNCTION) return intern(name);
+  if (fn.scope() != at::RecordScope::FUNCTION || is_evaluate(name)) return name_by_text(name);
   auto& m = t_op_names;
   auto it = m.find(name);
   if (it != m.end() && it->second.text == name) return it->second.id;
@@ -264,6 +293,7 @@ int32_t name_of(const at::RecordFunction& fn, const char* name) {
     it->second.id = id;
     it->second.text = name;
   } else {
+    if (m.size() >= kMaxNames) m.clear();
     m.emplace(name, NameSlot{id, name});
   }
   return id;
@@ -304,7 +334,7 @@ std::unique_ptr<at::ObserverContext> on_enter_impl(const at::RecordFunction& fn)
   fr.ptr_count = uint32_t(ts.ptrs.size()) - fr.ptr_start;
   const Frame* parent = ts.stack.empty() ? nullptr : &ts.stack.back();
   fr.bwd = fn.scope() == at::RecordScope::BACKWARD_FUNCTION || (parent && parent->bwd) ||
-           (name[0] == 'a' && std::strncmp(name, kEvaluate, sizeof(kEvaluate) - 1) == 0);
+           is_evaluate(name);
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     SeqSlot s;
     if (fr.seq >= 0) {
