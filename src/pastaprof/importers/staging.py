@@ -9,6 +9,11 @@ order).  A streaming scan of the JSON structure (jsonscan.py) finds the top-leve
 then parses in parallel, in C++, straight into columns.  The members around it are
 parsed with orjson.  Nothing here holds the trace in memory.  Chrome's bare-array
 form (``[...]`` without an object) is read the same way.
+
+A big uncompressed trace in Kineto's layout takes a shorter way (:func:`stage_plain`):
+the end of its array is found from the file's tail and the same parts are copied inside
+the kernel, the events never read by Python; the parse proves the guess or the caller
+stages exactly.
 """
 
 from __future__ import annotations
