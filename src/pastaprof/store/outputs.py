@@ -375,10 +375,13 @@ class OutputDir:
                 self.tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}{time.time_ns():016x}-", dir=self.dest.parent))
                 _UNPUBLISHED.add(str(self.tmp))
             os.chmod(self.tmp, 0o777 & ~_umask())
-            self._lock = _lock_dir(str(self.tmp), fcntl.LOCK_EX)
         except OSError as e:
             self.discard()
             raise OutputError(self.dest, problem(e)) from None
+        try:
+            self._lock = _lock_dir(str(self.tmp), fcntl.LOCK_EX)
+        except OSError:  # a file system without locks (some NFS): the publish's no-replace rename still decides
+            pass
         if _earlier_writer(self.dest.parent, prefix, self.tmp.name):
             self.discard()
             raise UsageError(f"{self.dest}: another pastaprof is writing a run there now; left it to that one "
