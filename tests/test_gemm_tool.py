@@ -160,3 +160,12 @@ def test_fixed_seed_fuzz_of_the_shape_parser():
         for op in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"):
             got = gemm_dims(op, "".join(s))
             assert got is None or all(isinstance(x, int) and x > 0 for x in got)
+
+
+@pytest.mark.parametrize("dtypes", ['{"0": "float"}', '[["float"]]', "[1, 2]", '"float"', "[]", "[", "null", "7"])
+def test_a_gemms_dtypes_of_any_shape_in_a_trace_are_no_dtype(dtypes):
+    from pastaprof.tools.gemm import _dtype
+
+    assert _dtype(dtypes, "aten::mm") is None and _dtype(dtypes, "aten::addmm") is None
+    assert _dtype('["c10::BFloat16", "float"]', "aten::mm") == "c10::BFloat16"
+    assert _dtype('["", "c10::Half", "c10::Half"]', "aten::addmm") == "c10::Half"

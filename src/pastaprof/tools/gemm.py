@@ -90,9 +90,10 @@ def gemm_dims(op: str, shapes: str | None) -> tuple[int, int, int, int] | None:
 def _dtype(dtypes: str | None, op: str) -> str | None:
     try:
         d = json.loads(dtypes) if dtypes else None
-        return d[LEAF_GEMMS[op][0]] if d else None
-    except (ValueError, TypeError, IndexError):
+    except ValueError:
         return None
+    i = LEAF_GEMMS[op][0]  # a trace's dtypes are whatever it wrote: a list of strings or nothing
+    return d[i] if isinstance(d, list) and 0 <= i < len(d) and isinstance(d[i], str) else None
 
 
 def _pow2(*dims: int) -> int:
