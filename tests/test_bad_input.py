@@ -136,3 +136,23 @@ def test_fuzz_structured_events(tmp_path, events, extra):
         pastaprof.analyze(p, tools=["kernels", "ops"])
     except InputError as e:
         assert str(p) in str(e)
+
+
+def test_a_gzip_bomb_is_refused_in_one_line_before_it_fills_the_disk(tmp_path):
+    """~300 KB of gzip holding 300 MB of blanks inside traceEvents (a real one holds TBs)."""
+    import zlib
+
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = tmp_path / "bomb.json.gz"
+    with open(bomb, "wb") as f:
+        f.write(comp.compress(b'{"traceEvents": ['))
+        blank = b" " * (8 << 20)
+        for _ in range(300 // 8):
+            f.write(comp.compress(blank))
+        f.write(comp.compress(b"]}") + comp.flush())
+    assert bomb.stat().st_size < (1 << 20)
+    r = cli("analyze", str(bomb), "-o", str(tmp_path / "run"))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "decompression bomb" in lines[0] and "bomb.json.gz" in lines[0], r.stderr
+    assert not (tmp_path / "run").exists()

@@ -35,6 +35,10 @@ CHUNK = 8 << 20
 HEAD_LIMIT = 64 << 20     # metadata before the event array that we read to find it
 TRAILER_LIMIT = 64 << 20  # metadata after it that we parse (beyond: counted, not read)
 _EVENTS_KEY = b'"traceEvents"'
+# gzip'd JSON traces expand ~5-20x; past BOMB_MIN_BYTES, a stream that has expanded more than
+# BOMB_RATIO times the compressed bytes read is refused (a few MB of gzip can hold TBs of blanks)
+BOMB_MIN_BYTES = 256 << 20
+BOMB_RATIO = 200
 
 
 def open_trace(path: Path) -> BinaryIO:
@@ -182,9 +186,22 @@ def _copy_array(src: BinaryIO, out: BinaryIO, head: bytes, start: int, bare: boo
         done += len(block)
         block = src.read(CHUNK)
         total += len(block)
+        _check_expansion(src, total, path)
         if progress and block:
             progress(len(block))
     raise InputError(path, "truncated: the traceEvents array is never closed")
+
+
+def _check_expansion(src: BinaryIO, total: int, path: Path | None) -> None:
+    """Refuse a gzip stream that expands like a decompression bomb (see BOMB_RATIO)."""
+    raw = getattr(src, "fileobj", None)
+    if raw is None or total < BOMB_MIN_BYTES:
+        return
+    read = max(raw.tell(), 1)
+    if total > BOMB_RATIO * read:
+        raise InputError(path or Path(getattr(raw, "name", "trace")),
+                         f"gzip data expands more than {BOMB_RATIO}x ({total >> 20} MiB from {read >> 10} KiB):"
+                         " refused as a decompression bomb")
 
 
 def _read_trailer(src: BinaryIO, first: bytes, total: int,
@@ -197,6 +214,7 @@ def _read_trailer(src: BinaryIO, first: bytes, total: int,
         if not block:
             break
         total += len(block)
+        _check_expansion(src, total, None)
         if progress:
             progress(len(block))
         if kept < TRAILER_LIMIT:
