@@ -368,6 +368,17 @@ def test_file_size_limit_is_one_line_blaming_the_output_and_leaves_nothing(tmp_p
     assert os.listdir(tmp_path) == []  # neither the output nor a temp file
 
 
+def test_capture_stopped_by_a_file_size_limit_is_one_line_and_the_program_is_unharmed(tmp_path):
+    prog = "import torch\nx = torch.ones(10)\nfor _ in range(30000):\n    x.add_(1)\nprint('done', int(x[0]))\n"
+    r = cli("run", "-o", tmp_path / "run", "--", sys.executable, "-c", prog, preexec_fn=_file_size_limit(200 * 1024))
+    assert r.returncode == 0 and r.stdout == "done 30001\n", (r.returncode, r.stdout, r.stderr)
+    stopped = [ln for ln in r.stderr.splitlines() if "capture stopped" in ln and "stored" not in ln]
+    assert len(stopped) == 1 and "output cannot be written (File too large)" in stopped[0], r.stderr
+    assert "warning" not in r.stderr and "Errno" not in r.stderr and "crash" not in r.stderr, r.stderr
+    summary = [ln for ln in r.stderr.splitlines() if "run stored" in ln]
+    assert len(summary) == 1 and "capture stopped early in 1 process" in summary[0], r.stderr
+
+
 def test_run_writer_under_a_file_size_limit_leaves_no_partial_run(tmp_path):
     code = (
         "import pyarrow as pa\n"

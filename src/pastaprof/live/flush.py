@@ -46,7 +46,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from pastaprof.live.messages import warn as _warn
+from pastaprof.live.messages import stopped as _stopped
 from pastaprof.store.parts import warm_up
 
 ROW_BYTES = 128  # an op row in the observer's buffer: 14 columns + ~2 input pointers (torch_observer.cpp: kRowBytes)
@@ -201,7 +201,7 @@ class FlushScheduler:
             try:
                 wall, cpu = self._timed_flush()
             except Exception as e:
-                _warn(f"capture stopped: {type(e).__name__}: {e}")
+                _stopped(e)
                 self._stop.set()
                 return
             if wall > 3 * cpu + 0.05:  # descheduled for most of it: let the deadline thread flush a while
@@ -268,7 +268,7 @@ class FlushScheduler:
                 if self._deadline_due(self._pending_rows()) and not self._stop.is_set():
                     self._hand_off()
             except Exception as e:
-                _warn(f"capture stopped: {type(e).__name__}: {e}")
+                _stopped(e)
                 self._stop.set()
                 return
 
@@ -291,7 +291,7 @@ class FlushScheduler:
             try:
                 self._timed_flush()
             except Exception as e:
-                _warn(f"capture stopped: {type(e).__name__}: {e}")
+                _stopped(e)
                 self._stop.set()
                 return
             finally:

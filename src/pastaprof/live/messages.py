@@ -3,8 +3,15 @@ on or stops) and a notice (a status line, printed once by `pastaprof run` at exi
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
+import threading
+
+_stopped = threading.Event()
+stop_reason: list[str] = []  # the line of stopped(), for the run's status
+# errors of the run directory's file system: the output is to blame, not the program or pastaprof
+_OUTPUT_ERRNOS = {errno.EFBIG, errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
 
 
 def warn(msg: str) -> None:
@@ -22,3 +29,18 @@ def notice(msg: str) -> None:
     run's status lines itself when the program ends (each once)."""
     if not os.environ.get("PASTAPROF_RUN_PARENT"):
         warn(msg)
+
+
+def stopped(e: BaseException) -> None:
+    """Capture stopped on an error: one warning per process, whichever thread (periodic flush,
+    deadline, spill, final flush) meets it first; the others stop quietly."""
+    if _stopped.is_set():
+        return
+    _stopped.set()
+    if isinstance(e, OSError) and e.errno in _OUTPUT_ERRNOS:
+        line = (f"capture stopped: the run's output cannot be written ({e.strerror or e}); "
+                "events recorded after the last flush are lost")
+    else:
+        line = f"capture stopped: {type(e).__name__}: {e}"
+    stop_reason.append(line)
+    notice(line)  # under `pastaprof run`, its status line at exit (once)

@@ -42,6 +42,8 @@ from pastaprof.live.imports import after_import
 from pastaprof.live.linking import Linking
 from pastaprof.live.manifests import SHARDS, Manifests
 from pastaprof.live.messages import notice as _notice
+from pastaprof.live.messages import stop_reason as _stop_reason
+from pastaprof.live.messages import stopped as _stopped
 from pastaprof.live.messages import warn as _warn
 from pastaprof.live.wiring import Wiring, _consumed_kinds
 from pastaprof.processor.pipeline import Processor
@@ -243,7 +245,9 @@ class Session(Wiring, Gates, Manifests, Linking, FlushScheduler):
             self.reports = self.processor.finish() if self.processor.tools else []
             self._late_status(final=True)
         except Exception as e:
-            _warn(f"capture stopped early: {type(e).__name__}: {e}")
+            _stopped(e)
+        if _stop_reason:  # not a crash: the process ended, capture had stopped (said once already)
+            self.status["exit"] = _stop_reason[0]
         self._write_meta(stop_t0=t0)  # stop_seconds includes this manifest write (all but its last write)
         return self.reports
 

@@ -200,9 +200,13 @@ def program_notes(run_dir: Any, manifest: dict[str, Any], code: int, child: Supe
     notes = []
     if code < 0:
         notes.append(f"the program was killed by {program['signal']}")
-    if unflushed:
-        notes.append(f"{len(unflushed)} process{'es' if len(unflushed) > 1 else ''} ended without a final "
+    stopped = sum(str((p.get("status") or {}).get("exit", "")).startswith("capture stopped") for p in procs)
+    crashed = len(unflushed) - stopped
+    if crashed > 0:
+        notes.append(f"{crashed} process{'es' if crashed > 1 else ''} ended without a final "
                      f"flush: events of the last {lost_ms} ms or less lost")
+    if stopped:  # its reason is the process's status line
+        notes.append(f"capture stopped early in {stopped} process{'es' if stopped > 1 else ''}")
     dropped = int(manifest.get("dropped_events") or 0)
     if dropped:
         notes.append(f"{dropped} events dropped")
