@@ -245,6 +245,8 @@ COMMANDS = {
     "info": lambda run, tmp: ["info", str(run)],
     "export": lambda run, tmp: ["export", str(run), "-o", str(tmp / "t.pftrace")],
     "import": lambda run, tmp: ["import", str(run), "-o", str(tmp / "copy")],
+    "diff": lambda run, tmp: ["diff", str(run), str(run), "--json", str(tmp / "d.json")],
+    "report": lambda run, tmp: ["report", str(run), "-o", str(tmp / "r.html")],
 }
 
 
@@ -257,9 +259,10 @@ def _check_refused(good: Path, tmp: Path, damage: Callable[[Path], None], needle
         assert snapshot(tmp) == before, name  # nothing changed, deleted or written
 
 
-# Every command opens a run directory the same way (api.load / open_run_dir); all four run on
+# Every command opens a run directory the same way (api.load / open_run_dir); all of them run on
 # these cases, `analyze` alone on the others (each CLI start costs about a second).
-ALL_COMMANDS = {"fifo", "directory", "link_dev_zero", "nested_100000", "ranks_str", "truncated", "missing"}
+ALL_COMMANDS = {"fifo", "directory", "link_dev_zero", "link_loop", "nested_100000", "ranks_str", "truncated",
+                "missing"}
 
 
 @pytest.mark.parametrize("case", sorted(MANIFEST_CASES))

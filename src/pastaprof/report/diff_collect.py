@@ -100,15 +100,16 @@ def check_source(path: Path) -> None:
         traces = [e.name for e in entries if e.name.endswith(TRACE_SUFFIXES) and e.name != MANIFEST
                   and not e.name.startswith(".") and e.is_file()]
         runs = [e.name for e in entries if e.is_dir() and is_run_dir(Path(e.path))]
-    except OSError as e:
-        raise InputError(path, f"cannot be read ({e.strerror or e})") from None
-    if is_run_dir(path) and traces:
+        here = is_run_dir(path)
+    except OSError:
+        return  # what cannot be read here, loading it names precisely (a link loop, permissions)
+    if here and traces:
         raise InputError(path, f"holds a run (run.json) and a trace ({show(traces[0])}): give the run "
                                "directory or a trace, not both in one folder")
     if runs and traces:
         raise InputError(path, f"holds traces ({show(traces[0])}) and a run directory ({show(runs[0])}/): "
                                "give one of them")
-    if runs and not is_run_dir(path):
+    if runs and not here:
         raise InputError(path, f"holds run directories ({show(runs[0])}/), not one run: give one of them")
 
 
