@@ -117,7 +117,8 @@ def build_cupti() -> Path:
     # the shared header's hash in the flags: the build cache is keyed by sources and flags
     return _build("pastaprof_cupti", [HERE / "cupti_drain.c", HERE / "cupti_callbacks.c"],
                   [f"-I{i}" for i in inc] + ["-ldl", "-lpthread", "-lstdc++",  # -lstdc++: __cxa_demangle
-                                             f"-DPP_CUPTI_HASH={_hash(HERE / 'cupti_drain.h')}"],
+                                             f"-DPP_CUPTI_HASH={_hash(HERE / 'cupti_drain.h')}",
+                                             f"-DPP_UVM_HASH={_hash(HERE / 'uvm_counters.h')}", f"-I{HERE}"],
                   cpp=False)
 
 
@@ -267,7 +268,8 @@ def build_inject() -> Path:
                                                                         "_selftest")],
                   [f"-I{i}" for i in inc] + [f"-I{HERE}", "-fvisibility=hidden", "-Werror=implicit-function-declaration", "-ldl", "-lpthread",
                                              f"-DPP_INJECT_HASH={_hash(HERE / 'inject.h')}",
-                                             f"-DPP_STATE_HASH={_hash(HERE / 'inject_state.h')}"], cpp=False)
+                                             f"-DPP_STATE_HASH={_hash(HERE / 'inject_state.h')}",
+                                             f"-DPP_UVM_HASH={_hash(HERE / 'uvm_counters.h')}"], cpp=False)
 
 
 def system_libcupti() -> str | None:

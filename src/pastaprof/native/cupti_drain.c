@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "cupti_drain.h"
+#include "uvm_counters.h"
 
 enum { K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_API, K_EXTERNAL, K_MEMORY, K_POOL, K_UVM, K_COUNT };
 static const int NCOLS[K_COUNT] = {14, 7, 6, 5, 7, 2, 10, 10, 9};
@@ -400,16 +401,8 @@ int pp_cupti_configure_uvm(int device) {
     snprintf(g_error, sizeof g_error, "libcupti lacks cuptiActivityConfigureUnifiedMemoryCounter");
     return -1;
   }
-  static const CUpti_ActivityUnifiedMemoryCounterKind kinds[] = {
-      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD,
-      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH,
-      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOD,
-      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_CPU_PAGE_FAULT_COUNT,
-      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT,
-      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_THRASHING,
-      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_THROTTLING,
-      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_REMOTE_MAP};
-  enum { N = sizeof kinds / sizeof kinds[0] };
+  const CUpti_ActivityUnifiedMemoryCounterKind* kinds = pp_uvm_counter_kinds;
+  enum { N = PP_UVM_COUNTER_KINDS };
   CUpti_ActivityUnifiedMemoryCounterConfig cfg[N];
   memset(cfg, 0, sizeof cfg);
   for (int i = 0; i < N; ++i) {

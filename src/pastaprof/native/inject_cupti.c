@@ -15,6 +15,7 @@
 
 #include "inject.h"
 #include "inject_state.h"
+#include "uvm_counters.h"
 
 /* ---- libcupti, bound at run time ---------------------------------------------------- */
 __typeof__(cuptiActivityRegisterCallbacks)* p_register;
@@ -243,27 +244,17 @@ static CUpti_SubscriberHandle g_uvm_sub;
 static int g_uvm_tried;
 
 #define UVM_MAX_DEVICES 64
-static const CUpti_ActivityUnifiedMemoryCounterKind uvm_kinds[] = {
-    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD,
-    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH,
-    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOD,
-    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_CPU_PAGE_FAULT_COUNT,
-    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT,
-    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_THRASHING,
-    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_THROTTLING,
-    CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_REMOTE_MAP};
-enum { UVM_KINDS = sizeof uvm_kinds / sizeof uvm_kinds[0] };
 
 /* The counters of devices device .. device+ndev-1, then the kind enabled: 0, or CUPTI's error. */
 int pp_uvm_configure(uint32_t device, uint32_t ndev) {
-  static CUpti_ActivityUnifiedMemoryCounterConfig cfg[UVM_MAX_DEVICES * UVM_KINDS];
+  static CUpti_ActivityUnifiedMemoryCounterConfig cfg[UVM_MAX_DEVICES * PP_UVM_COUNTER_KINDS];
   if (ndev > UVM_MAX_DEVICES) ndev = UVM_MAX_DEVICES;
   memset(cfg, 0, sizeof cfg);
   uint32_t n = 0;
   for (uint32_t d = 0; d < ndev; ++d)
-    for (int k = 0; k < UVM_KINDS; ++k, ++n) {
+    for (int k = 0; k < PP_UVM_COUNTER_KINDS; ++k, ++n) {
       cfg[n].scope = CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_SCOPE_PROCESS_SINGLE_DEVICE;
-      cfg[n].kind = uvm_kinds[k];
+      cfg[n].kind = pp_uvm_counter_kinds[k];
       cfg[n].deviceId = device + d;
       cfg[n].enable = 1;
     }
