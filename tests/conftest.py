@@ -6,9 +6,17 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
+
+# A suite started in the background by a shell without job control inherits SIGINT and SIGQUIT
+# ignored (POSIX), and every program a test starts would too: the signal tests compare with what
+# a program started from a terminal does, so the suite's processes start from the defaults.
+for _sig, _default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQUIT, signal.SIG_DFL)):
+    if signal.getsignal(_sig) == signal.SIG_IGN:
+        signal.signal(_sig, _default)
 
 DATA = Path(__file__).parent / "data"
 TRACES = sorted(DATA.glob("*.pt.trace.json.gz"))

@@ -31,6 +31,12 @@ def notice(msg: str) -> None:
         warn(msg)
 
 
+def capture_started() -> None:
+    """A new session: its own first error is said again."""
+    _stopped.clear()
+    stop_reason.clear()
+
+
 def stopped(e: BaseException) -> None:
     """Capture stopped on an error: one warning per process, whichever thread (periodic flush,
     deadline, spill, final flush) meets it first; the others stop quietly."""

@@ -41,6 +41,7 @@ from pastaprof.live.gates import Gates
 from pastaprof.live.imports import after_import
 from pastaprof.live.linking import Linking
 from pastaprof.live.manifests import SHARDS, Manifests
+from pastaprof.live.messages import capture_started as _capture_started
 from pastaprof.live.messages import notice as _notice
 from pastaprof.live.messages import stop_reason as _stop_reason
 from pastaprof.live.messages import stopped as _stopped
@@ -147,6 +148,7 @@ class Session(Wiring, Gates, Manifests, Linking, FlushScheduler):
         self._update_gate()
         self._after_exec()
         self.status["exit"] = UNFLUSHED  # until stop() has flushed
+        _capture_started()
         self._start_threads()
         atexit.register(self.stop)
         exits.install()
