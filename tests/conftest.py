@@ -61,3 +61,25 @@ def example_run():
     import pastaprof
 
     return pastaprof.load(pastaprof.example_path())
+
+
+def selftest_driver(tmp_path_factory, name: str, source: str) -> tuple[Path, Path]:
+    """A C driver of the injection library's selftest entry points (``source``), built beside a
+    fresh build of the library: (driver, library)."""
+    import subprocess
+
+    from pastaprof import native
+
+    os.environ.setdefault("PASTAPROF_CACHE", str(tmp_path_factory.mktemp("cache")))
+    lib = native.build_inject()
+    d = tmp_path_factory.mktemp(name)
+    (d / "prog.c").write_text(source)
+    subprocess.run(["gcc", "-O1", "-o", str(d / "prog"), str(d / "prog.c"), "-ldl"], check=True, capture_output=True)
+    return d / "prog", lib
+
+
+def injection_env(out: Path, **extra: str) -> dict[str, str]:
+    """This process's environment without pastaprof's or CUDA's injection settings, writing to ``out``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PASTAPROF_", "CUDA_INJECTION", "NVTX_INJ"))}
+    env.update(PASTAPROF_OUT=str(out), **extra)
+    return env

@@ -7,12 +7,12 @@ costs a launch-bound loop is measured on the H200 (scripts/gpu_native_check.py, 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import injection_env, selftest_driver
 
 from pastaprof import native
 
@@ -44,17 +44,11 @@ def _libcupti() -> str | None:
 
 @pytest.fixture(scope="module")
 def prog(tmp_path_factory) -> tuple[Path, Path]:
-    os.environ.setdefault("PASTAPROF_CACHE", str(tmp_path_factory.mktemp("cache")))
-    lib = native.build_inject()
-    d = tmp_path_factory.mktemp("knobs")
-    (d / "prog.c").write_text(PROG)
-    subprocess.run(["gcc", "-O1", "-o", str(d / "prog"), str(d / "prog.c"), "-ldl"], check=True, capture_output=True)
-    return d / "prog", lib
+    return selftest_driver(tmp_path_factory, "knobs", PROG)
 
 
 def _run(prog: tuple[Path, Path], out: Path, **knobs: str) -> tuple[str, dict]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PASTAPROF_", "CUDA_INJECTION", "NVTX_INJ"))}
-    env.update(PASTAPROF_OUT=str(out), **knobs)
+    env = injection_env(out, **knobs)
     r = subprocess.run([str(prog[0]), str(prog[1])], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     metas = sorted((out / "native").glob("rank-*-pid-*.json"))

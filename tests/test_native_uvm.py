@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import injection_env, selftest_driver
 
 from pastaprof import native
 from pastaprof.handlers import native_program as npg
@@ -40,17 +41,11 @@ PAGES = 16  # a managed allocation of 16 x 64 KiB; 16 HtoD x 64 KiB, 1 GPU fault
 
 @pytest.fixture(scope="module")
 def prog(tmp_path_factory) -> tuple[Path, Path]:
-    os.environ.setdefault("PASTAPROF_CACHE", str(tmp_path_factory.mktemp("cache")))
-    lib = native.build_inject()
-    d = tmp_path_factory.mktemp("uvm")
-    (d / "prog.c").write_text(PROG)
-    subprocess.run(["gcc", "-O1", "-o", str(d / "prog"), str(d / "prog.c"), "-ldl"], check=True, capture_output=True)
-    return d / "prog", lib
+    return selftest_driver(tmp_path_factory, "uvm", PROG)
 
 
 def _run(prog: tuple[Path, Path], out: Path, **extra: str):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PASTAPROF_", "CUDA_INJECTION", "NVTX_INJ"))}
-    env.update(PASTAPROF_OUT=str(out), **extra)
+    env = injection_env(out, **extra)
     r = subprocess.run([str(prog[0]), str(prog[1]), str(PAGES)], capture_output=True, text=True, env=env, timeout=60)
     assert (r.returncode, r.stdout) == (0, "uvm 0\n"), r.stderr
     metas = sorted((out / "native").glob("rank-*-pid-*.json"))
