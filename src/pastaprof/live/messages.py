@@ -8,8 +8,8 @@ import os
 import sys
 import threading
 
-_stopped = threading.Event()
-stop_reason: list[str] = []  # the line of stopped(), for the run's status
+_stop_lock = threading.Lock()
+stop_reason: list[str] = []  # the line of stopped() once it has been said, for the run's status
 # errors of the run directory's file system: the output is to blame, not the program or pastaprof
 _OUTPUT_ERRNOS = {errno.EFBIG, errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
 
@@ -33,20 +33,19 @@ def notice(msg: str) -> None:
 
 def capture_started() -> None:
     """A new session: its own first error is said again."""
-    _stopped.clear()
     stop_reason.clear()
 
 
 def stopped(e: BaseException) -> None:
     """Capture stopped on an error: one warning per process, whichever thread (periodic flush,
     deadline, spill, final flush) meets it first; the others stop quietly."""
-    if _stopped.is_set():
-        return
-    _stopped.set()
     if isinstance(e, OSError) and e.errno in _OUTPUT_ERRNOS:
         line = (f"capture stopped: the run's output cannot be written ({e.strerror or e}); "
                 "events recorded after the last flush are lost")
     else:
         line = f"capture stopped: {type(e).__name__}: {e}"
-    stop_reason.append(line)
+    with _stop_lock:
+        if stop_reason:
+            return
+        stop_reason.append(line)
     notice(line)  # under `pastaprof run`, its status line at exit (once)
