@@ -148,14 +148,17 @@ def test_sigkill_exits_137_and_keeps_the_events_up_to_the_last_flush(tmp_path, l
     m = json.loads((tmp_path / "run" / "run.json").read_text())
     bounds = m["processes"][0]["capture_overhead"]["bounds"]
     assert bounds["deadline_ms"] == 2 * FLUSH_MS
-    assert m["program"] == {**m["program"], "signal": "SIGKILL", "unflushed_pids": [pid],
-                            "lost_at_most_ms": bounds["deadline_ms"]}
-    assert "killed by SIGKILL" in err and "ended without a final flush" in err
-    # Lost: what came after the last flush, at most the deadline plus one flush's run (1 s
-    # allowed for it on a loaded 2-core machine).  Kept: every op done before that.
+    longest = m["processes"][0]["capture_overhead"]["longest_flush_ms"]
+    lost_ms = m["program"]["lost_at_most_ms"]
+    assert longest > 0 and lost_ms == round(bounds["deadline_ms"] + 2 * longest + 50)
+    assert m["program"] == {**m["program"], "signal": "SIGKILL", "unflushed_pids": [pid]}
+    assert "killed by SIGKILL" in err and f"events of the last {lost_ms} ms or less lost" in err
+    # Lost: what came after the last flush, at most the bound the run states (the deadline,
+    # two flushes' runs, one look: measured on this loaded host), plus 0.3 s for the program's
+    # own lines to reach this test.  Kept: every op done before that.
     progress = _progress(lines)
     killed_at = progress[-1][1]
-    kept_by = max(0.0, killed_at - bounds["deadline_ms"] / 1000 - 1.0)
+    kept_by = max(0.0, killed_at - lost_ms / 1000 - 0.3)
     lower = max(n for n, t in progress if t <= kept_by) if kept_by > progress[0][1] else 0
     adds = _adds(tmp_path / "run")[pid]
     assert lower > 0

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from pastaprof.handlers.probe_spec import MAX_ARGS, ProbeSpec, resolve, script
+from pastaprof.store.safe_read import native_buffer
 
 # bpftrace's perf ring per CPU: its default (64 pages) loses bursts of calls; 64 MiB over all CPUs
 RING_PAGES = max(64, min(8192, 1 << ((16384 // max(1, os.cpu_count() or 1)).bit_length() - 1)))
@@ -250,7 +251,7 @@ class BpftraceSession:
             return "skip"
 
         table = pcsv.read_csv(
-            pa.BufferReader(data),
+            pa.BufferReader(native_buffer(data)),
             read_options=pcsv.ReadOptions(column_names=_COLUMNS, block_size=1 << 24),
             parse_options=pcsv.ParseOptions(invalid_row_handler=skip),
             convert_options=pcsv.ConvertOptions(column_types={c: (pa.string() if c == "tag" else pa.int64())

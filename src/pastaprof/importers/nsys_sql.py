@@ -16,7 +16,6 @@ null (schema versions add columns; ``greenContextId`` is recent).
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import sqlite3
@@ -28,6 +27,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from pastaprof.errors import InputError
+from pastaprof.store.safe_read import native_buffer
 
 CHUNK_ROWS = 1 << 18
 FETCH_THREADS = max(2, min(4, os.cpu_count() or 2))  # connections reading chunks at once
@@ -187,7 +187,7 @@ def _empty(names: list[str]) -> pa.Table:
 def _parse(text: str, names: list[str], path: Path) -> pa.Table:
     try:
         return pacsv.read_csv(
-            io.BytesIO(text.encode()),
+            pa.BufferReader(native_buffer(text.encode())),
             read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 24),
             parse_options=pacsv.ParseOptions(newlines_in_values=False),
             convert_options=pacsv.ConvertOptions(column_types={n: pa.int64() for n in names}),

@@ -31,8 +31,9 @@ Bounds, whatever the load:
   (exact, kept by the observer).  Flushes in progress (at most ``_SPILLERS`` + 1) each hold
   the rows they took, at most ``cap_rows`` each;
 * a process that dies of SIGKILL loses what it recorded after its last flush: at most
-  ``deadline_ms`` plus one flush's duration, at most ``cap_rows`` op rows (normally about
-  ``buffer_rows``: the spill starts as the buffer reaches it).
+  ``deadline_ms`` plus the run of the flush that completed last and of the one in progress
+  (``longest_flush_ms``, measured, counts for each) plus one look, at most ``cap_rows`` op
+  rows (normally about ``buffer_rows``: the spill starts as the buffer reaches it).
 
 The bounds are in each process's ``capture_overhead.bounds`` in run.json.
 """
@@ -52,7 +53,8 @@ from pastaprof.store.parts import warm_up
 ROW_BYTES = 128  # an op row in the observer's buffer: 14 columns + ~2 input pointers (torch_observer.cpp: kRowBytes)
 CAP_BUFFERS = 16  # the observer keeps at most this many buffers' rows (torch_observer.cpp: kCapBuffers)
 DEADLINE_PERIODS = 2
-_TICK_S = 0.05
+_TICK_S = 0.05  # the deadline thread's look
+LOOK_MS = round(_TICK_S * 1000)
 _STARVED_PERIODS = 10  # after a starved flush, the deadline thread flushes for this many periods
 _SPILLERS = 2  # flush threads at the program's priority the deadline thread hands flushes to
 
@@ -119,6 +121,7 @@ class FlushScheduler:
         self._nice_woken: float | None = None  # when the flush thread was woken for a full buffer
         self.deadline_flushes = 0  # flushes the deadline thread made (the flush thread was late or starved)
         self.starved_flushes = 0  # flush-thread flushes that took > 3x their CPU time in wall time
+        self.longest_flush_s = 0.0  # the longest a periodic flush took in wall time (a term of the loss bound)
         self._observers: list[Any] = []  # the native op observers' libraries, their limits set
         self._threads: list[threading.Thread] = []
 
@@ -183,6 +186,7 @@ class FlushScheduler:
                 with self._sched:
                     self._active.pop(me, None)
                     self._last_flush = time.monotonic()
+                    self.longest_flush_s = max(self.longest_flush_s, self._last_flush - w0)
         return time.monotonic() - w0, time.thread_time() - c0
 
     def _flush_loop(self) -> None:

@@ -179,6 +179,20 @@ def _signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
+def loss_bound_ms(overhead: dict[str, Any]) -> int:
+    """What a process that died without its final flush lost at most, in ms of its run: the
+    deadline, the run of the flush that completed last and of the one in progress (each at
+    most the longest measured, live/flush.py) and one look of the deadline thread."""
+    from pastaprof.live.flush import LOOK_MS
+
+    bounds = overhead.get("bounds") or {}
+    deadline = bounds.get("deadline_ms", 0)
+    longest = overhead.get("longest_flush_ms", 0)
+    if not isinstance(deadline, (int, float)) or not isinstance(longest, (int, float)):
+        return 0
+    return int(round(deadline + 2 * longest + LOOK_MS)) if deadline else 0
+
+
 def program_notes(run_dir: Any, manifest: dict[str, Any], code: int, child: Supervised | None) -> str:
     """How the program ended and what that cost the run: into run.json's ``program`` (rewritten
     in ``run_dir`` before it is published), and the words for the exit line ("" if nothing)."""
@@ -186,9 +200,9 @@ def program_notes(run_dir: Any, manifest: dict[str, Any], code: int, child: Supe
     from pastaprof.store.writer import MANIFEST
 
     procs = [p for p in manifest.get("processes") or [] if isinstance(p, dict)]
-    unflushed = [p.get("pid") for p in procs if "exit" in (p.get("status") or {})]
-    bounds = [(p.get("capture_overhead") or {}).get("bounds") or {} for p in procs]
-    lost_ms = max((b.get("deadline_ms", 0) for b in bounds), default=0)
+    gone = [p for p in procs if "exit" in (p.get("status") or {})]
+    unflushed = [p.get("pid") for p in gone]
+    lost_ms = max((loss_bound_ms(p.get("capture_overhead") or {}) for p in gone), default=0)
     program: dict[str, Any] = {"exit_code": code, "signal": _signal_name(-code) if code < 0 else None,
                                "unflushed_pids": unflushed,
                                "lost_at_most_ms": lost_ms if unflushed else 0}

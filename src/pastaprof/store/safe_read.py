@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from itertools import chain
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import pyarrow as pa
 
@@ -313,11 +313,12 @@ def _parquet(path: Path, root: Path | None) -> Iterator[Any]:
     import pyarrow.parquet as pq
 
     fd, st = open_regular(path, root, "a Parquet file")
-    with fileobj(fd) as f:
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.close, fd)
         if st.st_size == 0:
             raise InputError(path, "empty file, expected Parquet")
         try:
-            with pq.ParquetFile(f) as pf:
+            with pq.ParquetFile(stack.enter_context(_native_file(fd, st))) as pf:
                 yield pf
         except InputError:
             raise
@@ -375,6 +376,30 @@ def read_part(path: Path, kind: str | None, root: Path | None = None) -> pa.Tabl
             raise InputError(path, f"cannot be read as {kind} events ({one_line(e, 200)})") from None
 
 
-def fileobj(fd: int) -> BinaryIO:
-    """A buffered binary file over ``fd`` (which it then owns)."""
-    return os.fdopen(fd, "rb")
+def native_buffer(data: bytes) -> pa.Buffer:
+    """``data`` copied into memory Arrow owns.  Arrow's reader threads must never hold the last
+    reference to Python-owned memory: the one that drops it takes the GIL, and when that happens
+    while the interpreter finalizes, the thread is unwound through a ``noexcept`` destructor and
+    the whole process aborts ("terminate called without an active exception")."""
+    buf = pa.allocate_buffer(len(data))
+    memoryview(buf).cast("B")[:] = data
+    return buf
+
+
+def _native_file(fd: int, st: os.stat_result) -> pa.NativeFile:
+    """An Arrow-native reader of the checked descriptor ``fd`` (see ``native_buffer`` for why
+    not a Python file object): the same file reopened through ``/proc/self/fd``, else its bytes
+    (a regular file of ``st.st_size`` bytes) read into Arrow's memory."""
+    try:
+        f = pa.OSFile(f"/proc/self/fd/{fd}")
+        same = os.fstat(f.fileno())
+        if (same.st_dev, same.st_ino) == (st.st_dev, st.st_ino):
+            return f
+        f.close()
+    except (OSError, pa.ArrowException):
+        pass
+    chunks, left = [], st.st_size  # (a file growing meanwhile is read as it was)
+    while left > 0 and (chunk := os.read(fd, min(left, _CHUNK))):
+        chunks.append(chunk)
+        left -= len(chunk)
+    return pa.BufferReader(native_buffer(b"".join(chunks)))
