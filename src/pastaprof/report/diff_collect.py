@@ -212,7 +212,7 @@ def _span_ns(run: Run) -> int:
         t = run.table(kind)
         if not t.num_rows:
             continue
-        g = t.group_by("rank").aggregate([("start_ns", "min"), ("end_ns", "max")])
+        g = t.group_by("rank", use_threads=False).aggregate([("start_ns", "min"), ("end_ns", "max")])
         for r, a, b in zip(g["rank"].to_pylist(), g["start_ns_min"].to_pylist(), g["end_ns_max"].to_pylist()):
             if a is None or b is None:
                 continue

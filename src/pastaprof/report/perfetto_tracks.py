@@ -38,7 +38,7 @@ def distinct(t: pa.Table, cols: list[str]) -> list[tuple[int, ...]]:
     """The sorted distinct value tuples of ``cols`` (nulls as -1)."""
     if t.num_rows == 0:
         return []
-    d = pa.table({c: pc.fill_null(t[c], -1) for c in cols}).group_by(cols).aggregate([])
+    d = pa.table({c: pc.fill_null(t[c], -1) for c in cols}).group_by(cols, use_threads=False).aggregate([])
     return sorted(zip(*(d[c].to_pylist() for c in cols), strict=True))
 
 

@@ -212,7 +212,7 @@ class Steps(Tool):
                     hits.append(pa.table({"name": pa.array(np.array(names, dtype=object)[codes[keep]], pa.string()),
                                           "start_ns": to_np(t["start_ns"])[keep], "end_ns": to_np(t["end_ns"])[keep]}))
             if hits:
-                g = pa.concat_tables(hits).group_by("name").aggregate([("start_ns", "min"), ("end_ns", "max")])
+                g = pa.concat_tables(hits).group_by("name", use_threads=False).aggregate([("start_ns", "min"), ("end_ns", "max")])
                 g = g.sort_by("start_ns_min")
                 return to_np(g["start_ns_min"]), to_np(g["end_ns_max"]), g["name"].to_pylist(), rule
         opt = rng.filter(pc.starts_with(_str_col(rng["name"]), OPTIMIZER_STEP))
@@ -460,7 +460,7 @@ class Steps(Tool):
             t = explain[label].take(np.sort(np.concatenate(mine)) if mine else np.zeros(0, np.int64))
             if not t.num_rows:
                 continue
-            g = t.group_by("name").aggregate([("excess", "sum")]).sort_by([("excess_sum", "descending"),
+            g = t.group_by("name", use_threads=False).aggregate([("excess", "sum")]).sort_by([("excess_sum", "descending"),
                                                                             ("name", "ascending")])
             name, ex = g["name"][0].as_py(), g["excess_sum"][0].as_py()
             if ex <= 0:

@@ -37,7 +37,7 @@ def step_windows(rng: pa.Table, ops: pa.Table, r: int, t_lo: int,
         hit = pa.concat_tables([x.filter(matches(x["name"], pattern)).select(["name", "start_ns", "end_ns"])
                                 .cast(named) for x in (rng, ops)])
         if hit.num_rows:
-            g = hit.group_by("name").aggregate([("start_ns", "min"), ("end_ns", "max")]).sort_by("start_ns_min")
+            g = hit.group_by("name", use_threads=False).aggregate([("start_ns", "min"), ("end_ns", "max")]).sort_by("start_ns_min")
             return i64(g["start_ns_min"]), i64(g["end_ns_max"]), g["name"].to_pylist(), source
     opt = rng.filter(pc.starts_with(rng["name"].cast(pa.string()), OPTIMIZER_STEP))
     if opt.num_rows:

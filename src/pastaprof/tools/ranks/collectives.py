@@ -104,7 +104,7 @@ def rank_collectives(rank: int, tables: dict[str, pa.Table]) -> pa.Table:
         on_gpu = np.zeros(len(op), bool)
         if k.num_rows:  # the kernels each collective launched: earliest start, latest end
             g = pa.table({"op": to_np(k["op_id"]), "s": k_start, "e": k_end}).filter(
-                pc.greater_equal(pa.array(to_np(k["op_id"])), 0)).group_by("op").aggregate([("s", "min"), ("e", "max")])
+                pc.greater_equal(pa.array(to_np(k["op_id"])), 0)).group_by("op", use_threads=False).aggregate([("s", "min"), ("e", "max")])
             row = KeyIndex(to_np(g["op"])).find(op) if g.num_rows else np.full(len(op), -1)
             hit = (row >= 0) & (op >= 0)
             start[hit], end[hit] = to_np(g["s_min"])[row[hit]], to_np(g["e_max"])[row[hit]]

@@ -85,7 +85,7 @@ def _per_step_names(step: np.ndarray, names_of: list[str], codes: np.ndarray, ns
     if not other:
         step, ns, codes = step[codes >= 0], ns[codes >= 0], codes[codes >= 0]
     t = pa.table({"step": step, "code": codes.astype(np.int64), "ns": ns})
-    g = t.group_by(["step", "code"]).aggregate([("ns", "sum"), ("ns", "count")])
+    g = t.group_by(["step", "code"], use_threads=False).aggregate([("ns", "sum"), ("ns", "count")])
     return pa.table({"step": g["step"], "name": pa.array(names[to_np(g["code"])].tolist(), pa.string()),
                      "ns": g["ns_sum"], "count": g["ns_count"]})
 
