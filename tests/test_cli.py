@@ -114,3 +114,28 @@ def test_info_times_are_offsets_from_the_first_event_and_lines_never_wrap():
     value, unit = cells[3].split()
     scale = {"s": 1e6, "ms": 1e3, "us": 1.0, "ns": 1e-3}[unit]
     assert abs(float(value.replace(",", "")) * scale - last_us) <= 0.01 * scale + 1e-3 * last_us, (cells, last_us)
+
+
+def _closed_after_one_line(*args: str) -> tuple[int, str]:
+    """``pastaprof ARGS | head -1``: the reader takes one line and closes its end."""
+    p = subprocess.Popen([*PY, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    return p.wait(timeout=120), err
+
+
+def test_a_reader_that_closes_early_ends_the_command_as_sigpipe_after_its_files(tmp_path):
+    """``analyze | head``: the --json file is still written whole, no message, and the command
+    ends as a Unix tool does (killed by SIGPIPE), not exit 1 (rich's and click's default)."""
+    import signal
+
+    out = tmp_path / "f.json"
+    code, err = _closed_after_one_line("analyze", "--example", "--json", str(out), "--rows", "50")
+    assert (code, err) == (-signal.SIGPIPE, "")
+    doc = json.loads(out.read_text())
+    assert set(doc["tools"]) == set(DEFAULT_TOOLS)
+    code, err = _closed_after_one_line("tools")
+    assert code in (0, -signal.SIGPIPE) and err == ""  # (all of it may fit the pipe before it closes)
+    full = run("analyze", "--example", "--json", str(tmp_path / "g.json"))
+    assert full.returncode == 0 and json.loads((tmp_path / "g.json").read_text())["findings"] == doc["findings"]

@@ -30,8 +30,12 @@ def _fail(message: str) -> None:
 def _echo(message: str, err: bool = False) -> None:
     """A line for the terminal: names and paths in it cannot send control sequences."""
     from pastaprof.report.names import terminal_safe
+    from pastaprof.report.terminal import silence
 
-    click.echo(terminal_safe(message), err=err)
+    try:
+        click.echo(terminal_safe(message), err=err)
+    except BrokenPipeError:  # the reader went away (| head): see main
+        silence(2 if err else 1)
 
 
 def _parse_ranks(value: str | None) -> list[int] | None:
@@ -415,7 +419,7 @@ def build_native() -> None:
     from pastaprof import native
 
     for name, what in native.build_all().items():
-        click.echo(f"{name}: {what}")
+        _echo(f"{name}: {what}")
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -469,7 +473,26 @@ def run(tools: str | None, out: Path | None, ranges: str | None, kernels: str | 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: click's multi-line usage errors become one line and exit 2."""
+    """Entry point.  A reader that closed the output early (``pastaprof info RUN | head``) ends
+    the command as it ends any Unix tool, by SIGPIPE (a shell sees 141), but only after the
+    files it was asked for are written; no message."""
+    import signal
+
+    from pastaprof.report.terminal import reader_gone, silence
+
+    try:
+        _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence(1)
+    if reader_gone():
+        sys.stderr.flush()
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGPIPE)
+
+
+def _main(argv: list[str] | None) -> None:
+    """click's multi-line usage errors become one line and exit 2."""
     try:
         cli.main(args=argv, prog_name="pastaprof", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as e:

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from pastaprof.report.diff import Diff
 from pastaprof.report.names import short_kernel_name, terminal_safe
-from pastaprof.report.terminal import SEVERITY_STYLE, format_value, markup_safe
+from pastaprof.report.terminal import SEVERITY_STYLE, QuietOnClose, format_value, markup_safe
 
 WIDTH = 100  # when not on a terminal (CI logs, pipes)
 _GPU_NAMES = {"kernel", "memcpy", "memset"}
@@ -114,9 +114,9 @@ def print_diff(d: Diff, console: Console | None = None, max_rows: int = 15, stde
                fail_above: float | None = None) -> None:
     """Header (sources, normalization), step table, regressions, improvements, new, vanished, findings."""
     if console is None:
-        console = Console(stderr=stderr, emoji=False, highlight=False)
+        console = QuietOnClose(stderr=stderr, emoji=False, highlight=False)
         if not console.is_terminal:
-            console = Console(stderr=stderr, width=WIDTH, emoji=False, highlight=False)
+            console = QuietOnClose(stderr=stderr, width=WIDTH, emoji=False, highlight=False)
     console.rule("[bold]diff")
     for which in ("base", "new"):
         s = d.sources[which]

@@ -116,12 +116,40 @@ def _width_from_env() -> int | None:
     return n if 20 <= n <= WIDE_WIDTH else None
 
 
+_READER_GONE: list[int] = []  # the descriptors whose reader went away (``pastaprof analyze | head``)
+
+
+def reader_gone() -> bool:
+    """Whether a report's reader closed its end (the CLI ends as a tool killed by SIGPIPE)."""
+    return bool(_READER_GONE)
+
+
+def silence(fd: int = 1) -> None:
+    """The reader of ``fd`` went away: what is still printed there goes to /dev/null, so that
+    the command finishes its files (``--json``, ``-o``) and no flush at exit fails."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+    _READER_GONE.append(fd)
+
+
+class QuietOnClose(Console):
+    """rich's Console, except that a closed pipe silences it (rich's own ends the process with
+    exit 1 at once, before ``--json`` or a run directory is written)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        silence(2 if self.stderr else 1)
+
+
 def make_console(stderr: bool = False, wide: bool = False) -> Console:
     """A console as wide as ``COLUMNS`` says, else the terminal, else ``PIPED_WIDTH``; with ``wide``
     unbounded.  No emoji: names like "cpu:-1:" are not emoji codes."""
     probe = Console(stderr=stderr, emoji=False)
     width = WIDE_WIDTH if wide else _width_from_env() or (probe.width if probe.is_terminal else PIPED_WIDTH)
-    return Console(stderr=stderr, width=width, emoji=False, highlight=False, soft_wrap=False)
+    return QuietOnClose(stderr=stderr, width=width, emoji=False, highlight=False, soft_wrap=False)
 
 
 def _cells(table: pa.Table, rows: list[dict[str, Any]], wide: bool) -> dict[str, list[str]]:
