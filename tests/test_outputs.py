@@ -118,10 +118,34 @@ def test_two_concurrent_runs_to_one_out_the_second_exits_2_before_its_program(tm
     assert not second_ran.exists()
     assert first.wait(timeout=120) == 0, first.communicate()
     assert (out / "run.json").is_file() and leftovers(tmp_path) == []
-    # a claim left by a writer that was killed (its directory no longer locked) does not block
-    (tmp_path / ".r2.partial-0000000000000001-dead").mkdir()
+    # a claim left by a writer that was killed (its directory no longer locked) does not block,
+    # and one older than a minute is removed (pastaprof's own hidden leftover); a recent one stays
+    old = tmp_path / ".r2.partial-0000000000000001-dead"
+    recent = tmp_path / f".r2.partial-{time.time_ns() - 5 * 10**9:016x}-dead"
+    for d in (old, recent):
+        d.mkdir()
+        (d / "op").mkdir()
     r = cli("run", "-o", tmp_path / "r2", "--", *program(tmp_path / "third", 0))
     assert r.returncode == 0 and (tmp_path / "r2" / "run.json").is_file(), r.stderr
+    assert not old.exists() and (recent / "op").is_dir()
+
+
+def test_an_old_claim_still_locked_by_its_writer_is_left_to_it(tmp_path):
+    """A writer that has run for over a minute holds its claim's lock: a second import to the
+    same -o refuses and removes nothing of it."""
+    import fcntl
+
+    claim = tmp_path / ".r.partial-0000000000000001-live"
+    claim.mkdir()
+    (claim / "run.json").write_text("{}")
+    fd = os.open(claim, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        r = cli("import", DATA / "mlp_train_3steps.pt.trace.json.gz", "-o", tmp_path / "r")
+        one_error_line(r, f"{tmp_path / 'r'}: another pastaprof is writing a run there now")
+        assert (claim / "run.json").read_text() == "{}" and not (tmp_path / "r").exists()
+    finally:
+        os.close(fd)
 
 
 def test_a_directory_that_appears_during_an_import_survives(tmp_path):

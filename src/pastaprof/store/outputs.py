@@ -382,7 +382,7 @@ class OutputDir:
             self._lock = _lock_dir(str(self.tmp), fcntl.LOCK_EX)
         except OSError:  # a file system without locks (some NFS): the publish's no-replace rename still decides
             pass
-        if _earlier_writer(self.dest.parent, prefix, self.tmp.name):
+        if _earlier_writer(self.dest.parent, prefix, self.tmp.name, clean=self._lock is not None):
             self.discard()
             raise UsageError(f"{self.dest}: another pastaprof is writing a run there now; left it to that one "
                              "(choose another output)")
@@ -464,21 +464,37 @@ def _lock_dir(path: str, how: int) -> int:
     return fd
 
 
-def _earlier_writer(parent: Path, prefix: str, mine: str) -> bool:
+STALE_CLAIM_S = 60  # an unlocked claim this old was left by a killed writer (a live one locks at once)
+
+
+def _claim_age_s(name: str, prefix: str) -> float:
+    """Seconds since the claim ``name`` was made (the time in its name); 0 when unreadable."""
+    try:
+        return (time.time_ns() - int(name[len(prefix):].split("-", 1)[0], 16)) / 1e9
+    except ValueError:
+        return 0.0
+
+
+def _earlier_writer(parent: Path, prefix: str, mine: str, clean: bool = True) -> bool:
     """Whether a live writer (its claim locked) started on the same dest before this one.  A claim
-    left by a killed writer is unlocked and does not count.  Two claims made in the same instant both
-    go on; then the publish's no-replace rename lets one win."""
+    left by a killed writer is unlocked and does not count; with ``clean`` (this file system has
+    locks), one older than ``STALE_CLAIM_S`` is removed (it is pastaprof's own hidden directory of
+    a run that was never published, and it may hold gigabytes).  Two claims made in the same
+    instant both go on; then the publish's no-replace rename lets one win."""
     try:
         names = [e.name for e in os.scandir(parent) if e.name.startswith(prefix) and e.name < mine]
     except OSError:
         return False
     for name in names:
+        path = os.path.join(parent, name)
         try:
-            os.close(_lock_dir(os.path.join(parent, name), fcntl.LOCK_SH))
+            os.close(_lock_dir(path, fcntl.LOCK_SH))  # (shared: two new writers checking at once both get it)
         except BlockingIOError:
             return True
         except OSError:
             continue  # gone meanwhile (published or discarded), or not a directory
+        if clean and _claim_age_s(name, prefix) > STALE_CLAIM_S:  # only its writer ever locks it, at its start
+            shutil.rmtree(path, ignore_errors=True)
     return False
 
 
