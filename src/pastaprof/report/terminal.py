@@ -108,6 +108,50 @@ def clip(text: str, width: int) -> str:
     return set_cell_size(safe, max(width - 1, 0)) + "…"
 
 
+def clip_column(texts: list[str], width: int) -> list[str]:
+    """Each text of a column clipped to ``width`` (see ``clip``); where different texts would
+    then read the same (GEMM kernels differing only in their tile shape, elementwise kernels in
+    their functor), those are cut in the middle instead, to show where they differ."""
+    out = [clip(t, width) for t in texts]
+    if width < 8:
+        return out
+    groups: dict[str, set[str]] = {}
+    for full, shown in zip(texts, out):
+        groups.setdefault(shown, set()).add(terminal_safe(full))
+    taken = {shown for shown, g in groups.items() if len(g) == 1}
+    cut = {}
+    for shown, g in groups.items():
+        if len(g) > 1:
+            cut[shown] = _cut_apart(sorted(g), width, taken)
+            taken.update(cut[shown].values())
+    return [cut[shown][terminal_safe(full)] if shown in cut else shown for full, shown in zip(texts, out)]
+
+
+def _cut_apart(group: list[str], width: int, taken: set[str]) -> dict[str, str]:
+    """Each text of ``group`` (alike in their first ``width - 1`` cells) cut to ``width`` cells so
+    that they read apart from each other and from the column's other cells (``taken``): its head
+    and its end when the ends tell them apart, else its head and a window from just before where
+    it parts from the text most like it."""
+    room = width - 1
+    for head in (room // 2, room // 3):
+        tail = room - head
+        ends = {t: set_cell_size(t, head) + "…" + t[-tail:] for t in group}
+        if len(set(ends.values())) == len(group) and not taken & set(ends.values()):
+            return ends
+    head = room // 3
+    size = room - head - 1
+    out = {}
+    for t in group:
+        parts = max(_common_prefix(t, r) for r in group if r != t)
+        start = max(head, min(parts - 2, len(t) - size))
+        out[t] = set_cell_size(t, head) + "…" + t[start:start + size] + ("…" if start + size < len(t) else "")
+    return out
+
+
+def _common_prefix(a: str, b: str) -> int:
+    return len(os.path.commonprefix([a, b]))
+
+
 def _width_from_env() -> int | None:
     try:
         n = int(os.environ.get("COLUMNS", ""))
@@ -210,8 +254,9 @@ def render_table(title: str, table: pa.Table, max_rows: int = MAX_ROWS, width: i
     for name, w in widths.items():
         out.add_column(markup_safe(clip(name, w)), justify="right" if name in numeric else "left",
                        no_wrap=True, overflow="ellipsis", width=w)
+    shown = {c: clip_column(cells[c], w) for c, w in widths.items()}
     for i in range(len(rows)):
-        out.add_row(*(markup_safe(clip(cells[c][i], w)) for c, w in widths.items()))
+        out.add_row(*(markup_safe(shown[c][i]) for c in widths))
     notes = []
     if table.num_rows > max_rows:
         notes.append(f"{table.num_rows - max_rows} more rows (--rows, --json)")
