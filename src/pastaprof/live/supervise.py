@@ -181,16 +181,16 @@ def _signal_name(sig: int) -> str:
 
 def loss_bound_ms(overhead: dict[str, Any]) -> int:
     """What a process that died without its final flush lost at most, in ms of its run: the
-    deadline, the run of the flush that completed last and of the one in progress (each at
-    most the longest measured, live/flush.py) and one look of the deadline thread."""
+    deadline, a flush period, the run of the flush that completed last and of the one in
+    progress (each at most the longest measured, live/flush.py) and one look of the deadline thread."""
     from pastaprof.live.flush import LOOK_MS
 
     bounds = overhead.get("bounds") or {}
-    deadline = bounds.get("deadline_ms", 0)
+    deadline, period = bounds.get("deadline_ms", 0), bounds.get("flush_ms", 0)
     longest = overhead.get("longest_flush_ms", 0)
-    if not isinstance(deadline, (int, float)) or not isinstance(longest, (int, float)):
+    if not all(isinstance(v, (int, float)) for v in (deadline, period, longest)):
         return 0
-    return int(round(deadline + 2 * longest + LOOK_MS)) if deadline else 0
+    return int(round(deadline + period + 2 * longest + LOOK_MS)) if deadline else 0
 
 
 def program_notes(run_dir: Any, manifest: dict[str, Any], code: int, child: Supervised | None) -> str:
