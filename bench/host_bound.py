@@ -11,7 +11,8 @@ Variants: ``bare``; ``pastaprof`` (`pastaprof run` with the default capture); ``
 ``pastaprof_nosession_inject``, ``bare_preload``: see FLOORS); ``tp_default``
 (torch.profiler, CPU + CUDA activities) and ``tp_full`` (with shapes, memory and stacks).
 Rounds are interleaved (every variant once per round) so the host's drift spreads over all of
-them.  Per process the median step is taken; the report gives the median over rounds and its
+them.  Per process the median step is taken (wall, and the main thread's CPU time: a cost that
+shows in wall but not in CPU is waiting, not work); the report gives the median over rounds and its
 ratio to bare.  For pastaprof variants the exit cost is the wall time from the script's last
 step to `pastaprof run` returning with the run stored, less the same span of the bare process
 (interpreter teardown), and per 100,000 stored events.  ``--budget-s`` starts no round that
@@ -82,7 +83,9 @@ def one(workload: str, variant: str, out: Path, steps: int, warmup: int) -> dict
     if r.returncode != 0:
         raise RuntimeError(f"{workload} {variant} failed ({r.returncode}): {r.stderr[-1500:]}")
     res = json.loads(js.read_text())
-    rec = {"step_s": statistics.median(res["steps"]), "exit_s": t_return - res["t_end"], "stop_s": res["stop_s"]}
+    rec = {"step_s": statistics.median(res["steps"]), "exit_s": t_return - res["t_end"], "stop_s": res["stop_s"],
+           "cpu_step_s": statistics.median(res.get("cpu_steps") or [0.0]), "steps": res["steps"],
+           "cpu_steps": res.get("cpu_steps")}
     if run_dir is not None:
         m = json.loads((run_dir / "run.json").read_text())
         rec["events"] = sum(m.get("rows", {}).values())
@@ -101,12 +104,15 @@ def one(workload: str, variant: str, out: Path, steps: int, warmup: int) -> dict
 def summarize(rounds: list[dict], variants: list[str]) -> dict:
     """Medians over rounds per variant, x bare, and pastaprof's exit cost per 100,000 events."""
     bare = statistics.median(r["bare"]["step_s"] for r in rounds)
+    bare_cpu = statistics.median(r["bare"]["cpu_step_s"] for r in rounds)
     bare_exit = statistics.median(r["bare"]["exit_s"] for r in rounds)
-    s: dict = {"rounds": len(rounds), "bare_ms": round(1e3 * bare, 2)}
+    s: dict = {"rounds": len(rounds), "bare_ms": round(1e3 * bare, 2), "bare_cpu_ms": round(1e3 * bare_cpu, 2)}
     for v in variants:
         step = statistics.median(r[v]["step_s"] for r in rounds)
+        cpu = statistics.median(r[v]["cpu_step_s"] for r in rounds)
         s[v] = {"step_ms": round(1e3 * step, 2), "x": round(step / bare, 3),
-                "per_round_x": [round(r[v]["step_s"] / r["bare"]["step_s"], 3) for r in rounds]}
+                "per_round_x": [round(r[v]["step_s"] / r["bare"]["step_s"], 3) for r in rounds],
+                "cpu_ms": round(1e3 * cpu, 2), "cpu_x": round(cpu / bare_cpu, 3) if bare_cpu else None}
         if v in PP_FLAGS:
             exit_s = statistics.median(r[v]["exit_s"] for r in rounds) - bare_exit
             events = statistics.median(r[v]["events"] for r in rounds)
@@ -154,10 +160,10 @@ def main() -> None:
         if a.budget_s and time.time() - t0 > a.budget_s:
             print(f"budget of {a.budget_s:.0f} s reached after {w}", flush=True)
             break
-    print(f"{'workload':16} {'bare ms':>8} " + " ".join(f"{v:>14}" for v in ALL[1:]))
+    print("step x bare: wall (main thread's CPU)")
     for w, s in summary.items():
-        print(f"{w:16} {s['bare_ms']:8.2f} " + " ".join(f"{s[v]['x']:>13.3f}x" if v in s else f"{'-':>14}"
-                                                          for v in ALL[1:]))
+        print(f"{w:16} bare {s['bare_ms']:.2f} ms (CPU {s['bare_cpu_ms']:.2f} ms)  " +
+              "  ".join(f"{v} {s[v]['x']:.3f}x ({s[v]['cpu_x']}x)" for v in ALL[1:] if v in s))
     print(f"total {time.time() - t0:.0f} s")
 
 

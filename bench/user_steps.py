@@ -4,7 +4,8 @@
 
 It never imports pastaprof: `pastaprof run` captures it from outside, as it would a user's
 program.  It times each step (synchronized with the GPU) after ``--warmup`` steps and writes the
-step seconds and the wall-clock time its last step ended (``t_end``) to ``--json``, so the caller
+step seconds (wall, and the main thread's CPU seconds: what the program's own thread did, callbacks
+included, apart from time it waited) and the wall-clock time its last step ended (``t_end``) to ``--json``, so the caller
 can tell the steady-state step from the cost of leaving the program.  ``tp_default`` and
 ``tp_full`` wrap warm-up and timed steps in torch.profiler (default settings; with shapes, memory
 and stacks), as a user of torch.profiler would.
@@ -39,20 +40,21 @@ def main() -> None:
     prof = (contextlib.nullcontext() if a.mode == "bare" else
             torch.profiler.profile(activities=acts) if a.mode == "tp_default" else
             torch.profiler.profile(activities=acts, record_shapes=True, profile_memory=True, with_stack=True))
-    per = []
+    per, cpu = [], []
     with prof:
         for _ in range(a.warmup):
             step()
         torch.cuda.synchronize()
         for _ in range(a.steps):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             step()
             torch.cuda.synchronize()
             per.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
         t_end = time.time()
     stop_s = time.time() - t_end
     with open(a.json, "w") as f:
-        json.dump({"workload": a.workload, "mode": a.mode, "steps": per, "t_end": t_end, "stop_s": stop_s}, f)
+        json.dump({"workload": a.workload, "mode": a.mode, "steps": per, "cpu_steps": cpu, "t_end": t_end, "stop_s": stop_s}, f)
 
 
 if __name__ == "__main__":
