@@ -21,6 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from pastaprof.errors import InputError
+from pastaprof.importers import chrome_foreign
 from pastaprof.importers.kineto_tables import check_time_range, collectives, encode_names, frame_fields
 from pastaprof.importers.staging import split_staged, stage_events, stage_plain
 
@@ -378,6 +379,8 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
             k0 AS (SELECT *, {kind} AS kind FROM src),
             k AS (SELECT *, CASE WHEN {when} THEN CAST(ts * 1000 AS BIGINT) + {base} END AS t_ns FROM k0)
             SELECT lcat, kind, ph IS NOT NULL AS has_ph,
+                   (ph = 'X' AND ts IS NOT NULL AND lcat IN ({_MAPPED_SQL}))
+                   OR (lcat = 'cpu_instant_event' AND name = '[memory]') AS readable,
                    CASE WHEN lcat IS NULL OR lcat NOT IN ({_MAPPED_SQL}) THEN NULL
                         WHEN ph IS DISTINCT FROM 'X' THEN 'ph=' || coalesce(to_json(ph)::VARCHAR, 'none')
                         WHEN ts IS NULL THEN 'no ts'
@@ -394,9 +397,13 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
         counts = dict(con.execute("SELECT coalesce(lcat, ''), count(*) FROM ev GROUP BY 1").fetchall())
         phases = {f"{c} ({why})": n for c, why, n in con.execute(
             "SELECT lcat, odd_ph, count(*) FROM ev WHERE odd_ph IS NOT NULL GROUP BY 1, 2 ORDER BY 3 DESC").fetchall()}
-        total, with_ph = con.execute("SELECT count(*), count(*) FILTER (has_ph) FROM ev").fetchall()[0]
+        total, with_ph, readable = con.execute(
+            "SELECT count(*), count(*) FILTER (has_ph), count(*) FILTER (readable) FROM ev").fetchall()[0]
         if total and not with_ph:
             raise InputError(path, "no event has a 'ph' field: not a Chrome/Kineto trace")
+        if not readable:
+            raise InputError(path, chrome_foreign.describe(con, files, counts, phases) if total
+                             else "the event array is empty: the trace holds no events")
         con.execute("DELETE FROM ev WHERE kind IS NULL OR start_ns IS NULL AND kind <> 'flow'")
         tables = {}
         borrowed = False
