@@ -174,6 +174,7 @@ def _copy_array(src: BinaryIO, out: BinaryIO, head: bytes, start: int, bare: boo
     block: bytes = head[start + 1 :]
     done = 0  # bytes of the array fed before ``block``
     total = len(head)
+    last = (b"[", 1)  # the last non-blank byte written and the offset after it
     if progress:
         progress(total)
     while block:
@@ -183,12 +184,23 @@ def _copy_array(src: BinaryIO, out: BinaryIO, head: bytes, start: int, bare: boo
             out.write(block[:cut])
             return _read_trailer(src, block[cut:], total, progress)
         out.write(block)
+        kept = block.rstrip(b" \t\r\n")
+        if kept:
+            last = (kept[-1:], out.tell() - (len(block) - len(kept)))
         done += len(block)
         block = src.read(CHUNK)
         total += len(block)
         _check_expansion(src, total, path)
         if progress and block:
             progress(len(block))
+    if bare and not end.pending and not end.in_string and end.depth == 1 and last[0] in (b"[", b"}", b","):
+        # Chrome's JSON Array Format may end without its ']' (a writer that streams events and
+        # stops, or is stopped): after the last whole event, a trailing comma dropped
+        if last[0] == b",":
+            out.seek(last[1] - 1)
+            out.truncate()
+        out.write(b"]")
+        return b"", total
     raise InputError(path, "truncated: the traceEvents array is never closed")
 
 
