@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
-from conftest import DATA
+from conftest import DATA, raw_events
 
 import pastaprof
 from pastaprof.cli import cli
@@ -351,3 +351,108 @@ def test_hostile_values_give_one_clear_line(tmp_path, capsys, case):
     assert str(tmp_path / "t.json") in line and "pastaprof-import" not in line
     if case == "times_spread":
         assert "event times span" in line
+
+
+# --------------------------------------------------------------------------- traces of other projects
+# Real files from other repositories (tests/data/foreign/README.md says where each is from).
+
+CORPUS = DATA / "foreign" / "corpus"
+READABLE = ["hta_call_stack_backward_thread", "kineto_docs_before_fix_trace", "pytorch_inductor_test_analysis_example_profile"]
+CPU_CATS = {"cpu_op", "operator"}
+
+
+def _of(events: list, cats: set[str]) -> list[dict]:
+    return [e for e in events if e.get("ph") == "X" and str(e.get("cat")).lower() in cats]
+
+
+@pytest.mark.parametrize("stem", READABLE)
+def test_other_projects_traces_are_read_right(stem):
+    path = CORPUS / f"{stem}.json"
+    doc = load_doc(path)
+    run = pastaprof.load(path)
+    assert kernel_facts(path) == tally(doc)
+    assert run.table("op").num_rows == len(_of(doc["traceEvents"], CPU_CATS))
+    assert run.table("api").num_rows == len(_of(doc["traceEvents"], {"cuda_runtime"}))
+    assert run.table("sync").num_rows == len(_of(doc["traceEvents"], {"cuda_sync"}))
+    assert run.ranks == [doc.get("distributedInfo", {}).get("rank", 0)]
+    steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+    report = {r.tool: r for r in pastaprof.analyze(path, tools=["steps"])}["steps"]
+    assert report.summary["steps"] == len(steps)
+    if steps:
+        assert report.summary["median_wall_ns"] == ns(steps[0]["dur"])
+
+
+def _op_of_kernels(run) -> list[str | None]:
+    ops = run.table("op")
+    names = dict(zip(ops["id"].to_pylist(), ops["name"].to_pylist()))
+    return [names.get(i) for i in run.table("kernel").sort_by("start_ns")["op_id"].to_pylist()]
+
+
+def test_kernel_op_found_by_nesting_when_external_ids_differ():
+    """HTA's trace: the launch's External id is no op's; the op is the innermost cpu_op
+    around the launch on its thread."""
+    path = CORPUS / "hta_call_stack_backward_thread.json"
+    events = load_doc(path)["traceEvents"]
+    expect = []
+    for k in sorted(kernels_of(events), key=lambda e: e["ts"]):
+        api = next(a for a in _of(events, {"cuda_runtime"}) if a["args"]["correlation"] == k["args"]["correlation"])
+        around = [o for o in _of(events, CPU_CATS)
+                  if o["tid"] == api["tid"] and o["ts"] <= api["ts"] <= o["ts"] + o["dur"]]
+        expect.append(min(around, key=lambda o: o["dur"])["name"])
+    assert _op_of_kernels(pastaprof.load(path)) == expect == ["aten::mm"]
+
+
+def test_kernels_without_launches_take_their_op_by_external_id():
+    """The trace in torch's inductor tests: kernels on the host's pid and tid, no runtime
+    call, no correlation; the op is the cpu_op with the kernel's External id."""
+    path = CORPUS / "pytorch_inductor_test_analysis_example_profile.json"
+    events = load_doc(path)["traceEvents"]
+    by_ext = {o["args"]["External id"]: o["name"] for o in _of(events, CPU_CATS)}
+    expect = [by_ext[k["args"]["External id"]] for k in sorted(kernels_of(events), key=lambda e: (e["ts"], e["dur"]))]
+    assert sorted(_op_of_kernels(pastaprof.load(path))) == sorted(expect)
+
+
+@pytest.mark.parametrize("stem", ["catapult_flow_simple", "catapult_async_begin_end"])
+def test_chrome_traces_of_other_tools_are_one_line_naming_what_they_hold(tmp_path, capsys, stem):
+    path = CORPUS / f"{stem}.json"
+    events = raw_events(path)
+    cats = Counter(e["cat"] for e in events)
+    out = tmp_path / "out.json"
+    for args in (["analyze", str(path), "--json", str(out)], ["import", str(path), "-o", str(tmp_path / "RUN")],
+                 ["info", str(path)]):
+        capsys.readouterr()
+        assert run_cli(*args) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("pastaprof: error:")]
+        assert len(err) == 1 and f"of {len(events)} events" in err[0]
+        assert all(f"{c} ({n})" in err[0] for c, n in cats.items()) and "Chrome trace" in err[0]
+    assert not out.exists() and not (tmp_path / "RUN").exists()
+
+
+@pytest.mark.parametrize(("events", "said"), [
+    ([], "event array is empty"),
+    # the layout torch.autograd.profiler's export_chrome_trace wrote before Kineto (torch < 1.8)
+    ([{"name": "aten::add", "ph": "X", "ts": 1.5, "dur": 3, "tid": 0, "pid": "CPU functions", "args": {}},
+      {"name": "aten::add", "ph": "X", "ts": 9.0, "dur": 2, "tid": 0, "pid": "CUDA functions", "args": {}}],
+     "torch.autograd.profiler trace (torch < 1.8"),
+    # TensorFlow's and JAX's trace viewer JSON: XLA device processes, no categories
+    ([{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+      {"ph": "X", "pid": 1, "tid": 2, "ts": 1.0, "dur": 2.0, "name": "fusion"}], "TensorFlow/JAX (XLA)"),
+])
+def test_traces_of_other_profilers_are_named(tmp_path, capsys, events, said):
+    p = write(tmp_path, "t.json", json.dumps({"displayTimeUnit": "ns", "traceEvents": events}).encode())
+    assert run_cli("analyze", str(p), "-q") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("pastaprof: error:")]
+    assert len(err) == 1 and said in err[0]
+
+
+@pytest.mark.parametrize("end", ["", ",", ",\n  "])
+def test_json_array_format_without_its_closing_bracket(tmp_path, end):
+    """Chrome's JSON Array Format may stop after any event, with or without a comma."""
+    src = sorted((DATA / "foreign").glob("torch1x_*.json"))[0]
+    doc = load_doc(src)
+    text = "[\n" + ",\n".join(json.dumps(e) for e in doc["traceEvents"]) + end
+    p = write(tmp_path, "t.json", text.encode())
+    assert kernel_facts(p) == tally(doc) and tally(doc)[0] > 0
+    cut = write(tmp_path, "cut.json", text.rstrip(",\n ")[:-5].encode())  # inside the last event
+    with pytest.raises(InputError, match="truncated"):
+        pastaprof.load(cut)
