@@ -326,13 +326,15 @@ def _cli_error(p: Path, capsys) -> str:
 
 @pytest.mark.parametrize("case", ["nan_ts", "inf_ts", "ts_int64", "lone_surrogate", "bad_utf8", "deep_header",
                                   "log_unclosed", "garbage_after", "not_array", "truncated_trailer",
-                                  "times_spread"])
+                                  "times_spread", "ts_ns"])
 def test_hostile_values_give_one_clear_line(tmp_path, capsys, case):
     doc = load_doc(DATA / "leak_5steps.pt.trace.json.gz")
     k = kernels_of(doc["traceEvents"])[0]
     k["name"] = "MARK"
     if case == "times_spread":  # 5e18 ns before the others: no span or gap of the trace fits int64
         k["ts"] = -5e15
+    if case == "ts_ns":  # nanoseconds since the epoch where the format says µs
+        k["ts"] = 1_700_000_000_000_000_000
     text = kineto_text(doc, after=[("INFO", LOG)])
     data = {
         "nan_ts": text.replace(b'"name": "MARK"', b'"name": "MARK", "ts": NaN'),
@@ -346,11 +348,14 @@ def test_hostile_values_give_one_clear_line(tmp_path, capsys, case):
         "not_array": text.replace(b'"traceEvents": [', b'"traceEvents": {"a": [', 1),
         "truncated_trailer": text[: text.rfind(b'"traceName"') + 5],
         "times_spread": text,
+        "ts_ns": text,
     }[case]
     line = _cli_error(write(tmp_path, "t.json", data), capsys)
     assert str(tmp_path / "t.json") in line and "pastaprof-import" not in line
     if case == "times_spread":
         assert "event times span" in line
+    if case == "ts_ns":
+        assert "are these ns?" in line
 
 
 # --------------------------------------------------------------------------- traces of other projects

@@ -464,6 +464,11 @@ def _describe_duckdb_error(e: Exception) -> str:
         return f"traceEvents holds an entry that is not an event object{where}"
     if "malformed json" in low or "unexpected" in low or ("invalid" in low and "json" in low):
         return f"malformed JSON in the event array ({msg})"
+    if "duplicate key" in low:
+        return f"an event has a key twice{where} ({msg})"
+    if "decimal value" in low and "to type int64" in low:  # ts * 1000 beyond int64 ns
+        return (f"a timestamp is beyond int64 nanoseconds (ts and dur are read in µs, as the Chrome trace "
+                f"format defines them: are these ns?) ({msg})")
     if "could not convert" in low or "conversion" in low or "out of range" in low or "failed to cast" in low:
         return f"a field has the wrong type ({msg})"
     return msg
