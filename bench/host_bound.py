@@ -46,13 +46,14 @@ PP_ENV = {"pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000", "PASTAPROF_BUFFE
           # every mechanism off: what the bootstrap, the session and the supervising parent cost alone
           "pastaprof_nothing": {"PASTAPROF_OFF": "kernels,api,ext,ops,modules,tensors,memory,copies,sync"},
           # the session and its threads with no handler at all (no CUPTI client, no torch hooks)
-          "pastaprof_idle": {"_PASTAPROF_HANDLERS": "[]"},
+          "pastaprof_idle": {"PASTAPROF_FOUND_HANDLERS": "[]"},
           # `env` is not a Python command: `pastaprof run` prepares native capture for it
           # (CUDA_INJECTION64_PATH), which the CUDA driver then loads into the Python child (where
           # the library starts nothing). The parent alone is measured without it; with it, what
           # a loaded injection library costs a Python program launched through a shell or `env`.
           "pastaprof_nosession": {"PASTAPROF_NATIVE_INJECT": "0"}}
 TP = ("tp_default", "tp_full")
+CUPTI_OFF = ("pastaprof_nocupti", "pastaprof_nothing", "pastaprof_idle")  # the variants that run without CUPTI
 # Floors without capture: the supervising `pastaprof run` parent with the child's session never
 # started (PASTAPROF_OUT unset in the child; without, and with, the native injection library that
 # `pastaprof run` prepares for the non-Python `env`), and a bare process that first imports what
@@ -96,6 +97,9 @@ def one(workload: str, variant: str, out: Path, steps: int, warmup: int) -> dict
         rec["flush_s"] = ov.get("flush_seconds")
         rec["flushes"] = {k: ov.get(k) for k in ("deadline_flushes", "starved_flushes", "max_pending_rows")}
         rec["status"] = m.get("status")
+        down = [f"{k}: {v}" for k, v in (m.get("status") or {}).items() if v != "ok" and k.endswith(": cupti")]
+        if down and variant not in CUPTI_OFF:  # a capture without kernels is not the default capture
+            raise RuntimeError(f"{workload} {variant}: CUPTI did not run ({down[0]})")
         shutil.rmtree(run_dir, ignore_errors=True)
     js.unlink(missing_ok=True)
     return rec
