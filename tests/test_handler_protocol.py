@@ -495,7 +495,7 @@ def test_a_misbehaving_handler_costs_only_its_own_events(tmp_path, capfd):
 
 
 def test_fuzzed_handler_lists_from_the_launcher_never_break_discovery(monkeypatch):
-    """_PASTAPROF_HANDLERS (the launcher's list) fuzzed with a fixed seed: discovery never raises;
+    """PASTAPROF_FOUND_HANDLERS (the launcher's list) fuzzed with a fixed seed: discovery never raises;
     a list that is not the launcher's shape is ignored (the installed handlers are scanned);
     each entry that does not load is left out."""
     import random

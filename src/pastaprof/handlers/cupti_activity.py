@@ -96,8 +96,10 @@ class CuptiActivityHandler(CuptiRecords, Handler, Gated):
 
         self._cupti = cupti
         # torch.profiler (Kineto) otherwise tears CUPTI down (cuptiFinalize) lazily at a
-        # callback after its session, undoing our re-attachment; a user's own setting wins.
-        os.environ.setdefault("TEARDOWN_CUPTI", "0")
+        # callback after its session, undoing our re-attachment; a user's own setting wins.  In the
+        # C environment only (Kineto reads it there): the program's os.environ stays its own.
+        if "TEARDOWN_CUPTI" not in os.environ:
+            os.putenv("TEARDOWN_CUPTI", "0")
         K = cupti.ActivityKind
         try:
             self._native = self._bind_native()

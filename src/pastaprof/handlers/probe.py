@@ -105,10 +105,8 @@ class ProbeHandler(Handler):
 
 
 def _own_threads() -> set[int]:
-    """Native ids of pastaprof's threads in this process (named pastaprof-*), and this one
+    """Native ids of pastaprof's threads in this process (live/threads.py), and this one
     (the flush thread drains)."""
-    ids = {threading.get_native_id()}
-    for t in threading.enumerate():
-        if t.name.startswith("pastaprof") and t.native_id is not None:
-            ids.add(t.native_id)
-    return ids
+    from pastaprof.live import threads
+
+    return {threading.get_native_id()} | threads.native_ids()

@@ -8,7 +8,7 @@ validate is left out with one warning naming it, and capture goes on with the ot
 ``pastaprof run`` loads the handlers only where a handler setting (a PASTAPROF_* variable
 outside live/config.py's own) is there to check before the program starts -- their modules
 load pyarrow and numpy, ~0.3 s the program would wait for -- and then hands the list to
-the program's processes (``_PASTAPROF_HANDLERS``), so they do not scan the installed
+the program's processes (``PASTAPROF_FOUND_HANDLERS``), so they do not scan the installed
 distributions again.  Otherwise each captured process discovers them as its session starts.
 """
 
@@ -24,7 +24,7 @@ from pastaprof.errors import UsageError
 from pastaprof.handlers.base import Handler, Setting
 
 GROUP = "pastaprof.handlers"
-FOUND_ENV = "_PASTAPROF_HANDLERS"  # set by `pastaprof run`: [[name, "module:attr"], ...]
+FOUND_ENV = "PASTAPROF_FOUND_HANDLERS"  # set by `pastaprof run`: [[name, "module:attr"], ...]
 _NAME_OK = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 
 _cache: dict[str, type[Handler]] | None = None

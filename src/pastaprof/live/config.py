@@ -90,7 +90,8 @@ def current_rank(env: Mapping[str, str] | None = None) -> int:
 # the A/B check that gating at the source loses nothing inside a window).
 #: the variables CaptureConfig reads itself (others: the handlers' settings), and the launcher's own
 CORE_SETTINGS = frozenset(("OUT", "TOOLS", "RANGES", "KERNELS", "SAMPLE", "STEPS", "RANKS", "FLUSH_MS", "BUFFER_MB",
-                           "SHAPES", "CALL_SITES", "UVM", "UVM_PLAN", "PROCESS", "PAGE", "OFF", "RUN_PARENT", "EAGER"))
+                           "SHAPES", "CALL_SITES", "UVM", "UVM_PLAN", "PROCESS", "PAGE", "OFF", "RUN_PARENT", "EAGER",
+                           "FOUND_HANDLERS", "HIDE_ENV"))
 OFF_PARTS = ("kernels", "api", "ext", "ops", "modules", "tensors", "memory", "copies", "sync", "callbacks", "gate")
 
 

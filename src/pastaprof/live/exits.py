@@ -31,9 +31,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import threading
 import time
 from typing import Any
+
+from pastaprof.live import threads
 
 _SKIPPED = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT, signal.SIGINT,  # SIGINT: Python's own
             signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGTRAP, signal.SIGSYS,
@@ -86,7 +87,7 @@ def _on_signal(signum: int, frame: Any) -> None:
 
 
 def _die(signum: int) -> None:
-    if threading.current_thread() is threading.main_thread():
+    if threads.on_main_thread():
         _real_signal(signum, signal.SIG_DFL)
     else:  # the watchdog: Python sets handlers from the main thread only, libc from any
         import ctypes
@@ -147,7 +148,7 @@ def _arm() -> None:
         os.close(w)
         return
     _watch.update(r=r, w=w, pid=os.getpid(), active=1)
-    threading.Thread(target=_watchdog, args=(r,), name="pastaprof-signals", daemon=True).start()
+    threads.start(_watchdog, "pastaprof-signals", (r,))
 
 
 def _watchdog(r: int) -> None:
@@ -269,7 +270,7 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    if threading.current_thread() is not threading.main_thread():
+    if not threads.on_main_thread():
         return
     _installed = True
     signal.signal, signal.getsignal, signal.set_wakeup_fd = set_signal, getsignal, set_wakeup_fd

@@ -49,6 +49,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from pastaprof.live import threads
 from pastaprof.live.messages import stopped as _stopped
 from pastaprof.store.parts import warm_up
 
@@ -125,16 +126,14 @@ class FlushScheduler:
         self.starved_flushes = 0  # flush-thread flushes that took > 3x their CPU time in wall time
         self.longest_flush_s = 0.0  # the longest flush not starved at nice 19, wall time (a term of the loss bound)
         self._observers: list[Any] = []  # the native op observers' libraries, their limits set
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threads.HiddenThread] = []
 
     def _start_threads(self) -> None:
         self._spill = [(threading.Event(), threading.Event()) for _ in range(_SPILLERS)]  # (go, busy)
         targets = [(self._flush_loop, "pastaprof-flush", ()), (self._deadline_loop, "pastaprof-deadline", ())]
         targets += [(self._spill_loop, f"pastaprof-spill-{i}", (i,)) for i in range(_SPILLERS)]
         for target, name, args in targets:
-            th = threading.Thread(target=target, name=name, args=args, daemon=True)
-            th.start()
-            self._threads.append(th)
+            self._threads.append(threads.start(target, name, args))  # not among the program's threads
 
     def _join_threads(self, timeout: float) -> None:
         self._wake.set()
@@ -144,7 +143,7 @@ class FlushScheduler:
             go.set()
         end = time.monotonic() + timeout
         for th in self._threads:
-            if th is not threading.current_thread():
+            if th.ident != threading.get_ident():
                 th.join(timeout=max(0.0, end - time.monotonic()))
 
     def bounds(self) -> dict[str, int]:

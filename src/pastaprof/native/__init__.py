@@ -145,18 +145,31 @@ def loaded_libcupti() -> str | None:
 
 # ---- PyTorch -------------------------------------------------------------------------
 
-def _torch_args() -> tuple[list[str], bool]:
-    import torch
-    from torch.utils import cpp_extension
+def _cuda_home() -> str | None:
+    """The CUDA toolkit's directory, found as torch.utils.cpp_extension finds it."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home is None:
+        nvcc = shutil.which("nvcc")
+        home = os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
+        home = home if os.path.exists(home) else None
+    return home
 
-    args = [f"-I{p}" for p in cpp_extension.include_paths()]
+
+def _torch_args() -> tuple[list[str], bool]:
+    # not torch.utils.cpp_extension: it imports setuptools, which puts its _vendor directory on
+    # the program's sys.path and its own distutils in the program's sys.modules, and logs a warning
+    # through torch's logger where no CUDA runtime is found
+    import torch
+
+    include = os.path.join(os.path.dirname(torch.__file__), "include")
+    args = [f"-I{include}", f"-I{os.path.join(include, 'torch', 'csrc', 'api', 'include')}"]
     args.append(f"-I{sysconfig.get_paths()['include']}")
     libdir = os.path.join(os.path.dirname(torch.__file__), "lib")
     args += ["-std=c++17", "-DNDEBUG", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
              f"-L{libdir}", f"-Wl,-rpath,{libdir}", "-lc10", "-ltorch_cpu", "-w"]
     cuda = False
     if torch.version.cuda and os.path.exists(os.path.join(libdir, "libc10_cuda.so")):
-        home = cpp_extension.CUDA_HOME
+        home = _cuda_home()
         inc = [Path(home) / "include"] if home else []
         inc += [Path(p) / "nvidia" / "cu13" / "include" for p in sys.path] + \
                [Path(p) / "nvidia" / "cuda_runtime" / "include" for p in sys.path]

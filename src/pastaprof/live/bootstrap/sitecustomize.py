@@ -8,6 +8,11 @@ It must leave the program as it would be without pastaprof:
   a GPU framework (``_TRIGGERS``) or pastaprof's own capture verbs (``pastaprof.live``), so a
   Python child that does neither pays only this module (bench/child_start.py);
 * ``sys.path`` loses this directory before the program's code runs;
+* ``os.environ`` is what the program was given: PYTHONPATH without this directory, and none
+  of the variables ``pastaprof run`` added for itself (``PASTAPROF_HIDE_ENV`` names them).
+  They stay in the process's C environment, which children inherit, and an environment the
+  program hands to a child (``subprocess``'s ``env=``, ``os.execve``, ``os.posix_spawn``) gets
+  them back wherever it carries the run's ``PASTAPROF_OUT`` (``_Environment``);
 * the sitecustomize this one shadows runs as Python would run it: as the module
   ``sitecustomize``, its exception propagating to ``site`` (which prints its one-line error
   and goes on, or dies of a SystemExit), and ``sys.modules["sitecustomize"]`` is then what it
@@ -111,6 +116,118 @@ class _StartOnImport:
         return spec
 
 
+class _Environment:
+    """os.environ without pastaprof's variables; the C environment and children's with them."""
+
+    def __init__(self, added):
+        self.added = {}  # name -> value in the C environment, for environments handed to children
+        for name in added:
+            if name and name != "PYTHONPATH" and name in os.environ:
+                self.added[name] = os.environ[name]
+                self._show(name, None)
+        value = os.environ.get("PYTHONPATH")
+        if value is not None:  # none of its own (pastaprof added it), or what the program set since
+            value = self._without_us(value)
+            self._show("PYTHONPATH", None if not value and "PYTHONPATH" in added else value)
+        self.hide_env = ",".join(added)
+
+    @staticmethod
+    def _show(name, value):
+        """What os.environ says for ``name``, leaving the C environment as it is."""
+        data, key = os.environ._data, os.environ.encodekey(name)
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = os.environ.encodevalue(value)
+
+    @staticmethod
+    def _without_us(value):
+        return value[len(_HERE) + 1:] if value.startswith(_HERE + os.pathsep) else ("" if value == _HERE else value)
+
+    @staticmethod
+    def with_us(value):
+        value = os.fsdecode(value)
+        return value if value.split(os.pathsep)[0] == _HERE else os.pathsep.join(p for p in (_HERE, value) if p)
+
+    def for_child(self, env):
+        """A child's environment (a mapping, or fork_exec's list of b"NAME=value") with
+        pastaprof's variables, where it is one of this run's (it has PASTAPROF_OUT)."""
+        if env is None:
+            return env
+        if isinstance(env, (list, tuple)):
+            pairs = dict(os.fsencode(e).partition(b"=")[::2] for e in env)
+            if b"PASTAPROF_OUT" not in pairs:
+                return env
+            pairs[b"PYTHONPATH"] = os.fsencode(self.with_us(pairs.get(b"PYTHONPATH", b"")))
+            for name, value in self.added.items():
+                pairs.setdefault(os.fsencode(name), os.fsencode(value))
+            return [k + b"=" + v for k, v in pairs.items()]
+        keys = {os.fsdecode(k): k for k in env}
+        if "PASTAPROF_OUT" not in keys:
+            return env
+        env = dict(env)
+        key = keys.get("PYTHONPATH", "PYTHONPATH")
+        value = self.with_us(env.get(key, ""))
+        env[key] = os.fsencode(value) if isinstance(key, bytes) else value
+        for name, value in self.added.items():
+            if name not in keys:
+                env[name] = value
+        return env
+
+    def install(self):
+        """Wrap where the program sets PYTHONPATH (os.environ's putenv/unsetenv: the C value
+        keeps this directory first) and where it hands an environment to a child."""
+        import _posixsubprocess
+
+        real_putenv, real_unsetenv, real_fork_exec = os.putenv, os.unsetenv, _posixsubprocess.fork_exec
+        real_execve, real_spawn, real_spawnp = os.execve, os.posix_spawn, os.posix_spawnp
+
+        def putenv(name, value):
+            name_ = os.fsdecode(name)
+            if self.added.pop(name_, None) is not None:  # the program's own value from now on
+                self.hide_env = ",".join(n for n in self.hide_env.split(",") if n != name_)
+                real_putenv("PASTAPROF_HIDE_ENV", self.hide_env)
+            real_putenv(name, self.with_us(value) if name_ == "PYTHONPATH" else value)
+
+        def unsetenv(name):
+            if os.fsdecode(name) == "PYTHONPATH":
+                return real_putenv(name, _HERE)
+            return real_unsetenv(name)
+
+        def fork_exec(*args):
+            args = list(args)
+            args[5] = self.for_child(args[5])  # env_list (subprocess, multiprocessing)
+            return real_fork_exec(*args)
+
+        def execve(path, argv, env):
+            return real_execve(path, argv, self.for_child(env))
+
+        def posix_spawn(path, argv, env, **kwargs):
+            return real_spawn(path, argv, self.for_child(env), **kwargs)
+
+        def posix_spawnp(path, argv, env, **kwargs):
+            return real_spawnp(path, argv, self.for_child(env), **kwargs)
+
+        for wrapper, real in ((putenv, real_putenv), (unsetenv, real_unsetenv), (fork_exec, real_fork_exec),
+                              (execve, real_execve), (posix_spawn, real_spawn), (posix_spawnp, real_spawnp)):
+            for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+                try:
+                    setattr(wrapper, attr, getattr(real, attr))
+                except (AttributeError, TypeError):
+                    pass
+        os.putenv, os.unsetenv, os.execve, os.posix_spawn, os.posix_spawnp = (putenv, unsetenv, execve, posix_spawn,
+                                                                              posix_spawnp)
+        _posixsubprocess.fork_exec = fork_exec
+
+
+def _hide_environment() -> None:
+    try:
+        env = _Environment(os.environ.get("PASTAPROF_HIDE_ENV", "").split(","))
+        env.install()
+    except Exception as e:  # never harm the profiled program
+        sys.stderr.write(f"pastaprof: warning: the environment is shown as pastaprof set it: {type(e).__name__}: {e}\n")
+
+
 def _hide() -> None:
     """This directory off ``sys.path`` (it stays in PYTHONPATH: child processes need it)."""
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
@@ -138,6 +255,8 @@ def _shadowed():
     return module
 
 
+if os.environ.get("PASTAPROF_OUT"):
+    _hide_environment()
 if os.environ.get("PASTAPROF_OUT") and not _launcher():
     sys.meta_path.insert(0, _StartOnImport())
     if os.environ.get("PASTAPROF_EAGER", "") not in ("", "0"):
