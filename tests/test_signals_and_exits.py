@@ -267,6 +267,28 @@ def test_os_exit_in_the_first_second_and_a_bare_fork_child(tmp_path):
     assert dict(_adds(tmp_path / "run")) == {child: 250, parent: 120}
 
 
+
+def test_os_abort_dies_of_sigabrt_as_bare_and_keeps_its_events(tmp_path):
+    """os.abort() ended the process with no flush: a program aborting in its first second
+    left no events at all."""
+    p = tmp_path / "abort.py"
+    p.write_text(textwrap.dedent("""
+        import os, sys, torch
+        x = torch.ones(2)
+        for _ in range(140):
+            x = x + 1
+        print(os.getpid(), flush=True)
+        sys.stderr.write("aborting\\n")
+        os.abort()
+    """))
+    bare = subprocess.run([sys.executable, str(p)], capture_output=True, text=True, env=_env(), timeout=120,
+                          preexec_fn=_no_core)
+    r = subprocess.run([*PP, "-o", str(tmp_path / "run"), "--", sys.executable, str(p)], capture_output=True,
+                       text=True, env=_env(PASTAPROF_FLUSH_MS="5000"), timeout=120, preexec_fn=_no_core)
+    assert bare.returncode == r.returncode == -signal.SIGABRT, r.stderr
+    assert [ln for ln in r.stderr.splitlines() if not ln.startswith("pastaprof:")] == bare.stderr.splitlines()
+    assert dict(_adds(tmp_path / "run")) == {int(r.stdout): 140}
+
 COUNTER = textwrap.dedent("""
     import signal, sys, time
     sig = getattr(signal, sys.argv[1])

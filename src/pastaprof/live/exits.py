@@ -12,8 +12,8 @@
   (multiprocessing Pool workers, which ``Pool.terminate`` ends with SIGTERM) flush their
   own events, not the parent's copy.
 * ``os._exit`` (a bare fork child's way out; multiprocessing children flush earlier, from
-  a finalizer) and ``os.execv``/``os.execve`` (and so every ``os.exec*``): the session is
-  flushed first; a Python program exec'd with the same environment starts a new session.
+  a finalizer), ``os.abort`` and ``os.execv``/``os.execve`` (and so every ``os.exec*``): the
+  session is flushed first; a Python program exec'd with the same environment starts a new session.
   If the exec fails, capture goes on in a new session of this process.
 * The handler runs when the main thread next runs Python.  A main thread stuck in C code
   (a long native call that does not return on EINTR) would not die of the signal as it
@@ -45,6 +45,7 @@ CAUGHT = frozenset(s for s in signal.valid_signals() if s not in _SKIPPED)
 _real_signal = signal.signal
 _real_getsignal = signal.getsignal
 _real_exit = os._exit
+_real_abort = os.abort
 _real_execv = os.execv
 _real_execve = os.execve
 _real_set_wakeup_fd = signal.set_wakeup_fd
@@ -212,6 +213,11 @@ def _exit(n: int) -> None:
     _real_exit(n)
 
 
+def abort() -> None:
+    _stop_current(_JOIN_S)
+    _real_abort()
+
+
 def _before_exec(path: Any) -> bool:
     """Flush before an exec that can succeed (os.execvp tries each PATH entry in turn)."""
     if not isinstance(path, int):
@@ -256,7 +262,7 @@ def execve(path: Any, argv: Any, env: Any) -> None:
         raise
 
 
-for _f, _real in ((getsignal, _real_getsignal), (set_signal, _real_signal), (_exit, _real_exit),
+for _f, _real in ((getsignal, _real_getsignal), (set_signal, _real_signal), (_exit, _real_exit), (abort, _real_abort),
                   (set_wakeup_fd, _real_set_wakeup_fd),
                   (execv, _real_execv), (execve, _real_execve)):
     for _attr in ("__name__", "__qualname__", "__doc__"):
@@ -274,7 +280,7 @@ def install() -> None:
         return
     _installed = True
     signal.signal, signal.getsignal, signal.set_wakeup_fd = set_signal, getsignal, set_wakeup_fd
-    os._exit, os.execv, os.execve = _exit, execv, execve
+    os._exit, os.abort, os.execv, os.execve = _exit, abort, execv, execve
     for sig in CAUGHT:
         with contextlib.suppress(OSError, ValueError, RuntimeError):
             if _is_default(_real_getsignal(sig)):
