@@ -13,7 +13,8 @@ from pastaprof.errors import InputError
 from pastaprof.store.safe_read import MAX_MANIFEST_BYTES, load_json
 from pastaprof.store.safe_read import printable as _key
 
-# A field's expected type: "int" (not bool), "count" (int >= 0), "rank" (0 <= int < 2**31), "num",
+# A field's expected type: "int" (int64, not bool), "count" (int64 >= 0), "rank" (0 <= int < 2**31), "num"
+# (int64, or a float within its range),
 # "str", "any"; ("?", t): t or null; ("list", t); ("map", t): an object whose values are t; a dict:
 # an object whose listed keys are of those types (others are free).
 _DEVICE = {"id": "int", "name": ("?", "str"), "numSms": ("?", "num"), "totalGlobalMem": ("?", "num")}
@@ -34,8 +35,9 @@ MANIFEST_FIELDS: dict[str, Any] = {
     "program": ("?", {"exit_code": ("?", "int"), "unflushed_pids": ("?", ("list", "any")),
                       "lost_at_most_ms": ("?", "num")}),
 }
-_WANT = {"int": "an integer", "count": "a non-negative integer", "rank": "a rank (an integer from 0 to 2^31-1)",
-         "num": "a number", "str": "a string", "list": "a list", "map": "an object"}
+_I64 = 2**63  # numbers are int64 (or floats within its range): what Arrow, DuckDB and orjson take
+_WANT = {"int": "a 64-bit integer", "count": "a non-negative 64-bit integer", "rank": "a rank (an integer from 0 to 2^31-1)",
+         "num": "a finite number under 2^63 in size", "str": "a string", "list": "a list", "map": "an object"}
 
 
 def _kind_of(v: Any) -> str:
@@ -59,10 +61,10 @@ def _type_error(spec: Any, v: Any) -> str | None:
     if isinstance(spec, tuple):
         want = list if spec[0] == "list" else dict
         return None if isinstance(v, want) else f"is {_kind_of(v)}, expected {_WANT[spec[0]]}"
-    is_int = isinstance(v, int) and not isinstance(v, bool)
+    is_int = isinstance(v, int) and not isinstance(v, bool) and -_I64 <= v < _I64
     ok = {"any": True, "str": isinstance(v, str), "int": is_int, "count": is_int and v >= 0,
           "rank": is_int and 0 <= v < 2**31,
-          "num": (is_int or isinstance(v, float)) and v == v and abs(v) != float("inf")}[spec]
+          "num": (is_int or isinstance(v, float)) and -_I64 < v < _I64}[spec]  # NaN compares False
     return None if ok else f"is {_kind_of(v)}, expected {_WANT[spec]}"
 
 
@@ -84,14 +86,12 @@ def _leaves_ok(spec: Any, values: list[Any]) -> bool:
         values = [x for x in values if x is not None]
     if not types <= _LEAF_TYPES[leaf]:
         return False
-    try:
-        if leaf == "count":
-            return not values or min(values) >= 0
-        if leaf == "rank":
-            return not values or (min(values) >= 0 and max(values) < 2**31)
-        return leaf != "num" or all(map(math.isfinite, values))
-    except OverflowError:  # an integer beyond any float: judged one by one
+    if leaf == "str" or not values:
+        return True
+    if leaf == "num" and not all(map(math.isfinite, values)):
         return False
+    low = {"count": 0, "rank": 0}.get(leaf, -_I64)
+    return min(values) >= low and max(values) < (2**31 if leaf == "rank" else _I64)
 
 
 def _check_field(path: Path, name: str, spec: Any, v: Any) -> None:

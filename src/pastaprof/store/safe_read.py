@@ -16,6 +16,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -155,14 +156,35 @@ def load_json(path: Path, limit: int = MAX_MANIFEST_BYTES, root: Path | None = N
         raise InputError(path, f"{label}not UTF-8 text (byte {e.start})") from None
     deep = f"{label}JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)"
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_no_constant, parse_int=_int64)
     except RecursionError:
         raise InputError(path, deep) from None
-    except ValueError as e:  # JSONDecodeError, and int() of a number of over 4,300 digits
+    except ValueError as e:  # JSONDecodeError, _int64, _no_constant, int() of over 4,300 digits
         raise InputError(path, f"{label}not valid JSON ({one_line(e)})") from None
     if _too_deep(value, MAX_JSON_DEPTH):
         raise InputError(path, deep)
+    if _SURROGATE_ESCAPE.search(text):  # a lone "\\ud800": a str no UTF-8 writer (terminal, orjson) takes
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError(path, f"{label}a string holds a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape "
+                                   "without its pair)") from None
     return value
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _int64(digits: str) -> int:
+    """A JSON integer, which must fit int64 (pastaprof writes none larger; no reader takes one)."""
+    v = int(digits)
+    if not -(2**63) <= v < 2**63:
+        raise ValueError(f"the integer {digits[:30]}{'...' if len(digits) > 30 else ''} does not fit 64 bits")
+    return v
 
 
 # --- trace paths -----------------------------------------------------------------------------
