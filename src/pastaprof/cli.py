@@ -7,8 +7,7 @@ flag) ends as one line on stderr and exit code 2 -- never a traceback.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,6 @@ import click
 
 from pastaprof import __version__
 from pastaprof.errors import PastaprofError
-
-PROGRESS_MIN_BYTES = 32 << 20  # show a progress bar for imports above 32 MB
 
 
 def _fail(message: str) -> None:
@@ -30,7 +27,7 @@ def _fail(message: str) -> None:
 def _echo(message: str, err: bool = False) -> None:
     """A line for the terminal: names and paths in it cannot send control sequences."""
     from pastaprof.report.names import terminal_safe
-    from pastaprof.report.terminal import silence
+    from pastaprof.report.pipes import silence
 
     try:
         click.echo(terminal_safe(message), err=err)
@@ -64,28 +61,11 @@ def _parse_tools(value: str | None) -> list[str] | None:
     return [t.strip() for t in value.split(",") if t.strip()]
 
 
-@contextmanager
-def _progress(path: Path, quiet: bool) -> Iterator[Callable[[int], None] | None]:
-    """A rich progress bar over the bytes of a long import (decompressed bytes for .gz)."""
-    size = 0
-    try:
-        files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()] if path.is_dir() else []
-        size = sum(p.stat().st_size for p in files)
-    except OSError:
-        pass
-    if quiet or size < PROGRESS_MIN_BYTES or not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn, TransferSpeedColumn
+def _progress(path: Path, quiet: bool) -> Any:
+    """Progress of a long import and its phases on stderr (report/progress.py)."""
+    from pastaprof.report.progress import progress_for
 
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
-        gz = any(p.name.endswith(".gz") for p in files)
-        from pastaprof.report.terminal import markup_safe
-
-        task = bar.add_task(f"importing {markup_safe(path.name)}", total=None if gz else size)
-        yield lambda n: bar.advance(task, n)
+    return progress_for(path, quiet)
 
 
 class _Terminated(BaseException):
@@ -225,9 +205,12 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
             tool_list = [UvmAdvisor(access_run=str(access_run)) if t == "uvm_advisor" else t for t in tool_list]
 
     def work() -> None:
+        from pastaprof.report.progress import phase
+
         with _progress(source, quiet) as progress:
             reports = run_analyze(source, tools=tool_list, ranks=rank_list, progress=progress, out=out,
                                   engine=engine, scheduler=scheduler)
+            phase(progress, "writing the report")
         if html_out is not None:
             reports, everything = html_report.split(reports)
             html_report.write_html(everything, html_out, source=str(source))
@@ -273,9 +256,12 @@ def report(path: Path | None, example: bool, dest: Path, tools: str | None, rank
     tool_list = html_report.tools_for(source, _parse_tools(tools))
 
     def work() -> None:
+        from pastaprof.report.progress import phase
+
         with _progress(source, quiet) as progress:
             reports = run_analyze(source, tools=tool_list, ranks=rank_list, progress=progress)
-        size = html_report.write_html(reports, dest, source=str(source))
+            phase(progress, "writing the HTML page")
+            size = html_report.write_html(reports, dest, source=str(source))
         if not quiet:
             _echo(f"wrote {dest} ({size / 1e6:.1f} MB)", err=is_stdout(dest))
 
@@ -478,7 +464,7 @@ def main(argv: list[str] | None = None) -> None:
     files it was asked for are written; no message."""
     import signal
 
-    from pastaprof.report.terminal import reader_gone, silence
+    from pastaprof.report.pipes import reader_gone, silence
 
     try:
         _main(argv)

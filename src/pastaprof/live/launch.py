@@ -15,14 +15,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pastaprof.errors import UsageError
 from pastaprof.live.config import ENV_PREFIX, CaptureConfig
 from pastaprof.live.python_flags import note_uncaptured
 from pastaprof.live.supervise import Supervised, die_like, hold, program_notes, release
 from pastaprof.report.names import terminal_safe
-from pastaprof.store.outputs import OutputDir, problem
+
+if TYPE_CHECKING:
+    from pastaprof.store.outputs import OutputDir
 
 BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
 
@@ -70,6 +72,7 @@ def _start(command: list[str], out: Path | None, flags: dict[str, str | None], f
         if value is not None:
             env[ENV_PREFIX + key] = value
     config = CaptureConfig.from_env(env)  # validates every setting before anything starts
+    from pastaprof.store.outputs import OutputDir  # pyarrow: imported once hold() blocked the signals
     if config.tools:
         from pastaprof.tools.registry import resolve
 
@@ -120,6 +123,7 @@ def _finish(partial: Path, dest: Path, command: list[str], code: int, wall: floa
             claim: OutputDir, child: Supervised | None = None) -> None:
     from pastaprof.errors import PastaprofError
     from pastaprof.store.compact import compact
+    from pastaprof.store.outputs import problem
 
     try:
         manifest = compact(partial, command=command, exit_code=code, wall_seconds=round(wall, 6))

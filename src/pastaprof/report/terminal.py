@@ -1,7 +1,7 @@
 """Rendering reports as rich tables in the terminal.
 
 Findings come first (largest time at stake first), one line each plus an indented evidence
-line; then each tool's summary and tables.  Everything fits the width (``COLUMNS``, else the
+line and the suggestion (at most two lines); then each tool's summary and tables.  Everything fits the width (``COLUMNS``, else the
 terminal's, else 100 when piped): one line per row, kernel names shortened by
 ``names.short_names`` and clipped, columns that do not fit dropped from the right; ``wide``
 shows full names and every column.  Rows per table are capped; JSON keeps every row.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+import textwrap
 from typing import Any
 
 import pyarrow as pa
@@ -27,6 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pastaprof.report.names import short_kernel_name, short_names, terminal_safe
+from pastaprof.report.pipes import silence
 from pastaprof.tools.base import Finding, Report, ordered_findings
 
 MAX_ROWS = 10
@@ -160,25 +162,6 @@ def _width_from_env() -> int | None:
     return n if 20 <= n <= WIDE_WIDTH else None
 
 
-_READER_GONE: list[int] = []  # the descriptors whose reader went away (``pastaprof analyze | head``)
-
-
-def reader_gone() -> bool:
-    """Whether a report's reader closed its end (the CLI ends as a tool killed by SIGPIPE)."""
-    return bool(_READER_GONE)
-
-
-def silence(fd: int = 1) -> None:
-    """The reader of ``fd`` went away: what is still printed there goes to /dev/null, so that
-    the command finishes its files (``--json``, ``-o``) and no flush at exit fails."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
-    _READER_GONE.append(fd)
-
-
 class QuietOnClose(Console):
     """rich's Console, except that a closed pipe silences it (rich's own ends the process with
     exit 1 at once, before ``--json`` or a run directory is written)."""
@@ -283,8 +266,9 @@ def _summary_lines(summary: dict[str, Any], width: int) -> list[str]:
 _DIRS = re.compile(r"(?<![\w/.])[\w.\-]*(?:/[\w.\-]+)*/(?=[\w.\-]+\.py\(\d+\))")  # a/b/c.py(1) -> c.py(1)
 
 
-def _finding_lines(f: Finding, width: int) -> tuple[str, str]:
-    """The finding's line (severity, time at stake, title, location) and its evidence line."""
+def _finding_lines(f: Finding, width: int) -> list[str]:
+    """The finding's line (severity, time at stake, title, location), its evidence line and its
+    suggestion (at most two lines, the second clipped)."""
     impact = _fmt_ns(f.impact_ns) if f.impact_ns is not None else "-"
     prefix = f"{f.severity.upper():<8} {impact:>10}  "
     title = terminal_safe(f.title)
@@ -295,8 +279,15 @@ def _finding_lines(f: Finding, width: int) -> tuple[str, str]:
         title, loc = clip(title, room - loc_room), clip(loc, loc_room)
     head = clip(prefix + title + loc, width)
     ev = ", ".join(f"{k}={format_value(k, v)}" for k, v in f.evidence.items()
-                   if k != "impact_ns" and not isinstance(v, (dict, list)))
-    return head, clip(f"{'':20}{f.tool}: {ev}" if ev else f"{'':20}{f.tool}", width)
+                   if k not in ("impact_ns", "suggestion") and not isinstance(v, (dict, list)))
+    lines = [head, clip(f"{'':20}{f.tool}: {ev}" if ev else f"{'':20}{f.tool}", width)]
+    if f.suggestion:
+        room = max(width - 22, 20)
+        said = textwrap.wrap(terminal_safe(f.suggestion), room)
+        if len(said) > 2:
+            said = [said[0], clip(" ".join(said[1:]), room)]
+        lines += [clip(f"{'':20}{'> ' if i == 0 else '  '}{x}", width) for i, x in enumerate(said)]
+    return lines
 
 
 def print_findings(reports: list[Report], console: Console) -> None:
@@ -304,10 +295,12 @@ def print_findings(reports: list[Report], console: Console) -> None:
     findings = ordered_findings(reports)
     console.rule(f"[bold]findings[/] ({len(findings)}, largest time at stake first)")
     for f in findings:
-        head, ev = _finding_lines(f, console.width)
+        head, ev, *said = _finding_lines(f, console.width)
         style = SEVERITY_STYLE.get(f.severity, "none")
         console.print(f"[{style}]{markup_safe(head)}[/]", no_wrap=True, overflow="ignore")
         console.print(f"[dim]{markup_safe(ev)}[/]", no_wrap=True, overflow="ignore")
+        for line in said:
+            console.print(markup_safe(line), no_wrap=True, overflow="ignore")
 
 
 def print_reports(reports: list[Report], console: Console | None = None, max_rows: int = MAX_ROWS,
