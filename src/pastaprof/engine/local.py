@@ -20,6 +20,7 @@ from pastaprof.engine.mapcombine import Combiner, map_rank, plan
 from pastaprof.errors import InputError
 from pastaprof.events.schema import KINDS
 from pastaprof.importers import iter_ranks, manifest_for
+from pastaprof.report.progress import phase
 from pastaprof.tools.base import Report, Tool
 
 Progress = Callable[[int], None]
@@ -51,10 +52,12 @@ def analyze_trace(path: Path, src: Path, tools: list[Tool], sink: Any = None, ra
     for rank, parts, metas in consecutive(iter_ranks(src, ranks, progress, kinds)):
         manifest = manifest_for(path, metas)
         comb.start(manifest)
+        phase(progress, f"rank {rank} read, mapping it")
         comb.add(map_rank(rank, parts, metas, spec, manifest))
     if not comb.metas:
         raise InputError(path, "no trace matches the selected ranks")
     manifest = manifest_for(path, comb.metas)
+    phase(progress, "running the tools")
     return comb.finish(manifest), manifest
 
 

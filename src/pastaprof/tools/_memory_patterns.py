@@ -374,4 +374,8 @@ def _finding(r: dict) -> Finding:
     peak = f"; {_fmt(r['peak_bytes_saved'])} of it idle at the peak" if r["peak_bytes_saved"] else ""
     sev = "warning" if r["peak_bytes_saved"] >= WARN_PEAK_BYTES else "info"
     where = " @ ".join(x for x in (r["op"], r["site"]) if x) or None
-    return Finding(sev, f"{dev}: {_fmt(r['bytes'])} in {blocks} {what}{peak}", dict(r), location=where)
+    advice = {"unused": "Do not allocate these blocks, or allocate them only where they are used.",
+              "early_allocation": "Allocate these blocks just before their first use.",
+              "late_deallocation": "Drop the last reference right after the last use (del, or a narrower scope)."}
+    return Finding(sev, f"{dev}: {_fmt(r['bytes'])} in {blocks} {what}{peak}", dict(r), location=where,
+                   suggestion=advice[r["pattern"]])

@@ -21,6 +21,14 @@ LAUNCH_BOUND_SHARE = 0.5               # >= 50% of the kernels with a known laun
 LAUNCH_BOUND_MIN = 100                 # ... and at least this many: a finding
 NON_COMPUTE_PCT = 25.0                 # exposed communication or memory above 25% of the span: a finding
 
+HOST_WAIT_ADVICE = ("Queue GPU work faster at this site: fewer small ops (torch.compile), CUDA graphs, larger batches, "
+                    "and no host syncs inside the loop.")
+IDLE_ADVICE = "The streams table and the steps tool show where the gaps are: stream dependencies, syncs or copies."
+EXPOSED_ADVICE = {"communication": "Overlap communication with compute (DDP bucket size, FSDP prefetch, async "
+                                   "collectives on their own stream).",
+                  "memory": "Overlap copies with compute: pinned host memory and non_blocking=True copies on a side "
+                            "stream (the copies tool lists them)."}
+
 
 def timeline_findings(temporal: pa.Table, streams: pa.Table, lb: dict[str, Any], lb_table: pa.Table,
                       host_wait_site: Callable[[int, dict[str, Any]], str | None],
@@ -52,18 +60,18 @@ def timeline_findings(temporal: pa.Table, streams: pa.Table, lb: dict[str, Any],
         if r["idle_pct"] <= STARVED_IDLE_PCT and host_pct >= HOST_WAIT_PCT:
             out.append(Finding("warning", f"GPU idle {host_pct:.1f}% waiting for launches",
                                {**evidence, "host_wait_pct": round(host_pct, 2)}, site or where,
-                               impact_ns=host_idle, kind="host wait"))
+                               impact_ns=host_idle, kind="host wait", suggestion=HOST_WAIT_ADVICE))
         if r["idle_pct"] > STARVED_IDLE_PCT:
             if share >= HOST_WAIT_DOMINANT:
                 sev = "critical" if r["idle_pct"] >= CRITICAL_IDLE_PCT else "warning"
                 out.append(Finding(sev, f"GPU starved by the host: idle {r['idle_pct']:.1f}% of its span, "
                                         f"{share:.0%} of stream idle time waiting for launches", evidence,
                                    site or where,
-                                   impact_ns=host_idle, kind="host wait"))
+                                   impact_ns=host_idle, kind="host wait", suggestion=HOST_WAIT_ADVICE))
             else:
                 top = max(waits, key=waits.get) if total_wait else "other"
                 out.append(Finding("warning", f"GPU idle {r['idle_pct']:.1f}% of its span (mostly {top})",
-                                   evidence, where, impact_ns=int(r["idle_ns"])))
+                                   evidence, where, impact_ns=int(r["idle_ns"]), suggestion=IDLE_ADVICE))
         for label, what in (("communication", "exposed communication (not overlapped with compute)"),
                             ("memory", "copies/memsets not overlapped with compute")):
             w = peer.get(rank, {}) if label == "communication" else {}
@@ -78,7 +86,7 @@ def timeline_findings(temporal: pa.Table, streams: pa.Table, lb: dict[str, Any],
                                    {f"{label}_ns": r[f"{label}_ns"], f"{label}_pct": r[f"{label}_pct"],
                                     "span_ns": r["span_ns"], "compute_pct": r["compute_pct"],
                                     **({"waiting_for_peers_ns": w["attributed_ns"]} if w else {})}, where,
-                                   impact_ns=int(r[f"{label}_ns"])))
+                                   impact_ns=int(r[f"{label}_ns"]), suggestion=EXPOSED_ADVICE[label]))
     if waiting:
         out.append(waiting_finding(waiting))
     if lb["launch_bound_launches"] >= LAUNCH_BOUND_MIN and lb["launch_bound_share"] >= LAUNCH_BOUND_SHARE:
@@ -88,8 +96,10 @@ def timeline_findings(temporal: pa.Table, streams: pa.Table, lb: dict[str, Any],
                                       f"({lb['launch_bound_share']:.0%}) run shorter on the GPU than their "
                                       f"launch call{graphs}",
                            {**lb, "top_kernels": lb_table.column("name").to_pylist()[:5]},
-                           location="launch-bound: consider CUDA graphs, fusion or larger batches",
-                           impact_ns=lb.get("launch_bound_excess_ns"), kind="launch bound"))
+                           location=lb_table.column("name")[0].as_py() if lb_table.num_rows else None,
+                           impact_ns=lb.get("launch_bound_excess_ns"), kind="launch bound",
+                           suggestion="Capture the launch-bound kernels in a CUDA graph or fuse them (torch.compile), "
+                                      "or give each launch more work (larger batches)."))
     return out
 
 
@@ -110,4 +120,6 @@ def waiting_finding(waiting: list[tuple[dict[str, Any], dict[str, int]]]) -> Fin
     return Finding("warning", f"{len(ranks)} ranks ({shown}) spend their exposed communication waiting for "
                               f"rank {top} in collectives: its late arrival, not their own communication "
                               "(the ranks tool says why it was late)", evidence, f"rank {top}",
-                   impact_ns=total, kind="waiting for a rank")
+                   impact_ns=total, kind="waiting for a rank",
+                   suggestion=f"Find why rank {top} arrives late (the ranks tool's straggler finding): its extra work, "
+                              "its data loading or a slower GPU.")

@@ -43,8 +43,9 @@ class Finding:
     """One machine-readable conclusion: what, how bad, the numbers behind it, where.
 
     ``impact_ns`` is the time at stake (computed from events; None when a finding has no
-    time attached), which orders findings across tools.  ``id`` names the finding's kind
-    and location, stable across runs of the same program: a short hash of the tool, the
+    time attached), which orders findings across tools.  ``suggestion`` is one sentence on what
+    to do about it (a tool may give it as ``evidence["suggestion"]``; it is lifted from there).
+    ``id`` names the finding's kind and location, stable across runs of the same program: a short hash of the tool, the
     ``kind`` key (by default the title with its measured numbers and lists taken out) and
     the location (without line numbers and addresses, which move between versions).
     """
@@ -56,8 +57,11 @@ class Finding:
     tool: str = ""
     impact_ns: int | None = None
     kind: str | None = None
+    suggestion: str | None = None
 
     def __post_init__(self) -> None:
+        if self.suggestion is None and isinstance(self.evidence.get("suggestion"), str):
+            self.suggestion = self.evidence["suggestion"]
         if self.impact_ns is None:  # tools that put the time at stake in their evidence
             v = self.evidence.get("impact_ns")
             if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v):  # NumPy too
@@ -80,7 +84,8 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "tool": self.tool, "severity": self.severity, "title": self.title,
-                "impact_ns": self.impact_ns, "evidence": self.evidence, "location": self.location}
+                "impact_ns": self.impact_ns, "evidence": self.evidence, "location": self.location,
+                "suggestion": self.suggestion}
 
 
 def ordered_findings(reports: list[Report]) -> list[Finding]:

@@ -42,7 +42,9 @@ class Coalescing(Tool):
                                         f"{r['kernel']} pc {hex(r['pc'])}{at}: {r['sectors_per_request']:.1f} sectors per "
                                         f"request (ideal {ideal:.0f}); coalescing saves {saved} sectors "
                                         f"({saved * 32} B)", {**r, "sectors_saved": saved},
-                                        location=r["source"] or f"{r['kernel']}+{hex(r['pc'])}"))
+                                        location=r["source"] or f"{r['kernel']}+{hex(r['pc'])}",
+                                        suggestion="Make neighbouring threads of a warp read neighbouring addresses "
+                                                   "(index by threadIdx.x along the contiguous dimension)."))
         summary = {"pcs": len(rows), "requests": sum(r["requests"] for r in rows), "sectors": sum(r["sectors"] for r in rows),
                    "sectors_per_request": round(sum(r["sectors"] for r in rows) / max(1, sum(r["requests"] for r in rows)), 3)}
         return Report(self.name, tables={"pcs": pcs}, findings=findings, summary=summary)

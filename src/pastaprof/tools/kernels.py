@@ -11,9 +11,9 @@ import pyarrow as pa
 
 from pastaprof.tools.base import Finding, Report, Tool, sql
 
-DOMINANT_SHARE = 0.25      # a kernel name taking >= 25% of GPU time is worth a look
+DOMINANT_SHARE = 0.25      # a kernel name taking >= 25% of GPU activity time (kernels, copies, memsets) is worth a look
 TINY_KERNEL_NS = 5_000     # kernels under 5 us are dominated by launch overhead ...
-TINY_MIN_LAUNCHES = 1_000  # ... when there are this many of them
+TINY_SHARE = 0.5           # ... when they are at least half of the launches (a share: the same for 1 or 57 steps)
 
 
 class Kernels(Tool):
@@ -59,18 +59,32 @@ class Kernels(Tool):
                       findings=self._findings(per_kernel, summary), summary=summary)
 
     def _findings(self, per_kernel: pa.Table, summary: dict) -> list[Finding]:
+        """A kernel taking DOMINANT_SHARE of all GPU activity time (copies and memsets count: a
+        kernel is no hotspot of a GPU busy with copies), and many tiny kernels.  Both point at
+        where time goes, not at a cause with a time to win, so they carry no ``impact_ns``."""
         out: list[Finding] = []
-        rows = per_kernel.slice(0, 5).to_pylist()
-        for r in rows:
-            if r["share"] is not None and r["share"] >= DOMINANT_SHARE:
-                out.append(Finding("warning", f"one kernel takes {r['share']:.0%} of GPU time",
-                                   {"launches": r["launches"], "total_ns": r["total_ns"], "share": round(r["share"], 4),
-                                    "mean_ns": round(r["mean_ns"], 1)}, location=r["name"]))
-        con = sql(k=per_kernel)
-        tiny = con.execute(f"SELECT sum(launches), sum(total_ns) FROM k WHERE median_ns < {TINY_KERNEL_NS}").fetchall()[0]
-        if tiny[0] and tiny[0] >= TINY_MIN_LAUNCHES:
-            out.append(Finding("info", f"{tiny[0]} launches of kernels with median under {TINY_KERNEL_NS // 1000} us",
-                               {"launches": int(tiny[0]), "total_ns": int(tiny[1]),
-                                "share_of_launches": round(tiny[0] / max(summary["kernels"], 1), 4)},
-                               location="many small kernels: consider fusion or CUDA graphs"))
+        con = sql(memcpy=self.table("memcpy"), memset=self.table("memset"))
+        copy_ns = con.execute("SELECT (SELECT coalesce(sum(end_ns - start_ns), 0) FROM memcpy)"
+                              " + (SELECT coalesce(sum(end_ns - start_ns), 0) FROM memset)").fetchall()[0][0]
+        gpu_ns = summary["kernel_ns"] + int(copy_ns)
+        for r in per_kernel.slice(0, 5).to_pylist():
+            share = r["total_ns"] / gpu_ns if gpu_ns else 0.0
+            if share >= DOMINANT_SHARE:
+                out.append(Finding("warning", f"one kernel takes {share:.0%} of GPU activity time",
+                                   {"launches": r["launches"], "total_ns": r["total_ns"], "share": round(share, 4),
+                                    "share_of_kernel_time": round(r["share"], 4), "mean_ns": round(r["mean_ns"], 1),
+                                    "suggestion": "Look at this kernel first: its shapes, dtype and the op that "
+                                                  "launches it (ops and gemm tools)."},
+                                   location=r["name"], kind="dominant kernel"))
+        tiny = sql(k=per_kernel).execute(
+            f"SELECT sum(launches), sum(total_ns), arg_max(name, launches) FROM k WHERE median_ns < {TINY_KERNEL_NS}"
+        ).fetchall()[0]
+        share = tiny[0] / summary["kernels"] if tiny[0] and summary["kernels"] else 0.0
+        if share >= TINY_SHARE:
+            out.append(Finding("info", f"{share:.0%} of kernel launches are of kernels with median under "
+                                       f"{TINY_KERNEL_NS // 1000} us",
+                               {"launches": int(tiny[0]), "total_ns": int(tiny[1]), "share_of_launches": round(share, 4),
+                                "suggestion": "Fuse these small kernels (torch.compile) or capture them in a CUDA "
+                                              "graph: their launches cost more than their work."},
+                               location=tiny[2], kind="many small kernels"))
         return out

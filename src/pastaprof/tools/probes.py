@@ -66,7 +66,9 @@ class Probes(Tool):
                     "info", f"the host was in {top['probe']} for {top['gpu_idle_ns'] / idle_total:.0%} of the GPU's "
                     "idle time", {"gpu_idle_ns": top["gpu_idle_ns"], "idle_total_ns": idle_total,
                                   "calls": top["calls"]},
-                    location=top["probe"], impact_ns=top["gpu_idle_ns"], kind="host in probe while GPU idle"))
+                    location=top["probe"], impact_ns=top["gpu_idle_ns"], kind="host in probe while GPU idle",
+                    suggestion="Move this call off the training loop's thread or out of the step, or make it "
+                               "cheaper: the GPU waits while the host is in it."))
         return Report(self.name, tables={"probes": table}, findings=findings, display=DISPLAY,
                       summary={"calls": int(t.num_rows), "probes": len(rows), "gpu_idle_ns": idle_total or None})
 

@@ -31,7 +31,9 @@ def device_findings(dev_rows: list[dict], never: pa.Table, leaks: list[dict]) ->
         where = " @ ".join(x for x in (top.get("op_name"), top.get("call_site")) if x) or None
         sev = "critical" if lk["total_growth_bytes"] >= CRITICAL_BYTES else "warning"
         out.append(Finding(sev, f"{lk['device']}: memory grows {fmt(lk['growth_bytes_per_step'])} per step "
-                                f"over {lk['steps']} steps", dict(lk), location=where))
+                                f"over {lk['steps']} steps", dict(lk), location=where,
+                           suggestion="Free what this site allocates each step, or stop holding references to it "
+                                      "across steps (lists of losses, cached tensors)."))
     for d in dev_rows:
         nb = d["never_freed_bytes"]
         name = device_label(d['device_type'], d['device'])
@@ -42,22 +44,29 @@ def device_findings(dev_rows: list[dict], never: pa.Table, leaks: list[dict]) ->
                                     "trace still live at its end",
                                {"rank": d["rank"], "bytes": nb, "blocks": d["never_freed_blocks"],
                                 "top_site_bytes": top["bytes"], "top_site_blocks": top["blocks"]},
-                               location=" @ ".join(x for x in (top["op_name"], top["call_site"]) if x) or None))
+                               location=" @ ".join(x for x in (top["op_name"], top["call_site"]) if x) or None,
+                               suggestion="Check that these blocks are meant to outlive the trace (weights, caches), "
+                                          "else release them."))
         cap = d["device_memory_bytes"]
         if cap and d["max_reserved_bytes"] >= CAPACITY_SHARE * cap:
             out.append(Finding("warning", f"{name}: allocator reserved {d['max_reserved_bytes'] / cap:.0%} of device memory",
                                {"max_reserved_bytes": d["max_reserved_bytes"], "device_memory_bytes": cap,
-                                "peak_bytes": d["peak_bytes"]}))
+                                "peak_bytes": d["peak_bytes"]}, location=name,
+                               suggestion="Lower the peak (smaller batch, activation checkpointing) before the "
+                                          "allocator runs out of device memory."))
         unalloc = d["reserved_at_peak"] - d["peak_bytes"]
         if d["reserved_at_peak"] > 0 and unalloc >= FRAG_MIN_BYTES and unalloc >= FRAG_SHARE * d["reserved_at_peak"]:
             out.append(Finding("warning", f"{name}: {fmt(unalloc)} reserved but not allocated at the peak "
                                           f"({unalloc / d['reserved_at_peak']:.0%} of reserved): fragmentation",
                                {"rank": d["rank"], "reserved_at_peak": d["reserved_at_peak"],
                                 "peak_bytes": d["peak_bytes"], "bytes_saveable": unalloc},
-                               location="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True may return it"))
+                               location=name,
+                               suggestion="Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which lets the "
+                                          "allocator return it."))
         if d["mismatched_events"]:
             out.append(Finding("info", f"{name}: {d['mismatched_events']} events disagree with the allocator's total "
-                                       "(events missing or out of order)", {"rank": d["rank"]}))
+                                       "(events missing or out of order)", {"rank": d["rank"]}, location=name,
+                               suggestion="Record the whole run with memory events on; the replay is unsure here."))
     return out
 
 
@@ -78,7 +87,9 @@ def oom_findings(rng: pa.Table, blocks: pa.Table) -> list[Finding]:
         out.append(Finding("critical", f"{r['name']}; {fmt(total)} was allocated then, in {live.num_rows} blocks",
                            {"rank": r["rank"], "time_ns": t, "allocated_bytes": total, "blocks": live.num_rows,
                             "top_site_bytes": top.get("bytes")},
-                           location=" @ ".join(x for x in (top.get("op_name"), top.get("call_site")) if x) or None))
+                           location=" @ ".join(x for x in (top.get("op_name"), top.get("call_site")) if x) or None,
+                           suggestion="Lower what this site holds at that moment (smaller batch, activation "
+                                      "checkpointing) or free it earlier."))
     return out
 
 

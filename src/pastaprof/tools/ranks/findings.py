@@ -33,6 +33,10 @@ def _grew_text(ev: dict[str, Any]) -> str:
     return f" ({g['name'][:60]} +{fmt_ns(g['excess_ns'])})"
 
 
+STRAGGLER_ADVICE = ("Look at what this rank did before the collective that the others did not (the cause above): "
+                    "data loading, host work or a longer kernel.")
+
+
 def straggler_findings(events: list[dict[str, Any]], n_steps: int) -> tuple[list[Finding], set[int]]:
     per_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for e in events:
@@ -47,7 +51,8 @@ def straggler_findings(events: list[dict[str, Any]], n_steps: int) -> tuple[list
         title = (f"rank {e['rank']} arrived {fmt_ns(e['delay_ns'])} late at the collectives of {e['step']}, "
                  f"{e['cause']}{_grew_text(e)}: {e['waiting_ranks']} ranks waited for it "
                  f"({fmt_ns(e['impact_ns'])} in total)")
-        out.append(Finding(sev, title, dict(e), f"rank {e['rank']}: {e['step']}", kind="straggler"))
+        out.append(Finding(sev, title, dict(e), f"rank {e['rank']}: {e['step']}", kind="straggler",
+                           suggestion=STRAGGLER_ADVICE))
     for r in sorted(consistent):
         evs = per_rank[r]
         delay = int(np.median([e["delay_ns"] for e in evs]))
@@ -58,7 +63,9 @@ def straggler_findings(events: list[dict[str, Any]], n_steps: int) -> tuple[list
                     "grew": evs[0].get("grew", [])}
         title = (f"rank {r} is consistently slow: last to arrive in {len(evs)} of {n_steps} steps, "
                  f"{fmt_ns(delay)} late per step (median), {cause}: the other ranks waited {fmt_ns(impact)}")
-        out.append(Finding("warning", title, evidence, f"rank {r}", kind="consistently slow rank"))
+        out.append(Finding("warning", title, evidence, f"rank {r}", kind="consistently slow rank",
+                           suggestion=f"Compare rank {r} with the others (its host, GPU, data shard): it is late in "
+                                      "most steps, so the cause is its own, not chance."))
     return out, consistent
 
 
@@ -70,7 +77,9 @@ def link_findings(events: list[dict[str, Any]]) -> list[Finding]:
                  f"({e['collectives']} collectives, usual {fmt_ns(e['usual_transfer_ns'])}): {who} is slow, "
                  f"no rank arrived late")
         where = f"rank {e['rank']}: {e['step']}" if e["rank"] is not None else str(e["step"])
-        out.append(Finding("warning", title, dict(e), where, kind="slow link"))
+        out.append(Finding("warning", title, dict(e), where, kind="slow link",
+                           suggestion="Check this link (NCCL_DEBUG=INFO shows the transport; nvidia-smi topo -m the "
+                                      "topology) and whether other jobs share it."))
     return out
 
 
@@ -105,4 +114,6 @@ def imbalance_finding(job: Job, consistent: set[int]) -> Finding | None:
              f"the median rank, and the busiest rank changes (ranks {names}): unequal shapes or sequence lengths")
     evidence = {"median_spread": round(spread, 4), "steps": len(per_step), "impact_ns": impact,
                 "slowest_ranks": dict(slowest.most_common(10)), "per_step": per_step[:20]}
-    return Finding("warning", title, evidence, "compute imbalance", kind="compute imbalance")
+    return Finding("warning", title, evidence, "compute imbalance", kind="compute imbalance",
+                   suggestion="Give the ranks equal work per step: bucket or pad sequences to equal lengths, or "
+                              "balance the shards.")
