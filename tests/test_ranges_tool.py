@@ -130,3 +130,44 @@ def test_a_range_ending_before_it_starts_holds_nothing():
     tool.on_batch("kernel", k.to_batches()[0])
     (row,) = tool.report().tables["ranges"].to_pylist()
     assert row["gpu_ns"] == 0 and row["gpu_activities"] == 0 and row["total_ns"] == 1_000_000
+
+
+LIVE_RANGES = """
+import json, sys, time
+import pastaprof
+with pastaprof.range("warmup"):  # the first range starts the capture session: not timed
+    pass
+took = {"load": [], "train": []}
+for i in range(4):
+    for name, sleep in (("load", 0.004), ("train", 0.012)):
+        t0 = time.perf_counter_ns()
+        with pastaprof.range(f"{name}{i}"):
+            time.sleep(sleep)
+        took[name].append(time.perf_counter_ns() - t0)
+json.dump(took, open(sys.argv[1], "w"))
+"""
+
+
+def test_live_pastaprof_ranges_against_the_programs_own_clock(tmp_path):
+    """pastaprof.range in a live run: one family per name stem, its count, and total and max no
+    longer than the program's own clock measured around each ``with`` block, and no shorter than its sleep."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PASTAPROF_")}
+    prog, took = tmp_path / "prog.py", tmp_path / "took.json"
+    prog.write_text(LIVE_RANGES)
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(tmp_path / "run"), "--",
+                        sys.executable, str(prog), str(took)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    outer = json.loads(took.read_text())
+    (rep,) = pastaprof.analyze(tmp_path / "run", tools=["ranges"])
+    rows = {row["range"]: row for row in rep.tables["ranges"].to_pylist()}
+    assert set(rows) == {"loadN", "trainN", "warmup"} and rows["warmup"]["count"] == 1
+    for name, row, sleep in (("load", rows["loadN"], 4_000_000), ("train", rows["trainN"], 12_000_000)):
+        assert row["count"] == 4 and row["gpu_ns"] == 0
+        # each range holds its sleep (at least that long) and lies inside the program's measurement
+        assert 4 * sleep <= row["total_ns"] <= sum(outer[name])
+        assert sleep <= row["max_ns"] <= max(outer[name]) and row["mean_ns"] == pytest.approx(row["total_ns"] / 4)
