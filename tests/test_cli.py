@@ -139,3 +139,16 @@ def test_a_reader_that_closes_early_ends_the_command_as_sigpipe_after_its_files(
     assert code in (0, -signal.SIGPIPE) and err == ""  # (all of it may fit the pipe before it closes)
     full = run("analyze", "--example", "--json", str(tmp_path / "g.json"))
     assert full.returncode == 0 and json.loads((tmp_path / "g.json").read_text())["findings"] == doc["findings"]
+
+
+def test_json_to_a_pipe_whose_reader_leaves_ends_as_sigpipe_and_writes_the_other_outputs(tmp_path):
+    """``analyze --json - --html R | head -1``: the JSON on stdout loses its reader after one line;
+    no error line, the HTML page is written whole, and the command dies of SIGPIPE like a Unix tool
+    (it said 'cannot write -: broken pipe' and exited 2)."""
+    import signal
+
+    page = tmp_path / "r.html"
+    code, err = _closed_after_one_line("analyze", "--example", "-q", "--json", "-", "--html", str(page))
+    assert (code, err) == (-signal.SIGPIPE, "")
+    text = page.read_text()
+    assert text.rstrip().endswith("</html>") and "findings" in text

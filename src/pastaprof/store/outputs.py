@@ -198,24 +198,47 @@ class _Output:
     def __init__(self, f: BinaryIO, name: str) -> None:
         self._f = f
         self.name = name
+        self._gone = False  # the reader of a pipe went away: the rest is discarded
 
     def write(self, data: bytes) -> int:
+        if self._gone:
+            return len(data)
         try:
             return self._f.write(data)
+        except BrokenPipeError:
+            self._reader_left()
+            return len(data)
         except OSError as e:
             raise OutputError(self.name, problem(e)) from None
 
     def flush(self) -> None:
+        if self._gone:
+            return
         try:
             self._f.flush()
+        except BrokenPipeError:
+            self._reader_left()
         except OSError as e:
             raise OutputError(self.name, problem(e)) from None
 
     def close(self) -> None:
         try:
             self._f.close()
+        except BrokenPipeError:
+            self._reader_left()
         except OSError as e:
             raise OutputError(self.name, problem(e)) from None
+
+    def _reader_left(self) -> None:
+        """``--json - | head``: the command ends as any Unix tool whose reader left, by SIGPIPE
+        once its other outputs are written (cli.main), not with an error line."""
+        from pastaprof.report.pipes import silence
+
+        self._gone = True
+        try:
+            silence(self._f.fileno())
+        except (OSError, ValueError):
+            pass
 
     def writable(self) -> bool:
         return True
