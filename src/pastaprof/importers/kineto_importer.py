@@ -11,6 +11,9 @@ lines and recorded in the run's manifest.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,11 +41,50 @@ def stderr_note(msg: str) -> None:
         pass
 
 
-def _candidates(folder: Path) -> list[Path]:
+def _candidates(folder: Path) -> tuple[list[Path], dict[str, str]]:
+    """The folder's entries named like traces: the regular files (through a link too), and the
+    others (name -> what it is: a FIFO, a link to a device, a dangling link...), which are never
+    opened -- a FIFO would block, /dev/zero never ends."""
     try:
-        return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+        named = sorted(p for p in folder.iterdir() if p.name.endswith(TRACE_SUFFIXES))
     except OSError as e:
         raise InputError(folder, f"cannot list the folder ({e.strerror})") from None
+    files, others = [], {}
+    for p in named:
+        why = _not_a_file(p)
+        if why:
+            others[p.name] = why
+        else:
+            files.append(p)
+    return files, others
+
+
+def _not_a_file(p: Path) -> str | None:
+    """What ``p`` is when it is no regular file (after links), else None."""
+    from pastaprof.store.safe_read import describe_mode
+
+    link = os.path.islink(p)
+    try:
+        mode = os.stat(p).st_mode
+    except OSError as e:
+        if not link:
+            return f"cannot be read ({e.strerror})"
+        return {errno.ENOENT: "a dangling link", errno.ELOOP: "a symbolic link loop"}.get(
+            e.errno, f"a link that cannot be followed ({e.strerror})")
+    if stat.S_ISREG(mode):
+        return None
+    return f"a link to {describe_mode(mode)}" if link else describe_mode(mode)
+
+
+def _links_out(folder: Path, files: list[Path]) -> str | None:
+    """The note naming the traces read through a link out of ``folder``."""
+    root = folder.resolve()
+    out = [p for p in files if p.is_symlink() and not p.resolve().is_relative_to(root)]
+    if not out:
+        return None
+    shown = ", ".join(f"{show(p.name)} -> {show(str(p.resolve()))}" for p in out[:3])
+    more = f" and {len(out) - 3} more" if len(out) > 3 else ""
+    return f"read {len(out)} trace{'s' if len(out) > 1 else ''} through a link out of the folder: {shown}{more}"
 
 
 def scan(path: Path) -> tuple[list[Path], list[Sniff], dict[str, str]]:
@@ -59,8 +101,9 @@ def scan(path: Path) -> tuple[list[Path], list[Sniff], dict[str, str]]:
         if s.kind == "et":
             raise InputError(path, f"is {s.why}, not a Kineto trace")
         return [f], [s], {}
-    files, sniffs, skipped = [], [], {}
-    for p in _candidates(path):
+    candidates, others = _candidates(path)
+    files, sniffs, skipped = [], [], {n: w for n, w in others.items() if not n.startswith(".")}
+    for p in candidates:
         if p.name.startswith("."):
             skipped[p.name] = "a hidden file"
             continue
@@ -107,7 +150,7 @@ class KinetoImporter(Importer):
     def sniff(self, path: Path) -> Claim | None:
         if path.is_dir():
             weak = None
-            for p in _candidates(path):
+            for p in _candidates(path)[0]:
                 if p.name.startswith("."):
                     continue
                 if sniff(p).kind == "trace":
@@ -137,6 +180,9 @@ class KinetoImporter(Importer):
         decided = {f: s.decided for f, s in zip(files, sniffs)}
         if skipped:
             notes.insert(0, _skipped_note(skipped))
+        linked = _links_out(path, files) if path.is_dir() else None
+        if linked:
+            notes.insert(0, linked)
         for name, (_imp, cfiles) in attach.items():
             notes.append(f"{len(cfiles)} file{'s' if len(cfiles) > 1 else ''} read by the {name} importer "
                          f"beside the Kineto traces: {', '.join(show(f.name) for f in cfiles[:3])}"
@@ -179,7 +225,8 @@ def _companions(folder: Path, skipped: dict[str, str]) -> dict:
     """Skipped files another importer reads as Kineto companions (taken off ``skipped``)."""
     from pastaprof.importers.registry import companions
 
-    found = companions(folder, FORMAT, [folder / n for n in skipped if not n.startswith(".")])
+    regular = [folder / n for n in skipped if not n.startswith(".") and _not_a_file(folder / n) is None]
+    found = companions(folder, FORMAT, regular)
     for _imp, files in found.values():
         for f in files:
             skipped.pop(f.name, None)
