@@ -13,7 +13,9 @@ whole kinds missing (no ops, no frames, no launches), duplicated ids, hostile na
 UTF-8), numbers at int64/float extremes, NaN/Infinity, nested garbage, broken metadata
 (deviceProperties, distributedInfo, baseTimeNanoseconds), unknown phases, entries that
 are not objects, other top-level shapes (bare arrays, log arrays after traceEvents, keys
-in any order, traceEvents twice), truncation at a random byte, gzip corruption.  The case
+in any order, traceEvents twice), truncation at a random byte, gzip corruption; and
+bench/fuzz_mutations.py's classes (hostile values at every level, times, ids, duplicate keys,
+encodings, concatenated documents, structural cuts, gzip of garbage/empty/multi-member).  The case
 is written to a file and run in a worker process -- through the CLI entry in-process
 (``analyze PATH -q --json OUT``, every third case) or ``pastaprof.analyze`` -- with a
 per-case timeout (a worker past it is killed and counted as a hang).
@@ -40,6 +42,9 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fuzz_mutations  # noqa: E402 - the other fuzzer's mutation classes, beside this file
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = [*sorted((REPO / "tests" / "data").glob("*.json.gz")),
@@ -251,7 +256,8 @@ def m_raw_bytes(rng, doc):
 # linking and the tools).
 MUTATIONS = [m_drop_category, m_wrong_type, m_drop_keys, m_extra_keys, m_dup_ids, m_hostile_name, m_extreme_numbers,
              m_nested_garbage, m_bad_metadata, m_unknown_phase, m_categories, m_shape] * 2 + \
-            [m_nan_inf, m_not_objects, m_truncate, m_gzip_corrupt, m_raw_bytes]
+            [m_nan_inf, m_not_objects, m_truncate, m_gzip_corrupt, m_raw_bytes] + \
+    fuzz_mutations.MUTATIONS
 
 
 # ----------------------------------------------------------------------------- serialization
@@ -316,6 +322,9 @@ def _post(rng: random.Random, data: bytes, steps: list[str]) -> tuple[bytes, boo
                 for _ in range(rng.randint(1, 4)):
                     b[rng.randrange(10, len(b))] = rng.randrange(256)
                 data = bytes(b)
+        elif step in fuzz_mutations.STEPS:
+            data, was_gz = fuzz_mutations.post_step(rng, data, step)
+            gz = gz or was_gz
     return data, gz
 
 
@@ -328,7 +337,7 @@ def make_case(bases: list[dict[str, Any]], seed: int, index: int) -> tuple[bytes
     muts = list(dict.fromkeys(rng.choices(MUTATIONS, k=rng.choice([1, 1, 2, 2, 3]))))
     for m in muts:
         m(rng, doc)
-    if not any(p.startswith("gzip") for p in doc["post"]) and rng.random() < 0.3:
+    if not any(p.startswith(("gzip", "gz_")) for p in doc["post"]) and rng.random() < 0.3:
         doc["post"].append("gzip")
     data, gz = _post(rng, _serialize(doc), doc["post"])
     return data, gz, f"{base['name']}: {', '.join(m.__name__[2:] for m in muts)} {doc['shape']} {doc['post']}"
