@@ -83,3 +83,22 @@ def injection_env(out: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PASTAPROF_", "CUDA_INJECTION", "NVTX_INJ"))}
     env.update(PASTAPROF_OUT=str(out), **extra)
     return env
+
+
+_NEXT_SENTENCE = __import__("re").compile(r"[.!?]\s+[A-Z]")
+
+
+def assert_finding_contract(f) -> None:
+    """What every finding must carry (issue F section 3): an int time at stake >= 0, bytes at stake
+    (if any) an int >= 0, a location, one sentence of suggestion; and the JSON has them all."""
+    where = (f.tool, f.title)
+    assert type(f.impact_ns) is int and f.impact_ns >= 0, where
+    assert f.impact_bytes is None or (type(f.impact_bytes) is int and f.impact_bytes >= 0), where
+    if f.impact_ns == 0:  # no time at stake: the finding says why
+        assert isinstance(f.evidence.get("at_stake"), str), where
+    assert isinstance(f.location, str) and f.location.strip(), where
+    s = f.suggestion
+    assert isinstance(s, str) and s[:1].isupper() and s.endswith(".") and not _NEXT_SENTENCE.search(s), where
+    d = f.to_dict()
+    assert (d["impact_ns"], d["impact_bytes"], d["location"], d["suggestion"]) == (
+        f.impact_ns, f.impact_bytes, f.location, s), where

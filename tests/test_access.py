@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.compute as pc
 import pytest
+from conftest import assert_finding_contract
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -163,6 +164,13 @@ def test_tools_on_a_vector_add_and_a_strided_kernel():
     assert pcs[0x40]["sectors_per_request"] == 32           # each lane 32 B apart: one sector per lane
     msgs = [f.title for f in r["coalescing"].findings]
     assert len(msgs) == 1 and msgs[0].startswith("strided pc 0x40: 32.0 sectors per request (ideal 4)")
+    # 32 sectors where 4 would do, per request of the strided read: the bytes a coalesced read saves
+    (co,) = r["coalescing"].findings
+    assert co.impact_bytes == 32 * (32 - 4) * (n // 8 // 32)
+    (low,) = [f for f in r["working_set"].findings if "touches" in f.title]
+    assert low.impact_bytes == big  # live at its launch, never touched
+    for f in [f for rep in r.values() for f in rep.findings]:
+        assert_finding_contract(f)
 
 
 def test_heatmap_of_one_cta():
@@ -201,6 +209,8 @@ def test_heatmap_of_one_cta():
     util = {o["object_address"]: o["word_utilization"] for o in rep.tables["objects"].to_pylist()}
     assert util == {A: 1.0, B: 1 / 8}
     assert len(rep.findings) == 1 and "12% of the words" in rep.findings[0].title
+    assert rep.findings[0].impact_bytes == 32 * 32 * 7 // 8  # B's 32 sectors, 7 of 8 words unused
+    assert_finding_contract(rep.findings[0])
 
 
 def test_default_tools_do_not_start_the_sanitizer_and_access_tools_do():
@@ -242,3 +252,5 @@ def test_working_set_reports_what_the_patches_could_not_see():
     warn = [f for f in ws.findings if "uncovered" in f.title]
     assert len(warn) == 1 and warn[0].title.startswith("gemm: 6291456 warpgroup MMAs") and warn[0].severity == "warning"
     assert ws.summary["uncovered_kernels"] == 1
+    for f in ws.findings:
+        assert_finding_contract(f)

@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import assert_finding_contract
 
 from pastaprof.events.schema import conform
 from pastaprof.tools.base import RunInfo
@@ -110,6 +111,10 @@ def test_attribution_and_plan_of_a_known_program():
     assert first["allocation"] == "app.py(10): <module>#0 (67108864 B)" and first["estimated_saving_ns"] == 6400
     assert first["evidence"]["gpu_faults"] == 1044
     assert plan["actions"][2]["estimated_saving_ns"] == 32 * 200
+    # one finding per planned prefetch, with its saving as the time at stake, and the unattributed note
+    assert sorted(f.impact_ns for f in rep.findings) == [0, 32 * 200, 6400]
+    for f in rep.findings:
+        assert_finding_contract(f)
 
 
 def chunk_bytes() -> int:
@@ -128,6 +133,8 @@ def test_eviction_means_oversubscribed_and_thrashing_means_advise():
     acts = [(a["action"], a.get("before", a.get("point"))) for a in plan_of(_report(t))["actions"]]
     assert acts[0] == ("oversubscribed", "range:compute")
     assert ("advise", "range:readback") in acts
+    for f in _report(t).findings:
+        assert_finding_contract(f)
 
 
 def test_uvm_records_without_any_allocation_are_all_unattributed():
@@ -345,6 +352,10 @@ def test_an_access_run_that_shows_sparse_gpu_touches_pins_the_allocation_on_the_
     ev = mine[0]["evidence"]
     assert ev == {"bytes_migrated": 128 * MiB, "gpu_sector_bytes": 5 * 16_384 * 32, "launches": 5}
     assert mine[0]["estimated_saving_ns"] == 64 * 100 + 32 * 200  # every fault-driven migration of it
+    pin = [f for f in rep.findings if "pin on the CPU" in f.title]
+    assert [f.impact_ns for f in pin] == [64 * 100 + 32 * 200]
+    for f in rep.findings:
+        assert_finding_contract(f)
 
 
 def test_an_access_run_that_shows_dense_gpu_touches_keeps_the_prefetches(tmp_path):

@@ -240,5 +240,10 @@ def capture_losses(manifest: dict[str, Any]) -> dict[str, Any] | None:
         parts.append(f"{dropped} events were dropped during capture")
     if unflushed:
         parts.append(f"{len(unflushed)} process(es) ended without a final flush (events after the last flush lost)")
+    from pastaprof.tools.base import DATA_NOTE
+
     return {"severity": "warning", "title": "; ".join(parts) + ": counts and totals are low",
-            "evidence": {"dropped_events": dropped, "unflushed_pids": unflushed}}
+            "evidence": {"dropped_events": dropped, "unflushed_pids": unflushed, "at_stake": DATA_NOTE},
+            "impact_ns": 0, "location": "the capture",
+            "suggestion": "Read the counts as lower bounds, or capture again with fewer tools or a shorter run "
+                          "so that no events are dropped."}

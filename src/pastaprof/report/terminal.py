@@ -278,8 +278,9 @@ def _finding_lines(f: Finding, width: int) -> list[str]:
         loc_room = min(cell_len(loc), max(room * 3 // 5, room - cell_len(title)))
         title, loc = clip(title, room - loc_room), clip(loc, loc_room)
     head = clip(prefix + title + loc, width)
-    ev = ", ".join(f"{k}={format_value(k, v)}" for k, v in f.evidence.items()
-                   if k not in ("impact_ns", "suggestion") and not isinstance(v, (dict, list)))
+    at_stake = {"impact_bytes": f.impact_bytes} if f.impact_bytes is not None else {}
+    ev = ", ".join(f"{k}={format_value(k, v)}" for k, v in (at_stake | f.evidence).items()
+                   if k not in ("impact_ns", "suggestion", "at_stake") and not isinstance(v, (dict, list)))
     lines = [head, clip(f"{'':20}{f.tool}: {ev}" if ev else f"{'':20}{f.tool}", width)]
     if f.suggestion:
         room = max(width - 22, 20)

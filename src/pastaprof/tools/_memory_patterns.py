@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 
 from pastaprof.processor.link import map_keys
 from pastaprof.tools._codes import dense_codes, find_keys, radix_key
-from pastaprof.tools.base import Finding
+from pastaprof.tools.base import MEMORY_ONLY, Finding
 
 
 def device_label(dtype: object, device: object) -> str:
@@ -373,9 +373,10 @@ def _finding(r: dict) -> Finding:
             "late_deallocation": f"freed up to {idle} after last use"}[r["pattern"]]
     peak = f"; {_fmt(r['peak_bytes_saved'])} of it idle at the peak" if r["peak_bytes_saved"] else ""
     sev = "warning" if r["peak_bytes_saved"] >= WARN_PEAK_BYTES else "info"
-    where = " @ ".join(x for x in (r["op"], r["site"]) if x) or None
+    where = " @ ".join(x for x in (r["op"], r["site"]) if x) or dev
     advice = {"unused": "Do not allocate these blocks, or allocate them only where they are used.",
               "early_allocation": "Allocate these blocks just before their first use.",
               "late_deallocation": "Drop the last reference right after the last use (del, or a narrower scope)."}
-    return Finding(sev, f"{dev}: {_fmt(r['bytes'])} in {blocks} {what}{peak}", dict(r), location=where,
-                   suggestion=advice[r["pattern"]])
+    return Finding(sev, f"{dev}: {_fmt(r['bytes'])} in {blocks} {what}{peak}", dict(r) | {"at_stake": MEMORY_ONLY},
+                   location=where, suggestion=advice[r["pattern"]], impact_ns=0,
+                   impact_bytes=int(r["peak_bytes_saved"]))

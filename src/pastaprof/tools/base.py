@@ -30,6 +30,10 @@ Severity = Literal["info", "warning", "critical"]
 
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
+#: ``evidence["at_stake"]`` of a finding with ``impact_ns`` 0: why no time is at stake.
+NO_ESTIMATE = "where time goes; no saving estimated"
+DATA_NOTE = "a note on the data; no time at stake"
+MEMORY_ONLY = "memory, not time: impact_bytes is what is at stake"
 #: Numbers that name something (rank 1, cuda:0, stream 7) stay in a finding's kind key;
 #: the others are measurements, which change from run to run.
 _NAMING = r"(?:\b(?:rank|device|stream|gpu|node) |\b[a-z]+:)-?\d+\b"
@@ -42,9 +46,12 @@ _LINE_OR_ADDRESS = re.compile(r"\(\d+\)(?=:)|(?:[_@+.$]|\b)0x[0-9a-fA-F]+\b")  #
 class Finding:
     """One machine-readable conclusion: what, how bad, the numbers behind it, where.
 
-    ``impact_ns`` is the time at stake (computed from events; None when a finding has no
-    time attached), which orders findings across tools.  ``suggestion`` is one sentence on what
-    to do about it (a tool may give it as ``evidence["suggestion"]``; it is lifted from there).
+    ``impact_ns`` is the time at stake (computed from events), which orders findings across tools;
+    a finding that only says where time goes (a hotspot) or notes the data's quality has 0 and
+    says so in ``evidence["at_stake"]`` (``NO_ESTIMATE``, ``DATA_NOTE``).  It stays None only when
+    a tool forgot it (the tests check every tool's findings).  ``impact_bytes`` is the memory at
+    stake of a finding measured in bytes (None for the others).  ``suggestion`` is one sentence on
+    what to do about it (a tool may give it as ``evidence["suggestion"]``; it is lifted from there).
     ``id`` names the finding's kind and location, stable across runs of the same program: a short hash of the tool, the
     ``kind`` key (by default the title with its measured numbers and lists taken out) and
     the location (without line numbers and addresses, which move between versions).
@@ -58,6 +65,7 @@ class Finding:
     impact_ns: int | None = None
     kind: str | None = None
     suggestion: str | None = None
+    impact_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.suggestion is None and isinstance(self.evidence.get("suggestion"), str):
@@ -78,13 +86,14 @@ class Finding:
         text = "\x1f".join((self.tool, key, where))
         return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
-    def sort_key(self) -> tuple[int, int, int]:
-        """Largest impact first, findings without one last, then by severity."""
-        return (self.impact_ns is None, -(self.impact_ns or 0), SEVERITY_RANK.get(self.severity, 3))
+    def sort_key(self) -> tuple[int, int, int, int]:
+        """Largest impact first, findings without one last, then by severity, then by bytes at stake."""
+        return (self.impact_ns is None, -(self.impact_ns or 0), SEVERITY_RANK.get(self.severity, 3),
+                -(self.impact_bytes or 0))
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "tool": self.tool, "severity": self.severity, "title": self.title,
-                "impact_ns": self.impact_ns, "evidence": self.evidence, "location": self.location,
+                "impact_ns": self.impact_ns, "impact_bytes": self.impact_bytes, "evidence": self.evidence, "location": self.location,
                 "suggestion": self.suggestion}
 
 

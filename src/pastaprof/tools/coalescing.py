@@ -10,7 +10,7 @@ would save if coalesced.
 
 from __future__ import annotations
 
-from pastaprof.tools.base import Finding, Report, Tool, sql
+from pastaprof.tools.base import MEMORY_ONLY, Finding, Report, Tool, sql
 
 EXCESS = 2.0
 MIN_SHARE = 0.01
@@ -41,7 +41,8 @@ class Coalescing(Tool):
                 findings.append(Finding("warning" if r["sectors"] >= 0.1 * total else "info",
                                         f"{r['kernel']} pc {hex(r['pc'])}{at}: {r['sectors_per_request']:.1f} sectors per "
                                         f"request (ideal {ideal:.0f}); coalescing saves {saved} sectors "
-                                        f"({saved * 32} B)", {**r, "sectors_saved": saved},
+                                        f"({saved * 32} B)", {**r, "sectors_saved": saved, "at_stake": MEMORY_ONLY},
+                                        impact_ns=0, impact_bytes=saved * 32,
                                         location=r["source"] or f"{r['kernel']}+{hex(r['pc'])}",
                                         suggestion="Make neighbouring threads of a warp read neighbouring addresses "
                                                    "(index by threadIdx.x along the contiguous dimension)."))

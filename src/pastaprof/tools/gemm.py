@@ -25,7 +25,7 @@ Findings, one per cause and location (the op's module path, else its call site, 
 *reference rate* -- the FLOP-weighted rate this very trace's healthy GEMMs (aligned shapes,
 16-bit inputs, kernels for the device's architecture) reached; never negative.  Where the
 trace has no healthy GEMM to compare with, an fp32 group counts half its time (TF32 runs
-fp32 GEMMs at least twice as fast on every GPU that has it) and the others have no impact.
+fp32 GEMMs at least twice as fast on every GPU that has it) and the others have impact 0 (``at_stake`` says why).
 Findings worth less than ``MIN_SHARE`` of the GPU kernel time are left out.
 """
 
@@ -275,4 +275,6 @@ class Gemm(Tool):
                                       "cuBLAS/cuBLASLt version: a kernel for this GPU should serve this GEMM.")
         if impact:
             title += f": ~{fmt_ns(impact)} at stake"
+        if impact is None:
+            evidence["impact_ns"], evidence["at_stake"] = 0, "no healthy GEMM in this trace to compare with; no saving estimated"
         return Finding("warning", title, evidence, location=where, kind=f"{cause}: {top['op']}")

@@ -9,7 +9,7 @@ sector) -- shows sectors fetched for one or two words, the pattern cuThermo flag
 
 from __future__ import annotations
 
-from pastaprof.tools.base import Finding, Report, Tool, sql
+from pastaprof.tools.base import MEMORY_ONLY, Finding, Report, Tool, sql
 
 TOP = 200
 LOW_UTILIZATION = 0.25
@@ -37,7 +37,11 @@ class Heatmap(Tool):
                 where = hex(o["object_address"]) if o["object_address"] is not None else "no object"
                 findings.append(Finding("info", f"launch {o['launch']} CTA {o['cta']}, object {where}: "
                                                 f"{o['word_utilization']:.0%} of the words in its {o['sectors']} sectors "
-                                                "are used", o))
+                                                "are used", o | {"at_stake": MEMORY_ONLY},
+                                        location=f"launch {o['launch']} CTA {o['cta']}: object {where}", impact_ns=0,
+                                        impact_bytes=int(round(32 * o["sectors"] * (1 - o["word_utilization"]))),
+                                        suggestion="Lay out the data this CTA reads so that neighbouring threads "
+                                                   "use every word of each 32-byte sector (structure of arrays)."))
         rows = objects.to_pylist()
         summary = {"sectors": sum(r["sectors"] for r in rows), "accesses": sum(r["accesses"] for r in rows),
                    "objects": len(rows)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pastaprof.tools.base import Finding, Report, Tool, sql
+from pastaprof.tools.base import NO_ESTIMATE, Finding, Report, Tool, sql
 
 DOMINANT_SHARE = 0.25      # a kernel name taking >= 25% of GPU activity time (kernels, copies, memsets) is worth a look
 TINY_KERNEL_NS = 5_000     # kernels under 5 us are dominated by launch overhead ...
@@ -61,7 +61,7 @@ class Kernels(Tool):
     def _findings(self, per_kernel: pa.Table, summary: dict) -> list[Finding]:
         """A kernel taking DOMINANT_SHARE of all GPU activity time (copies and memsets count: a
         kernel is no hotspot of a GPU busy with copies), and many tiny kernels.  Both point at
-        where time goes, not at a cause with a time to win, so they carry no ``impact_ns``."""
+        where time goes, not at a cause with a time to win: ``impact_ns`` 0 (``NO_ESTIMATE``)."""
         out: list[Finding] = []
         con = sql(memcpy=self.table("memcpy"), memset=self.table("memset"))
         copy_ns = con.execute("SELECT (SELECT coalesce(sum(end_ns - start_ns), 0) FROM memcpy)"
@@ -73,9 +73,10 @@ class Kernels(Tool):
                 out.append(Finding("warning", f"one kernel takes {share:.0%} of GPU activity time",
                                    {"launches": r["launches"], "total_ns": r["total_ns"], "share": round(share, 4),
                                     "share_of_kernel_time": round(r["share"], 4), "mean_ns": round(r["mean_ns"], 1),
+                                    "at_stake": NO_ESTIMATE,
                                     "suggestion": "Look at this kernel first: its shapes, dtype and the op that "
                                                   "launches it (ops and gemm tools)."},
-                                   location=r["name"], kind="dominant kernel"))
+                                   location=r["name"], kind="dominant kernel", impact_ns=0))
         tiny = sql(k=per_kernel).execute(
             f"SELECT sum(launches), sum(total_ns), arg_max(name, launches) FROM k WHERE median_ns < {TINY_KERNEL_NS}"
         ).fetchall()[0]
@@ -84,7 +85,8 @@ class Kernels(Tool):
             out.append(Finding("info", f"{share:.0%} of kernel launches are of kernels with median under "
                                        f"{TINY_KERNEL_NS // 1000} us",
                                {"launches": int(tiny[0]), "total_ns": int(tiny[1]), "share_of_launches": round(share, 4),
+                                "at_stake": NO_ESTIMATE,
                                 "suggestion": "Fuse these small kernels (torch.compile) or capture them in a CUDA "
                                               "graph: their launches cost more than their work."},
-                               location=tiny[2], kind="many small kernels"))
+                               location=tiny[2], kind="many small kernels", impact_ns=0))
         return out

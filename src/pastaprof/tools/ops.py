@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from pastaprof.tools._by_rank import rank_rows
 from pastaprof.tools._codes import find_keys
-from pastaprof.tools.base import Finding, Report, Tool, sql
+from pastaprof.tools.base import DATA_NOTE, NO_ESTIMATE, Finding, Report, Tool, sql
 
 UNATTRIBUTED_WARN_SHARE = 0.05   # >5% of GPU time not linked to any op is worth a warning
 
@@ -239,21 +239,21 @@ def _findings(totals: tuple, summary: dict[str, Any], by_name: pa.Table) -> list
     if totals[0] and 1 - totals[1] / totals[0] > UNATTRIBUTED_WARN_SHARE:
         findings.append(Finding("warning", "GPU time not attributed to any framework op",
                                 {"unattributed_ns": int(totals[0] - totals[1]),
-                                 "share": round(1 - totals[1] / totals[0], 4)},
-                                suggestion="Record with the profiler's CPU activity (or pastaprof run) so each kernel's "
+                                 "share": round(1 - totals[1] / totals[0], 4), "at_stake": DATA_NOTE},
+                                location="GPU work without a launching op", impact_ns=0, suggestion="Record with the profiler's CPU activity (or pastaprof run) so each kernel's "
                                            "launch can be tied to its op."))
     if summary["shapes"] == "sampled":
         findings.append(Finding("info", "input shapes are from a sample of the calls",
                                 {"forward_ops_with_shapes": int(totals[3]), "forward_ops": int(totals[4]),
-                                 "hint": "pastaprof run --shapes all records every op's"},
-                                suggestion="Run again with pastaprof run --shapes all for every call's shapes."))
+                                 "hint": "pastaprof run --shapes all records every op's", "at_stake": DATA_NOTE},
+                                location="op input shapes", impact_ns=0, suggestion="Run again with pastaprof run --shapes all for every call's shapes."))
     if by_name.num_rows:
         top = by_name.slice(0, 1).to_pylist()[0]
         if totals[0] and top["self_gpu_ns"]:
             findings.append(Finding("info", f"{top['name']} launches the most GPU time",
                                     {"gpu_ns": top["self_gpu_ns"], "calls": top["calls"],
-                                     "share": round(top["self_gpu_ns"] / totals[0], 4)},
-                                    location=top["dominant_kernel"],
+                                     "share": round(top["self_gpu_ns"] / totals[0], 4), "at_stake": NO_ESTIMATE},
+                                    location=top["dominant_kernel"], impact_ns=0,
                                     suggestion="Start with this op: the gemm tool judges its shapes and kernels, the "
                                                "ops table its launch delay."))
     return findings

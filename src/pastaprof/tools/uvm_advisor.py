@@ -63,7 +63,7 @@ import pyarrow.compute as pc
 from pastaprof.processor.intervals import innermost_enclosing
 from pastaprof.processor.link import map_keys
 from pastaprof.tools._ranges import host_ranges
-from pastaprof.tools.base import Finding, Report, Tool
+from pastaprof.tools.base import DATA_NOTE, Finding, Report, Tool
 from pastaprof.tools.memory import _i64, _str
 
 PLAN_SCHEMA = "pastaprof-uvm-plan/1"
@@ -270,7 +270,9 @@ class UvmAdvisor(Tool):
         if unattributed:
             findings.append(Finding("info", f"{unattributed} of {len(aidx)} unified-memory records fall in no managed "
                                             "allocation known to the capture (allocated before it, or not by cudaMallocManaged)",
-                                    {"records": unattributed}))
+                                    {"records": unattributed, "at_stake": DATA_NOTE}, location="unified memory records",
+                                    impact_ns=0, suggestion="Start the capture before the program allocates its managed "
+                                                            "memory, so every record can be attributed."))
         summary = {"records": len(aidx), "unattributed": unattributed, "allocations": allocs.num_rows,
                    "gpu_faults": int(count[kinds == "gpu_page_fault"].sum()),
                    "cpu_faults": int(count[kinds == "cpu_page_fault"].sum()),
@@ -337,7 +339,10 @@ class UvmAdvisor(Tool):
             if act["action"] == "prefetch" and not str(r["point"]).startswith("range:"):
                 findings.append(Finding("info", f"{al['name']}: {act['action']} to {act['to']} would help, but its "
                                                 "faults are outside every range: wrap that code in pastaprof.range(...) "
-                                                "to give the plan a point", act, location=al["site"]))
+                                                "to give the plan a point", act, location=al["site"] or al["name"],
+                                        impact_ns=int(act["estimated_saving_ns"]),
+                                        suggestion="Wrap the code that touches it in pastaprof.range(...), then run "
+                                                   "the advisor again for a plan."))
                 continue
             actions.append(act)
             a = r["alloc_id"]
@@ -350,9 +355,15 @@ class UvmAdvisor(Tool):
             what = act["action"] + (f" to {act['to']}" if "to" in act else "")
             findings.append(Finding(sev, f"{al['name']}: {what} before {r['point']} "
                                          f"(saves ~{act['estimated_saving_ns'] / 1e6:.2f} ms of fault-driven migration)",
-                                    act, location=al["site"]))
+                                    act, location=al["site"] or al["name"], impact_ns=int(act["estimated_saving_ns"]),
+                                    suggestion=_OVERSUBSCRIBED if act["action"] == "oversubscribed" else _PLAN_ADVICE))
         plan = {"schema": PLAN_SCHEMA, "actions": actions}
         return plan, findings, g
+
+
+_OVERSUBSCRIBED = "Process the allocation in chunks that fit device memory, or shrink it: its pages are evicted."
+_PLAN_ADVICE = ("Apply the plan: write it with analyze --uvm-plan FILE and run the program with "
+                "pastaprof run --apply-uvm-plan FILE, or make the same cudaMemPrefetchAsync/cudaMemAdvise calls there.")
 
 
 def _fault_columns(att: pa.Table, kinds: np.ndarray, cause: np.ndarray) -> dict[str, Any]:
@@ -409,7 +420,7 @@ def _pin(g: pa.Table, alloc_id: int, al: dict[str, Any], target: dict[str, Any],
                             f"{al['name']}: pin on the CPU and map to the GPU -- the GPU touches "
                             f"{tr['gpu_sector_bytes'] / 2**20:.1f} MiB of it (sectors, access run) where "
                             f"{migrated / 2**20:.1f} MiB migrated (saves ~{saving / 1e6:.2f} ms)",
-                            act, location=al["site"]))
+                            act, location=al["site"] or al["name"], impact_ns=saving, suggestion=_PLAN_ADVICE))
 
 
 def _row_action(r: dict[str, Any], al: dict[str, Any]) -> dict[str, Any] | None:

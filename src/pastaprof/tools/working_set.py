@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pastaprof.tools.base import Finding, Report, Tool, sql
+from pastaprof.tools.base import DATA_NOTE, MEMORY_ONLY, Finding, Report, Tool, sql
 
 if TYPE_CHECKING:
     import duckdb
@@ -62,15 +62,25 @@ class WorkingSet(Tool):
                 findings.append(Finding(
                     "warning", f"{k['kernel']}: {k['uncovered_wgmma']} warpgroup MMAs and {k['uncovered_bulk_copies']} "
                                "bulk/TMA copies are not seen lane by lane: its global loads through them are not "
-                               "counted (uncovered; accesses and working set are lower bounds)", k, location=k["kernel"]))
+                               "counted (uncovered; accesses and working set are lower bounds)",
+                    k | {"at_stake": DATA_NOTE}, location=k["kernel"], impact_ns=0,
+                    suggestion="Read this kernel's accesses and working set as lower bounds; its tensor-core "
+                               "and TMA traffic is not counted."))
         for k in kernels.to_pylist():
             fp = k["max_footprint_bytes"] or 0
             if fp >= LOW_MIN_FOOTPRINT and k["max_working_set_bytes"] < LOW_SHARE * fp:
                 findings.append(Finding("info", f"{k['kernel']}: touches {k['max_working_set_bytes'] / fp:.1%} of the "
-                                                f"{fp / 2**30:.1f} GiB live at its launches", k, location=k["kernel"]))
+                                                f"{fp / 2**30:.1f} GiB live at its launches",
+                                        k | {"at_stake": MEMORY_ONLY}, location=k["kernel"], impact_ns=0,
+                                        impact_bytes=int(fp - k["max_working_set_bytes"]),
+                                        suggestion="Free or offload what this kernel does not touch if memory is "
+                                                   "short: most of what is live at its launches is idle."))
             if k["unattributed"]:
                 findings.append(Finding("info", f"{k['kernel']}: {k['unattributed']} accesses outside every live "
-                                                "object (unattributed, not guessed)", k, location=k["kernel"]))
+                                                "object (unattributed, not guessed)", k | {"at_stake": DATA_NOTE},
+                                        location=k["kernel"], impact_ns=0,
+                                        suggestion="Record allocations from the program's start (and its own "
+                                                   "allocators) so these accesses can be attributed."))
         tot = launches.to_pylist()
         summary = {"launches": len(tot), "accesses": sum(r["accesses"] for r in tot),
                    "max_working_set_bytes": max((r["working_set_bytes"] for r in tot), default=0),

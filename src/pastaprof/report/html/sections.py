@@ -105,7 +105,9 @@ def summary_html(summary: dict[str, Any]) -> str:
 
 
 def _impact(f: Finding) -> str:
-    return format_value("impact_ns", f.impact_ns) if f.impact_ns is not None else "-"
+    """The time at stake, and the bytes at stake of a finding measured in bytes."""
+    text = format_value("impact_ns", f.impact_ns) if f.impact_ns is not None else "-"
+    return text + (f" ({format_value('impact_bytes', f.impact_bytes)})" if f.impact_bytes is not None else "")
 
 
 def findings_html(findings: list[Finding]) -> str:

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.tools._memory_patterns import device_label
-from pastaprof.tools.base import Finding
+from pastaprof.tools.base import DATA_NOTE, MEMORY_ONLY, Finding
 from pastaprof.tools.memory.common import GPU_TYPES, fmt, group
 
 WARN_BYTES = 16 << 20       # never-freed severity thresholds
@@ -31,7 +31,8 @@ def device_findings(dev_rows: list[dict], never: pa.Table, leaks: list[dict]) ->
         where = " @ ".join(x for x in (top.get("op_name"), top.get("call_site")) if x) or None
         sev = "critical" if lk["total_growth_bytes"] >= CRITICAL_BYTES else "warning"
         out.append(Finding(sev, f"{lk['device']}: memory grows {fmt(lk['growth_bytes_per_step'])} per step "
-                                f"over {lk['steps']} steps", dict(lk), location=where,
+                                f"over {lk['steps']} steps", dict(lk) | {"at_stake": MEMORY_ONLY}, location=where or lk["device"],
+                           impact_ns=0, impact_bytes=int(lk["total_growth_bytes"]),
                            suggestion="Free what this site allocates each step, or stop holding references to it "
                                       "across steps (lists of losses, cached tensors)."))
     for d in dev_rows:
@@ -43,15 +44,17 @@ def device_findings(dev_rows: list[dict], never: pa.Table, leaks: list[dict]) ->
             out.append(Finding(sev, f"{name}: {fmt(nb)} in {d['never_freed_blocks']} blocks allocated during the "
                                     "trace still live at its end",
                                {"rank": d["rank"], "bytes": nb, "blocks": d["never_freed_blocks"],
-                                "top_site_bytes": top["bytes"], "top_site_blocks": top["blocks"]},
-                               location=" @ ".join(x for x in (top["op_name"], top["call_site"]) if x) or None,
+                                "top_site_bytes": top["bytes"], "top_site_blocks": top["blocks"], "at_stake": MEMORY_ONLY},
+                               impact_ns=0, impact_bytes=int(nb),
+                               location=" @ ".join(x for x in (top["op_name"], top["call_site"]) if x) or name,
                                suggestion="Check that these blocks are meant to outlive the trace (weights, caches), "
                                           "else release them."))
         cap = d["device_memory_bytes"]
         if cap and d["max_reserved_bytes"] >= CAPACITY_SHARE * cap:
             out.append(Finding("warning", f"{name}: allocator reserved {d['max_reserved_bytes'] / cap:.0%} of device memory",
                                {"max_reserved_bytes": d["max_reserved_bytes"], "device_memory_bytes": cap,
-                                "peak_bytes": d["peak_bytes"]}, location=name,
+                                "peak_bytes": d["peak_bytes"], "at_stake": MEMORY_ONLY}, location=name,
+                               impact_ns=0, impact_bytes=int(d["max_reserved_bytes"]),
                                suggestion="Lower the peak (smaller batch, activation checkpointing) before the "
                                           "allocator runs out of device memory."))
         unalloc = d["reserved_at_peak"] - d["peak_bytes"]
@@ -59,13 +62,14 @@ def device_findings(dev_rows: list[dict], never: pa.Table, leaks: list[dict]) ->
             out.append(Finding("warning", f"{name}: {fmt(unalloc)} reserved but not allocated at the peak "
                                           f"({unalloc / d['reserved_at_peak']:.0%} of reserved): fragmentation",
                                {"rank": d["rank"], "reserved_at_peak": d["reserved_at_peak"],
-                                "peak_bytes": d["peak_bytes"], "bytes_saveable": unalloc},
-                               location=name,
+                                "peak_bytes": d["peak_bytes"], "bytes_saveable": unalloc, "at_stake": MEMORY_ONLY},
+                               location=name, impact_ns=0, impact_bytes=int(unalloc),
                                suggestion="Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which lets the "
                                           "allocator return it."))
         if d["mismatched_events"]:
             out.append(Finding("info", f"{name}: {d['mismatched_events']} events disagree with the allocator's total "
-                                       "(events missing or out of order)", {"rank": d["rank"]}, location=name,
+                                       "(events missing or out of order)", {"rank": d["rank"], "at_stake": DATA_NOTE},
+                               location=name, impact_ns=0,
                                suggestion="Record the whole run with memory events on; the replay is unsure here."))
     return out
 
@@ -86,8 +90,10 @@ def oom_findings(rng: pa.Table, blocks: pa.Table) -> list[Finding]:
         total = int(pc.sum(live["bytes"]).as_py() or 0)
         out.append(Finding("critical", f"{r['name']}; {fmt(total)} was allocated then, in {live.num_rows} blocks",
                            {"rank": r["rank"], "time_ns": t, "allocated_bytes": total, "blocks": live.num_rows,
-                            "top_site_bytes": top.get("bytes")},
-                           location=" @ ".join(x for x in (top.get("op_name"), top.get("call_site")) if x) or None,
+                            "top_site_bytes": top.get("bytes"), "at_stake": MEMORY_ONLY},
+                           impact_ns=0, impact_bytes=total,
+                           location=" @ ".join(x for x in (top.get("op_name"), top.get("call_site")) if x)
+                           or f"rank {r['rank']} device {r['device'] or 0}",
                            suggestion="Lower what this site holds at that moment (smaller batch, activation "
                                       "checkpointing) or free it earlier."))
     return out
