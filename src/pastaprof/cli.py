@@ -90,7 +90,7 @@ def _terminate(signum: int, _frame: Any) -> None:
 def _die_of(signum: int) -> None:
     import signal
 
-    from pastaprof.store.outputs import discard_unpublished
+    from pastaprof.store.run_dirs import discard_unpublished
 
     discard_unpublished()
     sys.stdout.flush()
@@ -117,7 +117,7 @@ def _run_guarded(fn: Callable[[], Any], signals: bool = True) -> Any:
             _fail("out of memory")
         raise
     except KeyboardInterrupt:
-        from pastaprof.store.outputs import discard_unpublished
+        from pastaprof.store.run_dirs import discard_unpublished
 
         discard_unpublished()
         click.echo("pastaprof: interrupted", err=True)
@@ -180,7 +180,8 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
     from pastaprof.engine import check_engine
 
     _run_guarded(lambda: check_engine(engine, scheduler))  # before anything is read
-    from pastaprof.store.outputs import check_output_dir, check_output_file, is_stdout
+    from pastaprof.store.outputs import check_output_file, is_stdout
+    from pastaprof.store.run_dirs import check_output_dir
 
     for target in (json_out, uvm_plan, html_out):
         if target is not None:

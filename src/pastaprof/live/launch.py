@@ -24,7 +24,7 @@ from pastaprof.live.supervise import Supervised, die_like, hold, program_notes, 
 from pastaprof.report.names import terminal_safe
 
 if TYPE_CHECKING:
-    from pastaprof.store.outputs import OutputDir
+    from pastaprof.store.run_dirs import OutputDir
 
 BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
 
@@ -72,7 +72,7 @@ def _start(command: list[str], out: Path | None, flags: dict[str, str | None], f
         if value is not None:
             env[ENV_PREFIX + key] = value
     config = CaptureConfig.from_env(env)  # validates every setting before anything starts
-    from pastaprof.store.outputs import OutputDir  # pyarrow: imported once hold() blocked the signals
+    from pastaprof.store.run_dirs import OutputDir  # pyarrow: imported once hold() blocked the signals
     if config.tools:
         from pastaprof.tools.registry import resolve
 

@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 
 from pastaprof.errors import OutputError
 from pastaprof.events.schema import SCHEMA_VERSION
-from pastaprof.store.outputs import OutputDir, problem
+from pastaprof.store.outputs import problem
+from pastaprof.store.run_dirs import OutputDir
 
 
 def read_parquet(path: Path | str) -> pa.Table:
