@@ -51,18 +51,26 @@ def open_trace(path: Path) -> BinaryIO:
         raise InputError(path, "is a directory, expected a trace file") from None
     except OSError as e:
         raise InputError(path, f"cannot open: {e.strerror}") from None
-    magic = f.read(2)
-    f.seek(0)
+    try:
+        magic = f.read(2)
+        f.seek(0)
+    except OSError as e:  # EIO of /proc/self/mem, a file on a failing disk
+        f.close()
+        raise InputError(path, f"read error: {e.strerror or e}") from None
     if magic == b"\x1f\x8b":
         return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
     return f
 
 
 _NON_WS = re.compile(rb"[^ \t\r\n]")
+# UTF-16/32 JSON: a byte-order mark, or a '{', '[' or blank next to NUL bytes
+_WIDE_TEXT = re.compile(rb"\xff\xfe|\xfe\xff|\x00\x00\xfe\xff|\x00{1,3}[{\[ \t\r\n]|[{\[ \t\r\n]\x00")
 
 
 def _top_level(head: bytes, path: Path) -> tuple[int, bool]:
     """Offset of the first byte of the JSON value and whether it is an array."""
+    if _WIDE_TEXT.match(head):
+        raise InputError(path, "UTF-16 or UTF-32 text: JSON traces are read as UTF-8 (re-encode it, e.g. iconv)")
     m = _NON_WS.search(head)
     i = m.start() if m else len(head)
     if head.startswith(b"\xef\xbb\xbf", i):
@@ -178,6 +186,7 @@ def _copy_array(src: BinaryIO, out: BinaryIO, head: bytes, start: int, bare: boo
     if progress:
         progress(total)
     while block:
+        _no_nul(block, total - len(block) if done else start + 1, path)
         pos = end.feed(block)
         if pos >= 0:
             cut = pos - done + 1
@@ -202,6 +211,15 @@ def _copy_array(src: BinaryIO, out: BinaryIO, head: bytes, start: int, bare: boo
         out.write(b"]")
         return b"", total
     raise InputError(path, "truncated: the traceEvents array is never closed")
+
+
+def _no_nul(block: bytes, offset: int, path: Path) -> None:
+    """JSON text holds no NUL byte (not even inside a string): a file zero-filled past a crash,
+    a sparse file, UTF-16 is refused at its first one, before gigabytes of it are staged."""
+    i = block.find(b"\x00")
+    if i >= 0:
+        raise InputError(path, f"a NUL byte at byte {offset + i} of the JSON text: not JSON (a file zero-filled "
+                               "past a crash? UTF-16?)")
 
 
 def _check_expansion(src: BinaryIO, total: int, path: Path | None) -> None:
