@@ -1,7 +1,7 @@
-"""Values no reader takes, in run directories and traces, through the real CLI in a subprocess:
-numbers beyond int64 or float overflow in run.json, lone UTF-16 surrogates, NaN tokens.  Each
-must end in exactly one ``pastaprof: error:`` line naming the problem, exit 2, the run directory
-untouched (bench/fuzz_hostile.py throws these and more at every command)."""
+"""Values no reader takes in a run directory, through the real CLI in a subprocess: numbers beyond
+int64 or float overflow in run.json, lone UTF-16 surrogates, NaN tokens, part times no int64
+arithmetic takes.  Each must end in exactly one ``pastaprof: error:`` line naming the problem,
+exit 2, the run directory untouched."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
-from test_hostile_stores import _damaged, cli, good_run, one_error_line, snapshot  # noqa: F401 - fixture
+from test_hostile_stores import _damaged, _rewrite_part, cli, good_run, one_error_line, snapshot  # noqa: F401
 
 I64 = 2**63
 
@@ -61,3 +62,24 @@ def test_a_surrogate_pair_in_run_json_is_read(good_run, tmp_path):  # noqa: F811
     r = cli("info", str(run))
     assert r.returncode == 0, r.stderr
     assert "\U0001f600 fine" in r.stdout
+
+
+def _kernel_start_at(value: int) -> Callable[[Path], None]:
+    def change(t: pa.Table) -> pa.Table:
+        i = t.schema.get_field_index("start_ns")
+        return t.set_column(i, t.schema.field(i), pa.array([value] * t.num_rows, pa.int64()))
+    return _rewrite_part("kernel/rank-0.parquet", change)
+
+
+@pytest.mark.parametrize("start", [-(2**63), -(2**62)])
+def test_part_times_past_int64_arithmetic_are_one_line(good_run, tmp_path, start):  # noqa: F811 - the fixture
+    """Kernels starting at int64's minimum beside ops of today: the steps tool's sum of their spans
+    was a DuckDB ConversionException traceback (INT128 to BIGINT)."""
+    run = _damaged(good_run, tmp_path, _kernel_start_at(start))
+    for args in (["analyze", str(run), "-q", "--json", str(tmp_path / "f.json")],
+                 ["export", str(run), "-o", str(tmp_path / "t.pftrace")]):
+        line = one_error_line(cli(*args))
+        assert line.startswith(f"pastaprof: error: {run / 'kernel'}"), line  # the part, or the kind's view
+        assert ": event times span " in line, line
+        assert "not the timestamps of one trace" in line, line
+    assert not (tmp_path / "f.json").exists() and not (tmp_path / "t.pftrace").exists()

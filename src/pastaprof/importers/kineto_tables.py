@@ -36,6 +36,11 @@ def check_time_range(tables: dict[str, pa.Table], path: Path) -> None:
             a, b = pc.min(t["start_ns"]).as_py(), pc.max(t["end_ns"]).as_py()
             lo = a if lo is None or (a is not None and a < lo) else lo
             hi = b if hi is None or (b is not None and b > hi) else hi
+    check_span(lo, hi, path)
+
+
+def check_span(lo: int | None, hi: int | None, path: Path) -> None:
+    """Refuse a first start ``lo`` and last end ``hi`` further apart than ``TIME_RANGE_LIMIT``."""
     if lo is not None and hi is not None and hi - lo >= TIME_RANGE_LIMIT:
         raise InputError(path, f"event times span {(hi - lo) / 86400e9:.3g} days ({lo} to {hi} ns): "
                                "not the timestamps of one trace")

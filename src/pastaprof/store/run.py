@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from pastaprof.errors import InputError
 from pastaprof.events.schema import KINDS, schema
+from pastaprof.importers.kineto_tables import check_span
 from pastaprof.store.manifest_check import read_manifest
 from pastaprof.store.safe_read import check_inside, os_problem, part_rows, read_part
 from pastaprof.store.writer import MANIFEST
@@ -92,6 +93,9 @@ class Run:
                 if files and self._ranks is None:
                     paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
                     con.execute(f'CREATE VIEW "{kind}" AS SELECT * FROM read_parquet([{paths}])')
+                    # what read_part checks of each part's times, over the view (read_parquet skips it)
+                    check_span(*con.execute(f'SELECT min(start_ns), max(end_ns) FROM "{kind}"').fetchall()[0],
+                               self.path / kind)
                 else:
                     con.register(kind, self.table(kind))
             self._con = con

@@ -382,6 +382,7 @@ def part_rows(path: Path, kind: str | None, root: Path | None = None) -> int:
 def read_part(path: Path, kind: str | None, root: Path | None = None) -> pa.Table:
     """A part's events, checked (see ``part_rows``) and, with ``kind``, conformed to its schema."""
     from pastaprof.events.schema import conform
+    from pastaprof.importers.kineto_tables import check_time_range
 
     with _parquet(path, root) as pf:
         _check_footer(path, kind, pf)
@@ -393,9 +394,12 @@ def read_part(path: Path, kind: str | None, root: Path | None = None) -> pa.Tabl
         if kind is None:
             return t
         try:
-            return conform(kind, t)
+            t = conform(kind, t)
         except Exception as e:  # noqa: BLE001 -- a cast that does not fit (an integer out of range)
             raise InputError(path, f"cannot be read as {kind} events ({one_line(e, 200)})") from None
+    # times a part can hold but no tool's int64 arithmetic takes (-2**63 beside today): as on import
+    check_time_range({kind: t}, path)
+    return t
 
 
 def native_buffer(data: bytes) -> pa.Buffer:
