@@ -26,24 +26,31 @@ TIME_RANGE_LIMIT = 1 << 62  # ns (146 years): any span of real events is far bel
 
 
 def check_time_range(tables: dict[str, pa.Table], path: Path) -> None:
-    """Refuse events spread over more than ``TIME_RANGE_LIMIT``: their spans and gaps
-    would not fit int64 nanoseconds (the tools' arithmetic), so no number would be right."""
+    """Refuse events spread over more than ``TIME_RANGE_LIMIT``, or whose durations add up to
+    more: their spans, gaps and sums would not fit int64 nanoseconds (the tools' arithmetic),
+    so no number would be right."""
     import pyarrow.compute as pc
 
-    lo, hi = None, None
+    lo, hi, total = None, None, 0.0
     for t in tables.values():
         if t.num_rows and "start_ns" in t.column_names:
             a, b = pc.min(t["start_ns"]).as_py(), pc.max(t["end_ns"]).as_py()
             lo = a if lo is None or (a is not None and a < lo) else lo
             hi = b if hi is None or (b is not None and b > hi) else hi
-    check_span(lo, hi, path)
+            d = pc.subtract(pc.cast(t["end_ns"], pa.float64(), safe=False), pc.cast(t["start_ns"], pa.float64(), safe=False))
+            total += pc.sum(pc.abs(d)).as_py() or 0.0
+    check_span(lo, hi, path, total)
 
 
-def check_span(lo: int | None, hi: int | None, path: Path) -> None:
-    """Refuse a first start ``lo`` and last end ``hi`` further apart than ``TIME_RANGE_LIMIT``."""
+def check_span(lo: int | None, hi: int | None, path: Path, total: float | None = None) -> None:
+    """Refuse a first start ``lo`` and last end ``hi`` further apart than ``TIME_RANGE_LIMIT``,
+    or durations whose sum (``total``, ns) is that large."""
     if lo is not None and hi is not None and hi - lo >= TIME_RANGE_LIMIT:
         raise InputError(path, f"event times span {(hi - lo) / 86400e9:.3g} days ({lo} to {hi} ns): "
                                "not the timestamps of one trace")
+    if total is not None and total >= TIME_RANGE_LIMIT:
+        raise InputError(path, f"event durations add up to {total / 86400e9:.3g} days: not the timestamps of one "
+                               "trace")
 
 
 def encode_names(kind: str, t: pa.Table) -> pa.Table:

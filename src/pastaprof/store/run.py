@@ -94,8 +94,9 @@ class Run:
                     paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
                     con.execute(f'CREATE VIEW "{kind}" AS SELECT * FROM read_parquet([{paths}])')
                     # what read_part checks of each part's times, over the view (read_parquet skips it)
-                    check_span(*con.execute(f'SELECT min(start_ns), max(end_ns) FROM "{kind}"').fetchall()[0],
-                               self.path / kind)
+                    lo, hi, total = con.execute(f'SELECT min(start_ns), max(end_ns), sum(abs(end_ns::DOUBLE - '
+                                                f'start_ns::DOUBLE)) FROM "{kind}"').fetchall()[0]
+                    check_span(lo, hi, self.path / kind, total)
                 else:
                     con.register(kind, self.table(kind))
             self._con = con
