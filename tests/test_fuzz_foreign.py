@@ -51,3 +51,21 @@ def test_fuzz_foreign_slice_has_no_traceback_and_no_hang():
     assert all(sum(c.values()) == 12 for c in counts.values()), counts
     assert not res["failures"], res["failures"][:3]
     assert sum(c["ok"] for c in counts.values()) >= 9 and sum(c["clean"] for c in counts.values()) >= 3, counts
+
+
+def test_rocpd_copy_sizes_past_int64_totals_are_one_line(tmp_path):
+    """Copies of 2**62 bytes each (the typeless SQLite column takes them): the copies tool's total
+    was an INT128-to-BIGINT ConversionException traceback (bench/fuzz_foreign.py rocpd:88117:115)."""
+    db = tmp_path / "hostile.db"
+    shutil.copy(ROCPD, db)
+    con = sqlite3.connect(db)
+    (table,) = con.execute("SELECT name FROM sqlite_master WHERE name LIKE 'rocpd_memory_copy_%'").fetchone()
+    con.execute(f'UPDATE "{table}" SET size = ?', (2**62,))
+    con.commit()
+    con.close()
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "analyze", str(db), "-q"], capture_output=True,
+                       text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"pastaprof: error: {db}: memcpy sizes add up to "), lines
+    assert "not the sizes of one trace" in lines[0], lines

@@ -53,9 +53,11 @@ def _check_tables(importer: str, rank: Any, tables: Any) -> None:
 
 def _check_times(tables: dict[str, pa.Table], path: Path) -> None:
     """Every importer's events (not only Kineto's) must fit the tools' int64 arithmetic: times
-    spread over more than 2**62 ns are one error line, not an overflow inside a tool."""
-    from pastaprof.importers.kineto_tables import check_time_range
+    spread over more than 2**62 ns, or byte counts adding up to that, are one error line, not an
+    overflow inside a tool."""
+    from pastaprof.importers.kineto_tables import check_sizes, check_time_range
 
+    check_sizes(tables, path)
     timed = {k: t for k, t in tables.items() if t.num_rows and {"start_ns", "end_ns"} <= set(t.column_names)
              and pa.types.is_integer(t.schema.field("start_ns").type)
              and pa.types.is_integer(t.schema.field("end_ns").type)}

@@ -42,6 +42,18 @@ def check_time_range(tables: dict[str, pa.Table], path: Path) -> None:
     check_span(lo, hi, path, total)
 
 
+def check_sizes(tables: dict[str, pa.Table], path: Path) -> None:
+    """Refuse byte counts (copies, memsets, allocations) that add up to more than 2**62 per kind:
+    the tools' totals would not fit int64."""
+    import pyarrow.compute as pc
+
+    for kind, t in tables.items():
+        if t.num_rows and "bytes" in t.column_names and pa.types.is_integer(t.schema.field("bytes").type):
+            total = pc.sum(pc.abs(pc.cast(t["bytes"], pa.float64(), safe=False))).as_py() or 0.0
+            if total >= 1 << 62:
+                raise InputError(path, f"{kind} sizes add up to {total / 2**60:.3g} EiB: not the sizes of one trace")
+
+
 def check_span(lo: int | None, hi: int | None, path: Path, total: float | None = None) -> None:
     """Refuse a first start ``lo`` and last end ``hi`` further apart than ``TIME_RANGE_LIMIT``,
     or durations whose sum (``total``, ns) is that large."""

@@ -382,7 +382,7 @@ def part_rows(path: Path, kind: str | None, root: Path | None = None) -> int:
 def read_part(path: Path, kind: str | None, root: Path | None = None) -> pa.Table:
     """A part's events, checked (see ``part_rows``) and, with ``kind``, conformed to its schema."""
     from pastaprof.events.schema import conform
-    from pastaprof.importers.kineto_tables import check_time_range
+    from pastaprof.importers.kineto_tables import check_sizes, check_time_range
 
     with _parquet(path, root) as pf:
         _check_footer(path, kind, pf)
@@ -399,6 +399,7 @@ def read_part(path: Path, kind: str | None, root: Path | None = None) -> pa.Tabl
             raise InputError(path, f"cannot be read as {kind} events ({one_line(e, 200)})") from None
     # times a part can hold but no tool's int64 arithmetic takes (-2**63 beside today): as on import
     check_time_range({kind: t}, path)
+    check_sizes({kind: t}, path)
     return t
 
 
