@@ -83,3 +83,15 @@ def test_part_times_past_int64_arithmetic_are_one_line(good_run, tmp_path, start
         assert ": event times span " in line or ": event durations add up to " in line, line
         assert "not the timestamps of one trace" in line, line
     assert not (tmp_path / "f.json").exists() and not (tmp_path / "t.pftrace").exists()
+
+
+def test_part_with_nulls_where_its_schema_has_none_is_one_line(good_run, tmp_path):  # noqa: F811 - the fixture
+    """A kernel part whose start_ns is all null (Parquet takes it; the kind's schema does not):
+    the steps tool summed spans from 0 to today into a ConversionException traceback."""
+    def nulls(t: pa.Table) -> pa.Table:
+        i = t.schema.get_field_index("start_ns")
+        return t.set_column(i, pa.field("start_ns", pa.int64()), pa.nulls(t.num_rows, pa.int64()))
+    run = _damaged(good_run, tmp_path, _rewrite_part("kernel/rank-0.parquet", nulls))
+    line = one_error_line(cli("analyze", str(run), "-q", "--json", str(tmp_path / "f.json")))
+    assert line == f"pastaprof: error: {run / 'kernel/rank-0.parquet'}: column 'start_ns' holds 81 nulls; " \
+                   "kernel events have none", line

@@ -397,6 +397,10 @@ def read_part(path: Path, kind: str | None, root: Path | None = None) -> pa.Tabl
             t = conform(kind, t)
         except Exception as e:  # noqa: BLE001 -- a cast that does not fit (an integer out of range)
             raise InputError(path, f"cannot be read as {kind} events ({one_line(e, 200)})") from None
+    for field in t.schema:  # conform keeps a null in a column the schema declares non-nullable
+        n = t[field.name].null_count
+        if n and not field.nullable:
+            raise InputError(path, f"column '{printable(field.name)}' holds {n:,} nulls; {kind} events have none")
     # times a part can hold but no tool's int64 arithmetic takes (-2**63 beside today): as on import
     check_time_range({kind: t}, path)
     check_sizes({kind: t}, path)
