@@ -95,3 +95,6 @@ def test_part_with_nulls_where_its_schema_has_none_is_one_line(good_run, tmp_pat
     line = one_error_line(cli("analyze", str(run), "-q", "--json", str(tmp_path / "f.json")))
     assert line == f"pastaprof: error: {run / 'kernel/rank-0.parquet'}: column 'start_ns' holds 81 nulls; " \
                    "kernel events have none", line
+    r = cli("info", str(run))  # every part is read before anything is printed: the error line alone
+    assert (r.returncode, r.stdout) == (2, ""), r.stdout
+    assert one_error_line(r) == line

@@ -320,6 +320,7 @@ def info(path: Path, ranks: str | None) -> None:
     def work() -> None:
         with _progress(path, False) as progress:
             run = load(path, ranks=_parse_ranks(ranks), progress=progress)
+        events = _events_table(run)  # reads every part first: a damaged one is the only line printed
         m = run.manifest
         console = make_console()
         version = f" {m['format_version']}" if m.get("format_version") else ""
@@ -334,7 +335,7 @@ def info(path: Path, ranks: str | None) -> None:
         notes = m.get("notes") if run.path is not None else None  # a trace's notes went to stderr as it was read
         for line in notes if isinstance(notes, list) else []:
             console.print(ms(f"  note: {line}"), soft_wrap=True)
-        console.print(_events_table(run))
+        console.print(events)
 
     _run_guarded(work)
 
