@@ -27,19 +27,30 @@ def _kernel_table(con: sqlite3.Connection) -> str:
 def test_rocpd_times_past_int64_arithmetic_are_one_line(tmp_path, start, end):
     """A kernel at int64's ends (the typeless SQLite column takes any integer): the steps tool summed
     such spans into an INT128 it could not cast back (DuckDB ConversionException, a traceback)."""
+    def change(con: sqlite3.Connection) -> None:
+        table = _kernel_table(con)
+        (first,) = con.execute(f'SELECT min(id) FROM "{table}"').fetchone()
+        con.execute(f'UPDATE "{table}" SET start = ?, "end" = coalesce(?, "end") WHERE id = ?', (start, end, first))
+
+    _db, line = _analyze_changed_rocpd(tmp_path, change)
+    assert "event times span" in line and "not the timestamps of one trace" in line, line
+
+
+def _analyze_changed_rocpd(tmp_path: Path, change) -> tuple[Path, str]:
+    """The rocpd fixture changed by ``change(connection)``, analyzed: exit 2, no traceback and one
+    stderr line; (the database, that line)."""
     db = tmp_path / "hostile.db"
     shutil.copy(ROCPD, db)
     con = sqlite3.connect(db)
-    table = _kernel_table(con)
-    (first,) = con.execute(f'SELECT min(id) FROM "{table}"').fetchone()
-    con.execute(f'UPDATE "{table}" SET start = ?, "end" = coalesce(?, "end") WHERE id = ?', (start, end, first))
+    change(con)
     con.commit()
     con.close()
     r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "analyze", str(db), "-q"], capture_output=True,
                        text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "event times span" in lines[0] and "not the timestamps of one trace" in lines[0], lines
+    assert len(lines) == 1, lines
+    return db, lines[0]
 
 
 def test_fuzz_foreign_slice_has_no_traceback_and_no_hang():
@@ -56,16 +67,10 @@ def test_fuzz_foreign_slice_has_no_traceback_and_no_hang():
 def test_rocpd_copy_sizes_past_int64_totals_are_one_line(tmp_path):
     """Copies of 2**62 bytes each (the typeless SQLite column takes them): the copies tool's total
     was an INT128-to-BIGINT ConversionException traceback (bench/fuzz_foreign.py rocpd:88117:115)."""
-    db = tmp_path / "hostile.db"
-    shutil.copy(ROCPD, db)
-    con = sqlite3.connect(db)
-    (table,) = con.execute("SELECT name FROM sqlite_master WHERE name LIKE 'rocpd_memory_copy_%'").fetchone()
-    con.execute(f'UPDATE "{table}" SET size = ?', (2**62,))
-    con.commit()
-    con.close()
-    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "analyze", str(db), "-q"], capture_output=True,
-                       text=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"pastaprof: error: {db}: memcpy sizes add up to "), lines
-    assert "not the sizes of one trace" in lines[0], lines
+    def change(con: sqlite3.Connection) -> None:
+        (table,) = con.execute("SELECT name FROM sqlite_master WHERE name LIKE 'rocpd_memory_copy_%'").fetchone()
+        con.execute(f'UPDATE "{table}" SET size = ?', (2**62,))
+
+    db, line = _analyze_changed_rocpd(tmp_path, change)
+    assert line.startswith(f"pastaprof: error: {db}: memcpy sizes add up to "), line
+    assert "not the sizes of one trace" in line, line
