@@ -55,7 +55,7 @@ def _check_times(tables: dict[str, pa.Table], path: Path) -> None:
     """Every importer's events (not only Kineto's) must fit the tools' int64 arithmetic: times
     spread over more than 2**62 ns, or byte counts adding up to that, are one error line, not an
     overflow inside a tool."""
-    from pastaprof.importers.kineto_tables import check_sizes, check_time_range
+    from pastaprof.events.limits import check_sizes, check_time_range
 
     check_sizes(tables, path)
     timed = {k: t for k, t in tables.items() if t.num_rows and {"start_ns", "end_ns"} <= set(t.column_names)

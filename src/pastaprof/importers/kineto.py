@@ -21,8 +21,9 @@ import duckdb
 import pyarrow as pa
 
 from pastaprof.errors import InputError
+from pastaprof.events.limits import check_time_range
 from pastaprof.importers import chrome_foreign
-from pastaprof.importers.kineto_tables import check_time_range, collectives, encode_names, frame_fields
+from pastaprof.importers.kineto_tables import collectives, encode_names, frame_fields
 from pastaprof.importers.staging import split_staged, stage_events, stage_plain
 
 # Kineto category (lower-cased) -> pastaprof kind.  Besides CUDA and ROCm, Kineto's other

@@ -2,67 +2,20 @@
 
 Kept apart from kineto.py (the parse and the per-kind SQL): what runs on the fetched
 Arrow tables -- a frame's fields parsed once per distinct name, collectives taken from
-``record_param_comms`` ops, names dictionary-encoded as the schema stores them, and the
-refusal of event times no int64 nanosecond arithmetic could hold.
+``record_param_comms`` ops and names dictionary-encoded as the schema stores them.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pastaprof.errors import InputError
 from pastaprof.events.schema import SCHEMAS
 
 _DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
                 "int": 4, "int32": 4, "long": 8, "int64": 8, "long int": 8, "byte": 1, "uint8": 1, "char": 1,
                 "int8": 1, "bool": 1, "short": 2, "int16": 2}
-
-
-TIME_RANGE_LIMIT = 1 << 62  # ns (146 years): any span of real events is far below; int64 arithmetic stays exact
-
-
-def check_time_range(tables: dict[str, pa.Table], path: Path) -> None:
-    """Refuse events spread over more than ``TIME_RANGE_LIMIT``, or whose durations add up to
-    more: their spans, gaps and sums would not fit int64 nanoseconds (the tools' arithmetic),
-    so no number would be right."""
-    import pyarrow.compute as pc
-
-    lo, hi, total = None, None, 0.0
-    for t in tables.values():
-        if t.num_rows and "start_ns" in t.column_names:
-            a, b = pc.min(t["start_ns"]).as_py(), pc.max(t["end_ns"]).as_py()
-            lo = a if lo is None or (a is not None and a < lo) else lo
-            hi = b if hi is None or (b is not None and b > hi) else hi
-            d = pc.subtract(pc.cast(t["end_ns"], pa.float64(), safe=False), pc.cast(t["start_ns"], pa.float64(), safe=False))
-            total += pc.sum(pc.abs(d)).as_py() or 0.0
-    check_span(lo, hi, path, total)
-
-
-def check_sizes(tables: dict[str, pa.Table], path: Path) -> None:
-    """Refuse byte counts (copies, memsets, allocations) that add up to more than 2**62 per kind:
-    the tools' totals would not fit int64."""
-    import pyarrow.compute as pc
-
-    for kind, t in tables.items():
-        if t.num_rows and "bytes" in t.column_names and pa.types.is_integer(t.schema.field("bytes").type):
-            total = pc.sum(pc.abs(pc.cast(t["bytes"], pa.float64(), safe=False))).as_py() or 0.0
-            if total >= 1 << 62:
-                raise InputError(path, f"{kind} sizes add up to {total / 2**60:.3g} EiB: not the sizes of one trace")
-
-
-def check_span(lo: int | None, hi: int | None, path: Path, total: float | None = None) -> None:
-    """Refuse a first start ``lo`` and last end ``hi`` further apart than ``TIME_RANGE_LIMIT``,
-    or durations whose sum (``total``, ns) is that large."""
-    if lo is not None and hi is not None and hi - lo >= TIME_RANGE_LIMIT:
-        raise InputError(path, f"event times span {(hi - lo) / 86400e9:.3g} days ({lo} to {hi} ns): "
-                               "not the timestamps of one trace")
-    if total is not None and total >= TIME_RANGE_LIMIT:
-        raise InputError(path, f"event durations add up to {total / 86400e9:.3g} days: not the timestamps of one "
-                               "trace")
 
 
 def encode_names(kind: str, t: pa.Table) -> pa.Table:

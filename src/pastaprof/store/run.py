@@ -15,8 +15,8 @@ import duckdb
 import pyarrow as pa
 
 from pastaprof.errors import InputError
+from pastaprof.events.limits import check_span
 from pastaprof.events.schema import KINDS, schema
-from pastaprof.importers.kineto_tables import check_span
 from pastaprof.store.manifest_check import read_manifest
 from pastaprof.store.safe_read import check_inside, os_problem, part_rows, read_part
 from pastaprof.store.writer import MANIFEST

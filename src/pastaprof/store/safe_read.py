@@ -381,8 +381,8 @@ def part_rows(path: Path, kind: str | None, root: Path | None = None) -> int:
 
 def read_part(path: Path, kind: str | None, root: Path | None = None) -> pa.Table:
     """A part's events, checked (see ``part_rows``) and, with ``kind``, conformed to its schema."""
+    from pastaprof.events.limits import check_sizes, check_time_range
     from pastaprof.events.schema import conform
-    from pastaprof.importers.kineto_tables import check_sizes, check_time_range
 
     with _parquet(path, root) as pf:
         _check_footer(path, kind, pf)
