@@ -22,6 +22,20 @@ program's priority, asleep until then), and goes on watching,
 * periodically in its place, for a while, once the flush thread's last flush took far
   longer in wall time than in CPU time (it was starved).
 
+Each of the flush thread's flushes runs on a thread of its own at nice 19 (the flush thread
+sleeps at the program's priority: a SIGKILL ends a process only once each of its threads has
+run).  A starved nice flush holds the rows it took (and the session's drain lock while it
+drains and links them): the spill flushes after it could not make those rows safe.  So once it
+has run for a flush period, the deadline thread raises it to the program's priority
+(``raised_flushes``).  Where the process may not lower a nice value (no ``CAP_SYS_NICE``,
+``RLIMIT_NICE`` 0), the spill threads flush in the flush thread's place from then on
+(``nice_lowered`` false in the manifest).
+
+Each process's manifest says how far its events are safe: ``flushed_through_ns`` (wall clock),
+before which every event it recorded is in a part: the take of the latest completed flush with
+no flush that took earlier still in progress.  ``pastaprof run`` states the loss of a program
+that died without its final flush from it (its death, as it reaped it, minus that time).
+
 Bounds, whatever the load:
 
 * the observer's buffer never holds more than ``cap_rows`` = ``CAP_BUFFERS`` x
@@ -127,6 +141,33 @@ class FlushScheduler:
         self.longest_flush_s = 0.0  # the longest flush not starved at nice 19, wall time (a term of the loss bound)
         self._observers: list[Any] = []  # the native op observers' libraries, their limits set
         self._threads: list[threads.HiddenThread] = []
+        self._takes: list[int] = []  # wall ns at which each flush in progress took its rows, in take order
+        self._done: list[int] = []  # takes of completed flushes later than flushed_through_ns
+        self.flushed_through_ns = time.time_ns()  # every event recorded before is in a part
+        self._nice_tid = 0  # native id of the thread flushing at nice 19, while it runs
+        self._nice_since = 0.0  # when it started
+        self.raised_flushes = 0  # nice flushes the deadline thread raised to the program's priority
+        self.nice_lowered = True  # whether the flush thread runs at nice 19 (see _raise_stuck)
+
+    def _take_begin(self) -> int:
+        """A flush is about to drain: its rows are everything recorded until now (drains hold
+        the session's lock, so takes come in order)."""
+        take = max(time.time_ns(), self._takes[-1] + 1 if self._takes else 0)
+        with self._sched:
+            self._takes.append(take)
+        return take
+
+    def _take_end(self, take: int) -> None:
+        """The flush that took at ``take`` wrote its parts (or gave up on them): advance
+        ``flushed_through_ns`` over every completed take with no earlier one in progress."""
+        with self._sched:
+            self._takes.remove(take)
+            self._done.append(take)
+            first_open = self._takes[0] if self._takes else None
+            safe = [t for t in self._done if first_open is None or t < first_open]
+            if safe:
+                self.flushed_through_ns = max(self.flushed_through_ns, max(safe))
+                self._done = [t for t in self._done if t > self.flushed_through_ns]
 
     def _start_threads(self) -> None:
         self._spill = [(threading.Event(), threading.Event()) for _ in range(_SPILLERS)]  # (go, busy)
@@ -189,25 +230,65 @@ class FlushScheduler:
                     self._last_flush = time.monotonic()
         return time.monotonic() - w0, time.thread_time() - c0
 
-    def _flush_loop(self) -> None:
-        try:  # Linux niceness is per thread; raising it is always allowed
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):
-            pass
+    def _at_nice(self, work: Any, *args: Any) -> Any:
+        """``work(*args)`` on a thread of its own at nice 19, waited for here; its result (or
+        the exception it raised).  The flush thread itself stays at the program's priority
+        while it sleeps: a process killed by SIGKILL ends only once each of its threads has
+        run, and a sleeping thread at nice 19 on a busy host delayed that by seconds."""
+        result: list[Any] = []
+
+        def run() -> None:
+            try:  # Linux niceness is per thread; raising it is always allowed
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+                self._nice_tid = threading.get_native_id()
+            except (AttributeError, OSError):
+                pass
+            try:
+                result.append(work(*args))
+            except Exception as e:  # noqa: BLE001 -- given to the flush thread
+                result.append(e)
+            finally:
+                self._nice_tid = 0
+
+        self._nice_since = time.monotonic()
+        threads.start(run, "pastaprof-flush-nice").join()
+        return result[0] if result else RuntimeError("the flush's thread ended without a result")
+
+    def _raise_stuck(self, now: float) -> None:
+        """The nice thread's flush has run for a flush period (holding the rows it took, or about
+        to take them): back to the program's priority for the rest of it.  If this process may not lower a nice value, the spill
+        threads (at the program's priority) make the flush thread's flushes from then on."""
+        tid = self._nice_tid
+        if not tid or now - self._nice_since <= self.config.flush_ms / 1000:
+            return
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, 0)
+            self.raised_flushes += 1
+        except OSError:
+            self.nice_lowered = False
+        self._nice_tid = 0
+
+    def _warm_up(self) -> None:
         with self.fork_guard.shared():
-            warm_up()  # Arrow/Parquet first-call costs, here rather than in the final flush
+            warm_up()
+
+    def _flush_loop(self) -> None:
+        self._at_nice(self._warm_up)  # Arrow/Parquet first-call costs, here rather than in the final flush
         period = self.config.flush_ms / 1000
         while not self._stop.is_set():
             self._wake.wait(period)
             self._wake.clear()
             if self._stop.is_set() or time.monotonic() < self._starved_until:
                 continue
-            try:
-                wall, cpu = self._timed_flush()
-            except Exception as e:
-                _stopped(e)
+            if not self.nice_lowered:  # a nice flush could not be raised: a spill thread flushes instead
+                self._hand_off()
+                continue
+            done = self._at_nice(self._timed_flush)
+            if isinstance(done, Exception):
+                _stopped(done)
                 self._stop.set()
                 return
+            wall, cpu = done
             if wall > 3 * cpu + 0.05:  # descheduled for most of it: let the deadline thread flush a while
                 self.starved_flushes += 1
                 self._starved_until = time.monotonic() + _STARVED_PERIODS * period
@@ -271,6 +352,8 @@ class FlushScheduler:
                     seen = libs[0].pp_obs_wait(seen, tick_ms)
                 elif self._stop.wait(tick_ms / 1000):
                     return
+                if self._nice_tid:
+                    self._raise_stuck(time.monotonic())
                 if self._deadline_due(self._pending_rows()) and not self._stop.is_set():
                     self._hand_off()
             except Exception as e:

@@ -89,7 +89,9 @@ class Manifests:
                                  "stop_join_seconds": round(self.stop_join_seconds, 6),
                                  "bounds": self.bounds(), "deadline_flushes": self.deadline_flushes,
                                  "starved_flushes": self.starved_flushes, "max_pending_rows": self.max_pending_rows,
-                                 "longest_flush_ms": round(self.longest_flush_s * 1000, 1)},
+                                 "longest_flush_ms": round(self.longest_flush_s * 1000, 1),
+                                 "raised_flushes": self.raised_flushes, "nice_lowered": self.nice_lowered,
+                                 "flushed_through_ns": self.flushed_through_ns},
             "config": self.config.to_env(), "steps_seen": self.step, "versions": _versions(),
             "relink_needed": self._relink_needed or not self._stopped, "devices": _devices(),
             # pastaprof's own summarized handlers keep their top-level keys (run.json processes[])

@@ -269,7 +269,20 @@ class Session(Wiring, Gates, Manifests, Linking, FlushScheduler):
                 except Exception as e:  # its drain may still deliver; the others' surely
                     self._handler_trouble(h.name, "before_drain", e)
         phases: dict[str, float] = {}  # where this flush's time went (the final one's is in the manifest)
+        take: list[int] = []  # when this flush took its rows (live/flush.py: flushed_through_ns)
+        try:
+            wrote = self._flush_taken(final, t0, phases, take)
+        finally:
+            if take:
+                self._take_end(take[0])
+        if not final and (wrote or self._part % 10 == 1):  # the final one: stop() writes it next
+            self._write_meta()
+
+    def _flush_taken(self, final: bool, t0: float, phases: dict[str, float], take: list[int]) -> bool:
+        """Drain every handler, link, gate and write the parts of one flush (``take`` gets
+        the moment of the drain); whether any part was written."""
         with self._lock:
+            take.append(self._take_begin())
             tables: dict[str, pa.Table] = {}
             for h in self.handlers:
                 t1 = time.perf_counter()
@@ -321,8 +334,7 @@ class Session(Wiring, Gates, Manifests, Linking, FlushScheduler):
             self.flush_seconds += time.perf_counter() - t0
         if final:
             self.final_flush_phases = {k: round(v, 6) for k, v in phases.items()}
-        if not final and (tables or self._part % 10 == 1):  # the final one: stop() writes it next
-            self._write_meta()
+        return bool(tables)
 
     def _drained(self, h: Any) -> dict[str, pa.Table]:
         """One handler's drain as {kind: Table}: a mapping or (kind, Table | RecordBatch) pairs;

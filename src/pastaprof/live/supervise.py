@@ -38,6 +38,7 @@ import os
 import resource
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ class Supervised:
         self.command = command
         self.env = env
         self.pid = 0
+        self.ended_ns = 0  # wall clock when the program was reaped (at most a look after its death)
         self.max_rss_bytes = 0  # the program's peak resident memory (its largest process), from wait4
         self.forwarded: dict[str, int] = {}  # signal name -> times passed on
         self._old_mask: set[int] | None = held  # from hold(), called early; else start() blocks
@@ -132,6 +134,7 @@ class Supervised:
             if os.WSTOPSIG(status) in _JOB_STOPS and _foreground():
                 os.kill(os.getpid(), signal.SIGSTOP)  # the shell waits for every process of the job to stop
             return None
+        self.ended_ns = time.time_ns()
         return os.waitstatus_to_exitcode(status)
 
     def restore(self) -> None:
@@ -179,12 +182,18 @@ def _signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
-def loss_bound_ms(overhead: dict[str, Any]) -> int:
-    """What a process that died without its final flush lost at most, in ms of its run: the
-    deadline, a flush period, the run of the flush that completed last and of the one in
-    progress (each at most the longest measured, live/flush.py) and one look of the deadline thread."""
+def loss_bound_ms(overhead: dict[str, Any], ended_ns: int = 0) -> int:
+    """What a process that died without its final flush lost at most, in ms of its run.
+    Where its death is known (``ended_ns``: the program, reaped by ``pastaprof run``): the time
+    from its manifest's ``flushed_through_ns`` to then, measured.  Else what the flush design
+    bounds it by: the deadline, a flush period, the run of the flush that completed last and of
+    the one in progress (each at most the longest measured, live/flush.py) and one look of the
+    deadline thread."""
     from pastaprof.live.flush import LOOK_MS
 
+    through = overhead.get("flushed_through_ns")
+    if ended_ns and isinstance(through, int) and not isinstance(through, bool) and 0 < through <= ended_ns:
+        return -(-(ended_ns - through) // 1_000_000)
     bounds = overhead.get("bounds") or {}
     deadline, period = bounds.get("deadline_ms", 0), bounds.get("flush_ms", 0)
     longest = overhead.get("longest_flush_ms", 0)
@@ -202,7 +211,9 @@ def program_notes(run_dir: Any, manifest: dict[str, Any], code: int, child: Supe
     procs = [p for p in manifest.get("processes") or [] if isinstance(p, dict)]
     gone = [p for p in procs if "exit" in (p.get("status") or {})]
     unflushed = [p.get("pid") for p in gone]
-    lost_ms = max((loss_bound_ms(p.get("capture_overhead") or {}) for p in gone), default=0)
+    ended = {child.pid: child.ended_ns} if child is not None else {}
+    lost_ms = max((loss_bound_ms(p.get("capture_overhead") or {}, ended.get(p.get("pid"), 0)
+                                 if isinstance(p.get("pid"), int) else 0) for p in gone), default=0)
     program: dict[str, Any] = {"exit_code": code, "signal": _signal_name(-code) if code < 0 else None,
                                "unflushed_pids": unflushed,
                                "lost_at_most_ms": lost_ms if unflushed else 0}
