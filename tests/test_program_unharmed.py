@@ -97,6 +97,9 @@ def test_torch_compile_same_graphs_no_warning(tmp_path):
     assert re.search(r"stats .*'unique_graphs': 3\} 0$", run.stdout, re.M)
     ops = pastaprof.load(tmp_path / "run").table("op")
     assert Counter(ops["name"].to_pylist())["aten::relu"] == 12  # 3 compiled calls x 2 blocks x (fake + real)
+    # the compiled code runs no module hook: torch.compile(net)'s calls stand for net, as named eagerly
+    got = _modules(tmp_path / "run", ("aten::relu",))
+    assert got[("aten::relu", "Sequential_0")] >= 4  # 2 calls x 2 blocks, and the tracing's fake ops
 
 
 def test_fsdp2_training_same_and_attributed(tmp_path):

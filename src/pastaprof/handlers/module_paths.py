@@ -163,11 +163,16 @@ class ModulePaths:
     def _new_path(self, key: tuple[int, int], module: Any) -> int:
         """Once per (parent path, module): the path's id (its text built once)."""
         self._track(key, module)
-        if type(module).__name__ == "OptimizedModule":  # torch.compile(module)'s wrapper: not in
-            path = self._paths[key] = key[0]  # the paths (its module is, right under it)
-            return path
+        named = module
+        if type(module).__name__ == "OptimizedModule":  # torch.compile(module)'s wrapper
+            named = getattr(module, "_orig_mod", None)
+            if named is None:
+                path = self._paths[key] = key[0]
+                return path
+            # its compiled code runs no hook of the module it wraps: the wrapper's own call
+            # stands for it, named as that module is named when called eagerly
         parent = self._text.get(key[0])
-        text = f"{parent}/{self.name_of(module)}" if parent else self.name_of(module)
+        text = f"{parent}/{self.name_of(named)}" if parent else self.name_of(named)
         path = self.native.intern(text) if self.native is not None else len(self._text)
         self._paths[key] = path
         self._text[path] = text
