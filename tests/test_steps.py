@@ -158,6 +158,9 @@ def test_step_ranges_rule_and_warmup_outlier():
     assert f.evidence["impact_ns"] == walls[0] - med
     assert f.evidence["steps"] == ["step0"]
     assert "host wait" in f.title and f.evidence["suggestion"]
+    # the first step: its excess is one-time work, said so (not a cost every step pays)
+    assert f.evidence["first_step"] is True and "step0 of rank 0, the first, took" in f.title
+    assert f.title.endswith(": one-time work") and f.evidence["suggestion"].startswith("The first step does one-time")
     # the excess is split over the components exactly
     total = sum(v for k, v in f.evidence.items() if k.startswith("excess_"))
     meds = {c: statistics.median(r[f"{c}_ns"] for r in rows) for c in
@@ -275,7 +278,10 @@ def test_profiler_step_rule_on_a_real_cpu_profile(tmp_path):
     assert slow == [n for (a, b), n in marks if b - a > 1.25 * med]
     for f in rep.findings:
         assert "no GPU activity" in f.title
-        assert f.evidence["impact_ns"] == sum(w - med for w in walls if w > 1.25 * med)
+        # the first step, when slow, is a finding of its own (one-time work); the others share one
+        assert f.evidence["first_step"] == (f.evidence["steps"] == [marks[0][1]])
+    assert sum(f.evidence["impact_ns"] for f in rep.findings) == sum(w - med for w in walls if w > 1.25 * med)
+    assert len(rep.findings) == (walls[0] > 1.25 * med) + any(w > 1.25 * med for w in walls[1:])
 
 
 def test_no_host_events_and_no_repetition_give_a_note():
@@ -306,16 +312,19 @@ def test_same_findings_for_one_and_many_copies_of_a_program(tmp_path):
     def key(f):
         return f.severity, f.location, f.evidence["cause"], f.evidence["suggestion"]
 
-    for a, b in zip(one, three):
+    for a, b in zip(one[1:], three[1:]):
         assert a.findings and [key(f) for f in a.findings] == [key(f) for f in b.findings], a.tool
-        if a.tool != "steps":
-            for fa, fb in zip(a.findings, b.findings):
-                assert math.isclose(fa.evidence["share_of_span"], fb.evidence["share_of_span"], rel_tol=0.05)
+        for fa, fb in zip(a.findings, b.findings):
+            assert math.isclose(fa.evidence["share_of_span"], fb.evidence["share_of_span"], rel_tol=0.05)
     steps1, steps3 = one[0], three[0]
     assert steps3.summary["steps"] == 3 * steps1.summary["steps"]
-    (f1,), (f3,) = steps1.findings, steps3.findings
-    assert f1.evidence["steps"] == ["iteration 0"]
-    assert f3.evidence["steps"] == ["iteration 0", "iteration 4", "iteration 8"]
+    # the run's first step is one-time work, a finding of its own in both; the later copies'
+    # warm-ups recur inside the run: the same cause at the same place, a second finding
+    (f1,), (f3, later) = steps1.findings, steps3.findings
+    assert key(f1) == key(f3) and f1.evidence["first_step"] and f3.evidence["first_step"]
+    assert f1.evidence["steps"] == f3.evidence["steps"] == ["iteration 0"]
+    assert later.evidence["steps"] == ["iteration 4", "iteration 8"] and not later.evidence["first_step"]
+    assert (later.location, later.evidence["cause"]) == (f1.location, f1.evidence["cause"])
 
 
 def _batch(kind: str, **cols) -> pa.RecordBatch:

@@ -34,8 +34,7 @@ from pastaprof.errors import InputError
 from pastaprof.events.schema import GPU_ACTIVITY_KINDS
 from pastaprof.report.diff_names import finding_key, normalize_kernel_name, op_key
 from pastaprof.store.run import Run
-from pastaprof.tools._timeline_math import KeyIndex, name_codes, to_np
-from pastaprof.tools.steps import window_of
+from pastaprof.tools._timeline_math import KeyIndex, name_codes, to_np, window_of
 
 ENTITY_KINDS = ("kernel", "memcpy", "memset", "op_gpu", "op", "module_gpu", "module", "call_site_gpu", "call_site")
 FINDING_TOOLS = ("kernels", "ops", "timeline", "memory", "steps")

@@ -303,3 +303,52 @@ class Sweep:
         np.maximum(gap, 0, out=gap)
         # (a segment with no included row gets last start - first start - the gaps between starts = 0)
         return last_end - self.spans()[0] - self.per_segment(gap)
+
+
+def fmt_ns(ns: float) -> str:
+    """A duration for a finding's title, in the unit that keeps it readable."""
+    ns = float(ns)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if abs(ns) >= scale:
+            return f"{ns / scale:.1f} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def str_col(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    return pc.fill_null(col.cast(pa.string()), "")
+
+
+def merged(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Disjoint sorted intervals [a, b) of the union of intervals sorted by start (touching ones merge,
+    as the timeline tool's sweep), and the row that opens each one."""
+    if len(start) == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    gap, last = Sweep(np.zeros(len(start), np.int32), start, end, 1).gaps()
+    opens = np.flatnonzero(gap > 0)
+    a = np.concatenate([start[:1], start[opens]])
+    b = np.concatenate([start[opens] - gap[opens], last])
+    return a, b, np.concatenate([[0], opens])
+
+
+def overlap(a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Length of disjoint sorted intervals [a, b) inside each window [lo, hi), vectorized."""
+    if len(a) == 0:
+        return np.zeros(len(lo), np.int64)
+    before = np.concatenate([[0], np.cumsum(b - a)[:-1]])
+
+    def covered(t: np.ndarray) -> np.ndarray:  # union length in (-inf, t)
+        j = np.searchsorted(a, t, side="right") - 1
+        jc = np.maximum(j, 0)
+        return np.where(j >= 0, before[jc] + np.clip(np.minimum(t, b[jc]) - a[jc], 0, None), 0)
+
+    return covered(hi) - covered(lo)
+
+
+def window_of(t: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Index of the window [lo, hi) containing each time, or -1 (windows sorted, disjoint)."""
+    if len(lo) == 0:
+        return np.full(len(t), -1, np.int64)
+    k = np.searchsorted(lo, t, side="right") - 1
+    kc = np.maximum(k, 0)
+    return np.where((k >= 0) & (t < hi[kc]), k, -1)

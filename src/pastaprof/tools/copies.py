@@ -36,10 +36,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.tools._by_rank import rank_rows
-from pastaprof.tools._timeline_math import COMPUTATION, KeyIndex, hta_kernel_class, name_codes, to_np
+from pastaprof.tools._timeline_math import (
+    COMPUTATION,
+    KeyIndex,
+    fmt_ns,
+    hta_kernel_class,
+    merged,
+    name_codes,
+    overlap,
+    to_np,
+)
 from pastaprof.tools.base import Finding, Report, Tool, sql
 from pastaprof.tools.cuda_api import BLOCKING_MEMCPY_RE, SYNC_RE, pattern_mask
-from pastaprof.tools.steps import fmt_ns, merged, overlap
 
 PAGEABLE_MIN_BYTES = 1 << 20     # below this a copy is latency-bound: pinning buys little
 REFERENCE_PINNED_GBPS = 25.0     # stated reference when the trace has no big pinned copy: PCIe 4.0 x16, pinned

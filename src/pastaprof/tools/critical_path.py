@@ -39,10 +39,10 @@ import pyarrow.compute as pc
 
 from pastaprof.events.schema import GPU_ACTIVITY_KINDS
 from pastaprof.report.diff_names import normalize_kernel_name
-from pastaprof.tools._timeline_math import KeyIndex, name_codes, to_np
+from pastaprof.tools._timeline_math import KeyIndex, fmt_ns, name_codes, to_np
 from pastaprof.tools.base import Finding, Report, Tool
 from pastaprof.tools.cuda_api import BLOCKING_MEMCPY_RE, SYNC_RE, pattern_mask
-from pastaprof.tools.steps import Steps, fmt_ns
+from pastaprof.tools.steps import Steps
 
 MIN_SAVING = 0.05     # a what-if saving 5% of the step is worth a finding
 WHAT_IFS = 6          # candidates of each kind (ops, kernels) replayed

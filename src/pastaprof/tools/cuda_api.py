@@ -33,9 +33,8 @@ import pyarrow.compute as pc
 
 from pastaprof.processor.intervals import group_codes, innermost_enclosing
 from pastaprof.processor.link import _is_library
-from pastaprof.tools._timeline_math import KeyIndex, name_codes, to_np
+from pastaprof.tools._timeline_math import KeyIndex, fmt_ns, name_codes, to_np
 from pastaprof.tools.base import Finding, Report, Tool, sql
-from pastaprof.tools.steps import fmt_ns
 
 SYNC_RE = re.compile(r"^(cuda|hip)(Stream|Device|Event|Thread|Ctx)Synchronize$|^cu(Stream|Ctx|Event)Synchronize(_v\d+)?$")
 BLOCKING_MEMCPY_RE = re.compile(

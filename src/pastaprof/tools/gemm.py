@@ -37,8 +37,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from pastaprof.tools._timeline_math import fmt_ns
 from pastaprof.tools.base import Finding, Report, Tool, sql
-from pastaprof.tools.steps import fmt_ns
 
 MIN_SHARE = 0.01
 LEAF_GEMMS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2),

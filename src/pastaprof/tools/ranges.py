@@ -71,7 +71,7 @@ def launched_inside(rng: pa.Table, acts: dict[str, np.ndarray]) -> tuple[np.ndar
 
 def _covered(t: pa.Table) -> int:
     """Time covered by at least one range, summed over ranks (the relative threshold's base)."""
-    from pastaprof.tools.steps import merged
+    from pastaprof.tools._timeline_math import merged
 
     rank, start, end = to_np(t["rank"]), to_np(t["start_ns"]), to_np(t["end_ns"])
     total = 0

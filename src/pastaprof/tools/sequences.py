@@ -36,9 +36,9 @@ import pyarrow as pa
 
 from pastaprof.processor.intervals import group_codes
 from pastaprof.report.diff_names import normalize_kernel_name
-from pastaprof.tools._timeline_math import name_codes, to_np
+from pastaprof.tools._timeline_math import fmt_ns, name_codes, to_np
 from pastaprof.tools.base import Finding, Report, Tool
-from pastaprof.tools.steps import Steps, fmt_ns
+from pastaprof.tools.steps import Steps
 
 MIN_LEN = 2
 MAX_LEN = 16

@@ -58,15 +58,19 @@ import pyarrow.compute as pc
 from pastaprof.events.schema import GPU_ACTIVITY_KINDS
 from pastaprof.tools._by_rank import rank_rows, rows_of_rank
 from pastaprof.tools._ranges import host_ranges
+from pastaprof.tools._step_outliers import differences, outlier_finding
 from pastaprof.tools._timeline_math import (
     COMMUNICATION,
     COMPUTATION,
     MEMORY,
     KeyIndex,
-    Sweep,
     hta_kernel_class,
+    merged,
     name_codes,
+    overlap,
+    str_col,
     to_np,
+    window_of,
 )
 from pastaprof.tools.base import Finding, Report, Tool, sql
 from pastaprof.tools.memory import OPTIMIZER_STEP, PASTAPROF_STEP_RE, PROFILER_STEP_RE, USER_STEP_RE
@@ -77,68 +81,8 @@ MIN_STEPS_FOR_OUTLIERS = 3     # ... when there are enough steps for a median to
 MIN_REPEATS = 2                # the repeated-ops rule needs the block at least twice
 _NO_LAUNCH = np.iinfo(np.int64).max
 COMPONENTS = ("host_wait", "kernel_wait", "other_idle", "compute", "communication", "memory", "other_gpu")
-SUGGESTIONS = {
-    "host_wait": "The GPU waited for the host: see what the host did longer in these steps (warm-up, data "
-                 "loading, synchronization, Python overhead) and keep warm-up steps out of the measurement.",
-    "kernel_wait": "The GPU idled between queued work: look for synchronizations or stream dependencies in these steps.",
-    "other_idle": "The GPU idled between queued work: look for synchronizations or stream dependencies in these steps.",
-    "compute": "GPU compute took longer: check input shapes and first-call work (autotuning, lazy init) in these steps.",
-    "communication": "Exposed communication grew: check for a straggling rank or larger collectives in these steps.",
-    "memory": "Copies or memsets grew: check the data transfers issued in these steps.",
-    "other_gpu": "Other GPU work (syncs, unclassified kernels) grew: check these steps' kernels.",
-    "host": "The host took longer (no GPU activity recorded): look at the op with the largest excess.",
-}
 DISPLAY = {"steps": ["rank", "step", "label", "wall_ns", "gpu_busy_ns", "host_wait_ns", "kernel_wait_ns",
                      "other_idle_ns", "compute_ns", "communication_ns", "memory_ns", "kernels", "top_op", "outlier"]}
-
-
-def fmt_ns(ns: float) -> str:
-    """A duration for a finding's title, in the unit that keeps it readable."""
-    ns = float(ns)
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
-        if abs(ns) >= scale:
-            return f"{ns / scale:.1f} {unit}"
-    return f"{ns:.0f} ns"
-
-
-def _str_col(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    return pc.fill_null(col.cast(pa.string()), "")
-
-
-def merged(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Disjoint sorted intervals [a, b) of the union of intervals sorted by start (touching ones merge,
-    as the timeline tool's sweep), and the row that opens each one."""
-    if len(start) == 0:
-        z = np.zeros(0, np.int64)
-        return z, z, z
-    gap, last = Sweep(np.zeros(len(start), np.int32), start, end, 1).gaps()
-    opens = np.flatnonzero(gap > 0)
-    a = np.concatenate([start[:1], start[opens]])
-    b = np.concatenate([start[opens] - gap[opens], last])
-    return a, b, np.concatenate([[0], opens])
-
-
-def overlap(a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Length of disjoint sorted intervals [a, b) inside each window [lo, hi), vectorized."""
-    if len(a) == 0:
-        return np.zeros(len(lo), np.int64)
-    before = np.concatenate([[0], np.cumsum(b - a)[:-1]])
-
-    def covered(t: np.ndarray) -> np.ndarray:  # union length in (-inf, t)
-        j = np.searchsorted(a, t, side="right") - 1
-        jc = np.maximum(j, 0)
-        return np.where(j >= 0, before[jc] + np.clip(np.minimum(t, b[jc]) - a[jc], 0, None), 0)
-
-    return covered(hi) - covered(lo)
-
-
-def window_of(t: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Index of the window [lo, hi) containing each time, or -1 (windows sorted, disjoint)."""
-    if len(lo) == 0:
-        return np.full(len(t), -1, np.int64)
-    k = np.searchsorted(lo, t, side="right") - 1
-    kc = np.maximum(k, 0)
-    return np.where((k >= 0) & (t < hi[kc]), k, -1)
 
 
 class Steps(Tool):
@@ -215,7 +159,7 @@ class Steps(Tool):
                 g = pa.concat_tables(hits).group_by("name", use_threads=False).aggregate([("start_ns", "min"), ("end_ns", "max")])
                 g = g.sort_by("start_ns_min")
                 return to_np(g["start_ns_min"]), to_np(g["end_ns_max"]), g["name"].to_pylist(), rule
-        opt = rng.filter(pc.starts_with(_str_col(rng["name"]), OPTIMIZER_STEP))
+        opt = rng.filter(pc.starts_with(str_col(rng["name"]), OPTIMIZER_STEP))
         bounds = self._host_bounds(rank)
         if opt.num_rows and bounds is not None:
             ends = np.sort(to_np(opt["end_ns"]))
@@ -370,7 +314,7 @@ class Steps(Tool):
     def _outliers(self, steps: pa.Table, op: pa.Table, op_sid: np.ndarray) -> tuple[pa.Table, list[Finding],
                                                                                    dict[int, dict[str, Any]]]:
         share = float(self.options.get("outlier_excess", OUTLIER_EXCESS))
-        rank, wall = to_np(steps["rank"]), to_np(steps["wall_ns"])
+        rank, wall, start = to_np(steps["rank"]), to_np(steps["wall_ns"]), to_np(steps["start_ns"])
         comp = {c: to_np(steps[f"{c}_ns"]) for c in COMPONENTS}
         outlier = np.zeros(len(wall), bool)
         stats: dict[int, dict[str, Any]] = {}
@@ -391,92 +335,25 @@ class Steps(Tool):
             outlier[slow] = True
             stats[r]["outliers"] = len(slow)
             if steps["gpu_busy_ns"].null_count and not pc.any(pc.is_valid(steps["gpu_busy_ns"].take(pa.array(m)))).as_py():
-                groups.append((r, "host", slow, med, {}))  # no GPU in this rank: only host time can differ
+                first = slow == m[np.argmin(start[m])]  # no GPU in this rank: only host time can differ
+                groups += [(r, "host", slow[pick], med, {}) for pick in (first, ~first) if pick.any()]
                 continue
             exc = np.stack([comp[c][slow] - np.median(comp[c][m]) for c in COMPONENTS])
             dom = exc.argmax(axis=0)
+            first = slow == m[np.argmin(start[m])]  # the rank's first step: its one-time work, on its own
             for ci in np.unique(dom).tolist():
-                sel = slow[dom == ci]
-                groups.append((r, COMPONENTS[ci], sel, med, {c: int(round(exc[k][dom == ci].sum()))
-                                                              for k, c in enumerate(COMPONENTS)}))
+                for alone in (True, False):
+                    pick = (dom == ci) & (first == alone)
+                    if pick.any():
+                        groups.append((r, COMPONENTS[ci], slow[pick], med,
+                                       {c: int(round(exc[k][pick].sum())) for k, c in enumerate(COMPONENTS)}))
         steps = steps.append_column("outlier", pa.array(outlier))
         if not groups:
             return steps, [], stats
-        explain = self._differences(steps, op, op_sid, np.flatnonzero(outlier))
+        explain = differences(self.table("api"), steps, op, op_sid, np.flatnonzero(outlier))
         by_sid = {k: rank_rows(to_np(t["sid"])) for k, t in explain.items()}  # rows of each step, found once
-        findings = [self._finding(steps, g, explain, by_sid) for g in groups]
+        findings = [outlier_finding(steps, g, explain, by_sid) for g in groups]
         return steps, findings, stats
-
-    def _differences(self, steps: pa.Table, op: pa.Table, op_sid: np.ndarray, rows: np.ndarray) -> Any:
-        """Per outlier step and name: time of top-level ops / API calls in the step minus the
-        median over the rank's steps (0 where a step has none), with the op's call sites."""
-        api = self.table("api")
-        api_sid = np.full(api.num_rows, -1, np.int64)
-        a_rank, a_start = to_np(api["rank"], dtype=np.int32), to_np(api["start_ns"])
-        s_rank, lo, hi, sid = (to_np(steps[c]) for c in ("rank", "start_ns", "end_ns", "sid"))
-        s_of, a_of = rank_rows(s_rank), rank_rows(a_rank)
-        for r in s_of.ranks():
-            m, on = s_of[r], a_of[r]
-            w = window_of(a_start[on], lo[m], hi[m])
-            api_sid[on[w >= 0]] = sid[m][w[w >= 0]]
-        top = pc.fill_null(pc.equal(op["depth"], 0), True).to_numpy(zero_copy_only=False) & (op_sid >= 0)
-        op = op.filter(pa.array(top))
-        x_op = pa.table({"sid": op_sid[top], "name": _str_col(op["name"]), "site": op["call_site"].cast(pa.string()),
-                         "ns": pc.subtract(op["end_ns"], op["start_ns"])})
-        x_api = pa.table({"sid": api_sid, "name": _str_col(api["name"]), "site": pa.nulls(api.num_rows, pa.string()),
-                          "ns": pc.subtract(api["end_ns"], api["start_ns"])})
-        con = sql(steps=steps.select(["sid", "rank"]), x_op=x_op, x_api=x_api,
-                  outl=pa.table({"sid": sid[rows]}))
-        out = {}
-        for label in ("op", "api"):
-            out[label] = con.sql(f"""
-                WITH per AS (SELECT sid, name, sum(ns) AS ns FROM x_{label} WHERE sid >= 0 GROUP BY ALL),
-                     names AS (SELECT DISTINCT rank, name FROM per JOIN steps USING (sid)),
-                     grid AS (SELECT s.rank, s.sid, n.name, coalesce(p.ns, 0) AS ns FROM steps s
-                              JOIN names n USING (rank) LEFT JOIN per p ON p.sid = s.sid AND p.name = n.name),
-                     med AS (SELECT rank, name, median(ns) AS m FROM grid GROUP BY ALL),
-                     sites AS (SELECT sid, name, first(site ORDER BY ns DESC, site) AS site FROM
-                               (SELECT sid, name, site, sum(ns) AS ns FROM x_{label} WHERE site IS NOT NULL
-                                GROUP BY ALL) GROUP BY ALL)
-                SELECT g.sid, g.name, (g.ns - med.m)::DOUBLE AS excess, sites.site FROM grid g JOIN outl USING (sid)
-                JOIN med USING (rank, name) LEFT JOIN sites ON sites.sid = g.sid AND sites.name = g.name
-            """).to_arrow_table()
-        return out
-
-    def _finding(self, steps: pa.Table, group: tuple, explain: dict[str, pa.Table],
-                 by_sid: dict[str, Any]) -> Finding:
-        r, component, rows, med, excess = group
-        wall = to_np(steps["wall_ns"])[rows]
-        sids = to_np(steps["sid"])[rows]
-        labels = steps["label"].take(pa.array(rows)).to_pylist()
-        impact = int(round(float((wall - med).sum())))
-        ratio = float(wall.max() / med) if med else float("inf")
-        evidence: dict[str, Any] = {"impact_ns": impact, "steps": labels[:10], "median_wall_ns": int(round(med)),
-                                    "max_wall_ns": int(wall.max()), "ratio_to_median": round(ratio, 2),
-                                    **{f"excess_{c}_ns": v for c, v in excess.items()}}
-        location = None
-        for label in ("op", "api"):
-            mine = [by_sid[label][int(x)] for x in np.unique(sids)]  # the rows of is_in(sid, sids), in order
-            t = explain[label].take(np.sort(np.concatenate(mine)) if mine else np.zeros(0, np.int64))
-            if not t.num_rows:
-                continue
-            g = t.group_by("name", use_threads=False).aggregate([("excess", "sum")]).sort_by([("excess_sum", "descending"),
-                                                                            ("name", "ascending")])
-            name, ex = g["name"][0].as_py(), g["excess_sum"][0].as_py()
-            if ex <= 0:
-                continue
-            evidence[f"top_{label}"], evidence[f"top_{label}_excess_ns"] = name, int(round(ex))
-            if label == "op":
-                sites = t.filter(pc.and_(pc.equal(t["name"], name), pc.is_valid(t["site"])))["site"]
-                site = sites[0].as_py() if len(sites) else None
-                evidence["top_op_call_site"] = site
-                location = site or name
-        evidence["cause"], evidence["suggestion"] = component, SUGGESTIONS[component]
-        which = labels[0] if len(labels) == 1 else f"{len(labels)} steps ({', '.join(labels[:5])})"
-        title = (f"{which} of rank {r} took {'up to ' if len(labels) > 1 else ''}{ratio:.2f}x the median step "
-                 f"(+{fmt_ns(impact)}), mostly {component.replace('_', ' ')}"
-                 + (" time (no GPU activity)" if component == "host" else ""))
-        return Finding("warning" if ratio >= 2 else "info", title, evidence, location or f"rank {r}: {labels[0]}")
 
     @staticmethod
     def _summary(steps: pa.Table, per_rank: list[dict[str, Any]], stats: dict[int, dict[str, Any]]) -> dict[str, Any]:

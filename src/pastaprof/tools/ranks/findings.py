@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from pastaprof.tools._timeline_math import fmt_ns
 from pastaprof.tools.base import Finding
 from pastaprof.tools.ranks.analysis import Job
-from pastaprof.tools.steps import fmt_ns
 
 CONSISTENT_SHARE = 0.5
 CONSISTENT_MIN_STEPS = 3

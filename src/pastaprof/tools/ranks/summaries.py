@@ -22,10 +22,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pastaprof.tools._ranges import host_ranges
-from pastaprof.tools._timeline_math import KeyIndex, name_codes, to_np
+from pastaprof.tools._timeline_math import KeyIndex, merged, name_codes, to_np, window_of
 from pastaprof.tools.memory import PASTAPROF_STEP_RE, PROFILER_STEP_RE, USER_STEP_RE
 from pastaprof.tools.ranks.collectives import nccl_kernels, rank_collectives, resequence
-from pastaprof.tools.steps import Steps, merged, window_of
+from pastaprof.tools.steps import Steps
 from pastaprof.tools.timeline import CONSECUTIVE_KERNEL_DELAY_NS
 
 TOP_KERNELS = 32
