@@ -251,8 +251,18 @@ class FlushScheduler:
                 self._nice_tid = 0
 
         self._nice_since = time.monotonic()
-        threads.start(run, "pastaprof-flush-nice").join()
+        try:
+            threads.start(run, "pastaprof-flush-nice").join()
+        except RuntimeError:  # no thread to be had (a thread limit): this one does the work, as it is
+            return self._at_once(work, *args)
         return result[0] if result else RuntimeError("the flush's thread ended without a result")
+
+    @staticmethod
+    def _at_once(work: Any, *args: Any) -> Any:
+        try:
+            return work(*args)
+        except Exception as e:  # noqa: BLE001 -- given to the flush thread, as _at_nice does
+            return e
 
     def _raise_stuck(self, now: float) -> None:
         """The nice thread's flush has run for a flush period (holding the rows it took, or about
