@@ -505,3 +505,44 @@ def test_an_asyncio_program_keeps_its_signal_handler_and_wakeup_fd(tmp_path):
     assert outs[0] == (0, "wakeup fd -1\nready\nstopped by SIGTERM 0\n")
     assert outs[1] == outs[0]
     assert sum(_adds(tmp_path / "run").values()) == 80
+
+
+DAEMON = textwrap.dedent("""
+    import os, signal, sys, tempfile, torch
+    x = torch.ones(3)
+    for _ in range(100):
+        x = x + 1
+    fd = os.open(tempfile.mkstemp()[1], os.O_RDWR)  # the number it gets bare: no fd of ours below it
+    os.closerange(3, 65536)  # a daemon closing every fd
+    print("first fd", fd, flush=True)
+    with open(tempfile.mkstemp()[1], "w+") as f:
+        for _ in range(100):
+            x = x * 1
+        signal.signal(signal.SIGUSR1, lambda *a: None)
+        os.kill(os.getpid(), signal.SIGUSR1)  # a signal the program handles: nothing written into f
+        f.write("mine")
+        f.flush()
+        f.seek(0)
+        print("file", repr(f.read()), flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+""")
+
+
+def test_a_program_that_closes_every_fd_keeps_its_output_files_and_signals(tmp_path):
+    """The wakeup pipe sits at the top of the fd table and is out of reach of os.close and
+    os.closerange: the program's fds are numbered as bare, its files get no signal bytes, its
+    stderr no "Exception ignored" line, and SIGTERM still flushes."""
+    p = tmp_path / "daemon.py"
+    p.write_text(DAEMON)
+    bare = _start(tmp_path, p, bare=True)
+    b_out, b_err = bare.communicate(timeout=60)
+    proc = _start(tmp_path, p)
+    out, err = proc.communicate(timeout=60)
+    assert bare.returncode == proc.returncode == -signal.SIGTERM
+    assert out == b_out and "file 'mine'" in out
+    assert "Exception ignored" not in err and "Traceback" not in err
+    m = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert m["program"]["signal"] == "SIGTERM" and m["program"]["unflushed_pids"] == []
+    t = pastaprof.load(tmp_path / "run").table("op")
+    names = Counter(t["name"].to_pylist())
+    assert names["aten::add"] == 100 and names["aten::mul"] == 100

@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -49,6 +50,8 @@ _real_abort = os.abort
 _real_execv = os.execv
 _real_execve = os.execve
 _real_set_wakeup_fd = signal.set_wakeup_fd
+_real_close = os.close
+_real_closerange = os.closerange
 _GRACE_S = 0.5  # the main thread's time to run the handler before the watchdog acts
 _watch: dict[str, int] = {}  # this process's wakeup pipe: r, w, pid; active: 1 while it is set
 _handled: dict[int, float] = {}  # signal -> when the main-thread handler last ran
@@ -132,10 +135,50 @@ def set_wakeup_fd(fd: int, /, *, warn_on_full_buffer: bool = True) -> int:
     return -1 if ours else old
 
 
+def _high_pipe() -> tuple[int, int]:
+    """A non-blocking pipe at the top of the fd table: the program's next ``open`` gets the
+    number it gets bare, and a program that closes every fd and opens files again does not
+    get ours back (the wakeup fd would then write signal numbers into its file)."""
+    import fcntl
+    import resource
+
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        base = max(16, min(soft if soft > 0 else 1024, 1 << 16) - 32)
+        hi = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base) for fd in (r, w)]
+    except (OSError, ValueError):
+        return r, w
+    for fd in (r, w):
+        _real_close(fd)
+    return hi[0], hi[1]
+
+
+def _ours(fd: Any) -> bool:
+    return fd in (_watch.get("r"), _watch.get("w")) and _watch.get("pid") == os.getpid()
+
+
+def close(fd: int, /) -> None:
+    """``os.close``, for which the wakeup pipe's fds do not exist (EBADF, as bare)."""
+    if _ours(fd):
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+    _real_close(fd)
+
+
+def closerange(fd_low: int, fd_high: int, /) -> None:
+    """``os.closerange`` around the wakeup pipe's fds (a daemon closing every fd keeps its
+    signals' flush)."""
+    start = fd_low
+    for fd in sorted(f for f in (_watch.get("r"), _watch.get("w")) if _ours(f) and fd_low <= f < fd_high):
+        _real_closerange(start, fd)
+        start = fd + 1
+    _real_closerange(start, fd_high)
+
+
 def _arm() -> None:
     """Main thread: a wakeup pipe of this process and its watchdog thread."""
     try:
-        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        r, w = _high_pipe()
     except OSError:
         return
     try:
@@ -145,8 +188,8 @@ def _arm() -> None:
     if old != -1:  # not settable here, or the program's own is set: leave it
         if old is not None:
             _real_set_wakeup_fd(old)
-        os.close(r)
-        os.close(w)
+        _real_close(r)
+        _real_close(w)
         return
     _watch.update(r=r, w=w, pid=os.getpid(), active=1)
     threads.start(_watchdog, "pastaprof-signals", (r,))
@@ -199,7 +242,7 @@ def _after_fork_in_child() -> None:
     if _watch.get("active"):
         for fd in (_watch["r"], _watch["w"]):
             with contextlib.suppress(OSError):
-                os.close(fd)
+                _real_close(fd)
         _watch.clear()
         with contextlib.suppress(ValueError, OSError):
             _real_set_wakeup_fd(-1)
@@ -263,7 +306,7 @@ def execve(path: Any, argv: Any, env: Any) -> None:
 
 
 for _f, _real in ((getsignal, _real_getsignal), (set_signal, _real_signal), (_exit, _real_exit), (abort, _real_abort),
-                  (set_wakeup_fd, _real_set_wakeup_fd),
+                  (set_wakeup_fd, _real_set_wakeup_fd), (close, _real_close), (closerange, _real_closerange),
                   (execv, _real_execv), (execve, _real_execve)):
     for _attr in ("__name__", "__qualname__", "__doc__"):
         with contextlib.suppress(AttributeError, TypeError):
@@ -281,6 +324,7 @@ def install() -> None:
     _installed = True
     signal.signal, signal.getsignal, signal.set_wakeup_fd = set_signal, getsignal, set_wakeup_fd
     os._exit, os.abort, os.execv, os.execve = _exit, abort, execv, execve
+    os.close, os.closerange = close, closerange
     for sig in CAUGHT:
         with contextlib.suppress(OSError, ValueError, RuntimeError):
             if _is_default(_real_getsignal(sig)):
