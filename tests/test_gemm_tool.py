@@ -4,6 +4,8 @@ correlation), the reference rate recomputed from the healthy GEMMs independently
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -131,6 +133,39 @@ def test_kernel_names_give_architecture_and_alignment():
     assert kernel_align("cutlass_80_simt_sgemm_256x128_8x4_nn_align1") == 1 and kernel_align("nvjet_sm90") is None
     assert device_arch([{"computeMajor": 9, "computeMinor": 0}, {"computeMajor": 8, "computeMinor": 6}]) == 86
     assert device_arch([{"name": "x"}, "junk", {"computeMajor": "9"}]) is None
+
+
+def test_a_trace_without_shapes_keeps_its_gemm_time_and_an_empty_table_is_empty(tmp_path, example):
+    """torch.profiler without record_shapes writes no "Input Dims"/"Input type": the calls still
+    own their kernels (a join on the null shapes lost every one), and a table with no rows is
+    [] in --json (a table of no columns sliced to 1,000 empty rows)."""
+    import gzip
+    import json
+
+    raw, _ = example
+    doc = json.loads(gzip.open(EXAMPLE).read())
+    for e in doc["traceEvents"]:
+        for key in ("Input Dims", "Input type", "Input Strides", "Concrete Inputs"):
+            e.get("args", {}).pop(key, None)
+    bare = tmp_path / "noshapes.pt.trace.json"
+    bare.write_text(json.dumps(doc))
+    (rep,) = pastaprof.analyze(bare, tools=["gemm"])
+    calls = sum(w["calls"] for w in raw.values())
+    assert rep.summary["calls_without_shapes"] == rep.summary["gemm_calls"] == calls
+    assert rep.summary["calls_without_kernels"] == sum(w["calls"] for w in raw.values() if not w["gpu"])
+    assert rep.summary["gemm_gpu_ns"] == sum(w["gpu"] for w in raw.values())
+    by_op = {r["op"]: r["gpu_ns"] for r in rep.tables["gemms"].to_pylist()}
+    assert by_op == {op: sum(w["gpu"] for (o, *_), w in raw.items() if o == op) for op in {k[0] for k in raw}}
+    out = tmp_path / "cpu.json"
+    cpu = tmp_path / "cpu.pt.trace.json"
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "kernel"]
+    cpu.write_text(json.dumps(doc))
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "analyze", str(cpu), "-t", "gemm", "-q", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    gemm = json.loads(out.read_text())
+    gemm = gemm["tools"]["gemm"] if "tools" in gemm else gemm
+    assert gemm["tables"]["gemms"] == [] and gemm["summary"]["calls_without_kernels"] == calls
 
 
 def test_runs_without_ops_or_devices_say_why():

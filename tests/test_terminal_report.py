@@ -290,3 +290,19 @@ def test_every_width_holds_for_real_reports_and_hostile_tables():
     buf = io.StringIO()
     print_reports([hostile], console=Console(file=buf, width=100_000, emoji=False), wide=True)
     assert long in buf.getvalue() and "x" * 300 in buf.getvalue()
+
+
+def test_a_table_of_no_columns_has_no_rows_in_json_terminal_or_html():
+    """pyarrow slices a table of no columns to as many empty rows as asked: a tool's empty table
+    became 1,000 empty objects in --json."""
+    import pyarrow as pa
+
+    from pastaprof.report.findings import reports_to_dict
+    from pastaprof.report.terminal import render_table
+    from pastaprof.tools.base import Report
+
+    empty = pa.Table.from_pylist([])
+    assert empty.slice(0, 5).num_rows == 5  # the quirk itself
+    doc = reports_to_dict([Report("x", tables={"t": empty}, findings=[], summary={})])
+    assert doc["tools"]["x"]["tables"]["t"] == []
+    assert render_table("t", empty).row_count == 0

@@ -68,7 +68,7 @@ def _entries(console: Console, title: str, table: pa.Table, max_rows: int, which
     cols = {"both": ["kind", "name", "base", "new", "delta", "ratio"], "new": ["kind", "name", "new", "count"],
             "base": ["kind", "name", "base", "count"]}[which]
     rows = []
-    for r in table.slice(0, max_rows).to_pylist():
+    for r in table.slice(0, min(max_rows, table.num_rows)).to_pylist():
         cells = {"kind": LABELS.get(r["kind"], r["kind"]), "name": _name(r), "base": _ns(r["base_ns"]),
                  "new": _ns(r["new_ns"]), "delta": _delta(r["delta_ns"]), "ratio": _ratio(r["ratio"]),
                  "count": f"{r['new_count'] if which == 'new' else r['base_count']:,}"}
@@ -83,7 +83,7 @@ def _findings(console: Console, title: str, table: pa.Table, max_rows: int) -> N
     if not table.num_rows:
         return
     console.print(f"[bold]{markup_safe(title)} ({table.num_rows})[/]")
-    for f in table.slice(0, max_rows).to_pylist():
+    for f in table.slice(0, min(max_rows, table.num_rows)).to_pylist():
         style = SEVERITY_STYLE.get(f["severity"] or "", "none")
         console.print(f"  [{style}]{markup_safe((f['severity'] or '').upper())}[/] "
                       f"{markup_safe(f['title'] or '')} [dim]({markup_safe(f['tool'])})[/]")

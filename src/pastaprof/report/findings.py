@@ -37,7 +37,7 @@ def reports_to_dict(reports: list[Report], source: str | None = None, max_rows: 
         "tools": {
             r.tool: {
                 "summary": r.summary,
-                "tables": {name: t.slice(0, max_rows).to_pylist() if max_rows else t.to_pylist()
+                "tables": {name: t.slice(0, min(max_rows, t.num_rows)).to_pylist() if max_rows else t.to_pylist()
                            for name, t in r.tables.items()},
                 "truncated": {name: t.num_rows for name, t in r.tables.items() if max_rows and t.num_rows > max_rows},
             }

@@ -226,7 +226,7 @@ def _fit(columns: list[str], cells: dict[str, list[str]], width: int) -> dict[st
 def render_table(title: str, table: pa.Table, max_rows: int = MAX_ROWS, width: int = PIPED_WIDTH,
                  wide: bool = False) -> Table:
     """One rich table, every row one line within ``width`` (see ``_fit``); ``wide``: all of it."""
-    rows = table.slice(0, max_rows).to_pylist()
+    rows = table.slice(0, min(max_rows, table.num_rows)).to_pylist()  # no columns: slice() makes rows
     cells = _cells(table, rows, wide)
     widths = {c: max([cell_len(c), *(cell_len(x) for x in cells[c])]) for c in table.column_names} if wide \
         else _fit(table.column_names, cells, width)

@@ -135,6 +135,8 @@ def _by_shape(rows: list[dict[str, Any]]) -> pa.Table:
         a.pop("_top")
         a["tflops"] = round(a["flops"] / a["gpu_ns"] / 1e3, 1) if a["flops"] and a["gpu_ns"] else None
     cols = [*keys[:6], "calls", "gpu_ns", "flops", "tflops", *keys[6:], "impact_ns", "locations"]
+    if not out:  # the columns users read, with no rows
+        return pa.table({c: pa.array([], pa.string() if c in ("op", "dtype", "kernel") else pa.int64()) for c in cols})
     return pa.Table.from_pylist([{c: a[c] for c in cols} for a in out])
 
 
@@ -148,8 +150,10 @@ class Gemm(Tool):
         con = sql(o=self.table("op"), k=self.table("kernel"))
         names = ", ".join(f"'{n}'" for n in LEAF_GEMMS)
         return con.sql(f"""
-            WITH g AS (SELECT rank, id, CAST(name AS VARCHAR) AS op, CAST(input_shapes AS VARCHAR) AS shapes,
-                              CAST(input_dtypes AS VARCHAR) AS dtypes,
+            WITH g AS (SELECT rank, id, CAST(name AS VARCHAR) AS op,
+                              -- '' for none: calls without shapes group (and join their kernels) too
+                              coalesce(CAST(input_shapes AS VARCHAR), '') AS shapes,
+                              coalesce(CAST(input_dtypes AS VARCHAR), '') AS dtypes,
                               coalesce(CAST(module AS VARCHAR), CAST(call_site AS VARCHAR), CAST(name AS VARCHAR))
                                   AS location
                        FROM o WHERE CAST(name AS VARCHAR) IN ({names})),
@@ -159,10 +163,12 @@ class Gemm(Tool):
                  dom AS (SELECT op, shapes, dtypes, location, first(kernel ORDER BY d DESC, kernel) AS kernel,
                                 list(DISTINCT kernel ORDER BY kernel) AS kernels FROM per_kernel GROUP BY ALL),
                  calls AS (SELECT op, shapes, dtypes, location, count(*) AS calls FROM g GROUP BY ALL),
-                 t AS (SELECT op, shapes, dtypes, location, sum(d)::BIGINT AS gpu_ns, count(*) AS launches
-                       FROM kk GROUP BY ALL)
-            SELECT c.op, c.shapes, c.dtypes, c.location, c.calls, coalesce(t.gpu_ns, 0)::BIGINT AS gpu_ns,
-                   coalesce(t.launches, 0) AS launches, dom.kernel, dom.kernels
+                 t AS (SELECT op, shapes, dtypes, location, sum(d)::BIGINT AS gpu_ns, count(*) AS launches,
+                              count(DISTINCT (rank, id)) AS launching_calls FROM kk GROUP BY ALL)
+            SELECT c.op, nullif(c.shapes, '') AS shapes, nullif(c.dtypes, '') AS dtypes, c.location, c.calls,
+                   coalesce(t.gpu_ns, 0)::BIGINT AS gpu_ns,
+                   coalesce(t.launches, 0) AS launches, coalesce(t.launching_calls, 0) AS launching_calls,
+                   dom.kernel, dom.kernels
             FROM calls c LEFT JOIN t USING (op, shapes, dtypes, location) LEFT JOIN dom USING (op, shapes, dtypes, location)
             ORDER BY gpu_ns DESC, c.op, c.shapes, c.location
         """).to_arrow_table()
@@ -183,7 +189,7 @@ class Gemm(Tool):
         findings = self._findings(rows, kernel_ns, ref, dev)
         table = _by_shape([r for r in rows if r["gpu_ns"]])  # calls that launched no kernel (on the CPU, ...) left out
         summary = {"gemm_calls": sum(g["calls"] for g in groups),
-                   "calls_without_kernels": sum(r["calls"] for r in rows if not r["gpu_ns"]),
+                   "calls_without_kernels": sum(r["calls"] - r["launching_calls"] for r in rows),
                    "calls_without_shapes": sum(r["calls"] for r in rows if r["m"] is None),
                    "gemm_gpu_ns": sum(r["gpu_ns"] for r in rows), "kernel_ns": kernel_ns,
                    "device_arch": dev, "reference_tflops": round(ref / 1e3, 1) if ref else None}

@@ -69,7 +69,7 @@ def _cell(column: str, v: Any, shown: str | None = None) -> str:
 
 def table_html(title: str, table: pa.Table, anchor: str, max_rows: int = MAX_TABLE_ROWS) -> str:
     """A sortable table of the first ``max_rows`` rows (a tool's own order), with a row count."""
-    rows = table.slice(0, max_rows).to_pylist()
+    rows = table.slice(0, min(max_rows, table.num_rows)).to_pylist()  # no columns: slice() makes rows
     cols = table.column_names
     shown: dict[str, list[str | None]] = {}
     for c in cols:
