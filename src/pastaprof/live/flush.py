@@ -146,6 +146,7 @@ class FlushScheduler:
         self.flushed_through_ns = time.time_ns()  # every event recorded before is in a part
         self._nice_tid = 0  # native id of the thread flushing at nice 19, while it runs
         self._nice_since = 0.0  # when it started
+        self._base_nice = 0  # the flush thread's nice value: the program's, what a raised flush gets
         self.raised_flushes = 0  # nice flushes the deadline thread raised to the program's priority
         self.nice_lowered = True  # whether the flush thread runs at nice 19 (see _raise_stuck)
 
@@ -272,7 +273,7 @@ class FlushScheduler:
         if not tid or now - self._nice_since <= self.config.flush_ms / 1000:
             return
         try:
-            os.setpriority(os.PRIO_PROCESS, tid, 0)
+            os.setpriority(os.PRIO_PROCESS, tid, self._base_nice)
             self.raised_flushes += 1
         except OSError:
             self.nice_lowered = False
@@ -283,6 +284,8 @@ class FlushScheduler:
             warm_up()
 
     def _flush_loop(self) -> None:
+        with contextlib.suppress(AttributeError, OSError):  # the program's priority (`nice pastaprof run`)
+            self._base_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         self._at_nice(self._warm_up)  # Arrow/Parquet first-call costs, here rather than in the final flush
         period = self.config.flush_ms / 1000
         while not self._stop.is_set():
