@@ -468,3 +468,32 @@ def test_torch_imported_by_the_programs_sitecustomize_or_a_thread_is_captured(tm
         _same(bare, run)
         assert run.stdout.splitlines()[0] == ("True" if name == "site" else "False")
         assert _modules(tmp_path / f"run-{name}", ("aten::sigmoid",)) == Counter({("aten::sigmoid", "Sequential_0/Tail_0"): 1})
+
+
+def test_module_nesting_past_the_recursion_limit_raises_the_programs_recursion_error(tmp_path):
+    """The module hooks run at every nesting level: at the recursion limit they failed inside
+    pastaprof (a ctypes.ArgumentError the program's ``except RecursionError`` did not catch).
+    (The hook path costs torch one more frame a level: the deepest nesting is about 3/4 of bare's.)"""
+    pytest.importorskip("torch")
+    cmd = [sys.executable, str(PROGRAMS / "deep_modules.py")]
+    bare = _bare(cmd, tmp_path)
+    assert bare.returncode == 0 and "called 480 past the limit True" in bare.stdout, bare.stderr
+    run = _captured(tmp_path / "run", cmd, tmp_path)
+    assert run.returncode == 0 and run.stdout == bare.stdout, run.stderr
+    ops = pastaprof.load(tmp_path / "run").table("op").to_pylist()
+    assert sum(o["name"] == "aten::ones" for o in ops) == 480
+
+
+def test_a_warning_filter_that_makes_encoding_warnings_errors_sees_none_of_pastaprofs(tmp_path):
+    """Files pastaprof writes in the program's process name their encoding: under
+    ``-X warn_default_encoding -W error::EncodingWarning`` its manifest write raised in atexit."""
+    pytest.importorskip("torch")
+    p = tmp_path / "enc.py"
+    p.write_text("import warnings\nwarnings.filterwarnings('ignore', category=EncodingWarning, module='torch')\n"
+                 "import torch\nprint(torch.ones(2).add(1).tolist())\n")
+    cmd = [sys.executable, "-X", "warn_default_encoding", "-W", "error::EncodingWarning", str(p)]
+    bare = _bare(cmd, tmp_path)
+    run = _captured(tmp_path / "run", cmd, tmp_path)
+    _same(bare, run)
+    assert "capture not started" not in run.stderr
+    assert pastaprof.load(tmp_path / "run").table("op").num_rows > 0

@@ -110,16 +110,19 @@ class ModulePaths:
             if is_compiling() or not gate[0]:
                 return None
             try:
-                ids, mods, cell = local.ids, local.mods, local.cell
-            except AttributeError:
-                ids, mods, cell = self._thread_state()
-            key = (ids[-1] if ids else -1, id(module))
-            path = paths.get(key)
-            if path is None:
-                path = new_path(key, module)
-            ids.append(path)
-            mods.append(key[1])
-            cell.value = path
+                try:
+                    ids, mods, cell = local.ids, local.mods, local.cell
+                except AttributeError:
+                    ids, mods, cell = self._thread_state()
+                key = (ids[-1] if ids else -1, id(module))
+                path = paths.get(key)
+                if path is None:
+                    path = new_path(key, module)
+                ids.append(path)
+                mods.append(key[1])
+                cell.value = path
+            except Exception:  # noqa: BLE001 -- never the program's: RecursionError at its depth limit
+                pass  # (its own frames then raise it, as bare), MemoryError; this module goes unnamed
             return None
 
         def pastaprof_module_exit(module: Any, args: Any, output: Any) -> None:
@@ -127,13 +130,13 @@ class ModulePaths:
                 return None
             try:
                 mods = local.mods
-            except AttributeError:
-                return None
-            if mods and mods[-1] == id(module):
-                mods.pop()
-                ids = local.ids
-                ids.pop()
-                local.cell.value = ids[-1] if ids else -1
+                if mods and mods[-1] == id(module):
+                    mods.pop()
+                    ids = local.ids
+                    ids.pop()
+                    local.cell.value = ids[-1] if ids else -1
+            except Exception:  # noqa: BLE001 -- as in enter (AttributeError: this thread pushed nothing)
+                pass
             return None
 
         return pastaprof_module_enter, pastaprof_module_exit
