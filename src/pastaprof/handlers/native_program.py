@@ -254,7 +254,7 @@ def write_shard(run_dir: Path, rank: int, pid: int, shard: dict[str, Any]) -> No
     (run_dir / "shards").mkdir(parents=True, exist_ok=True)
     path = run_dir / "shards" / f"rank-{rank}-pid-{pid}.json"
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(shard))
+    tmp.write_text(json.dumps(shard), encoding="utf-8")
     os.replace(tmp, path)
 
 

@@ -54,7 +54,7 @@ def _has_bpf_caps() -> bool:
     eBPF programs: CAP_SYS_ADMIN (21), or CAP_BPF (39) with CAP_PERFMON (38).  Unreadable:
     assumed so (bpftrace then says what fails)."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path("/proc/self/status").read_text(encoding="utf-8", errors="replace").splitlines():
             if line.startswith("CapEff:"):
                 eff = int(line.split()[1], 16)
                 return bool(eff & (1 << 21)) or (bool(eff & (1 << 39)) and bool(eff & (1 << 38)))
@@ -93,7 +93,7 @@ class BpftraceSession:
         tid = threading.get_native_id()
         self.tid = tid
         text = script(self.specs, self.root_pid, tid, libc, self.include_root)
-        (self.dir / "probes.bt").write_text(text)
+        (self.dir / "probes.bt").write_text(text, encoding="utf-8")
         # stdout, not -o: bpftrace buffers a -o file fully whatever -B says (the ready line would wait)
         cmd = ["bpftrace", "-B", "line", str(self.dir / "probes.bt")]
         if shutil.which("setpriv"):
@@ -141,7 +141,7 @@ class BpftraceSession:
     def error_line(self) -> str:
         """bpftrace's most telling error line."""
         try:
-            lines = self.err_path.read_text(errors="replace").splitlines()
+            lines = self.err_path.read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
             lines = []
         errors = [ln.strip() for ln in lines if "ERROR" in ln and "RLIMIT_MEMLOCK" not in ln and "detach" not in ln]

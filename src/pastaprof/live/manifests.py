@@ -104,7 +104,7 @@ class Manifests:
         path = self.out / SHARDS / self._meta_name
         tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")  # flushes may overlap
         try:
-            tmp.write_text(json.dumps(meta, default=str))
+            tmp.write_text(json.dumps(meta, default=str), encoding="utf-8")
             os.replace(tmp, path)
         except OSError as e:
             _warn(f"cannot write {path}: {e}")

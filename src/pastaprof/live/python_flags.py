@@ -73,7 +73,7 @@ def note_uncaptured(run_dir: Path, command: list[str], pid: int) -> None:
         shards.mkdir(parents=True, exist_ok=True)
         tmp = shards / f".{meta.name}.tmp"
         tmp.write_text(json.dumps({"rank": 0, "pid": int(pid), "argv": list(command), "events": {},
-                                   "status": {"capture": why}, "relink_needed": False}))
+                                   "status": {"capture": why}, "relink_needed": False}), encoding="utf-8")
         os.replace(tmp, meta)
     except OSError:
         pass

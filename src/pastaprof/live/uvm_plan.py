@@ -52,7 +52,7 @@ def load_plan(source: str | Path | dict) -> dict[str, Any]:
         plan = source
     else:
         try:
-            plan = json.loads(Path(source).read_text())
+            plan = json.loads(Path(source).read_text(encoding="utf-8"))
         except OSError as e:
             raise UsageError(f"{where}: cannot read the UVM plan ({e.strerror or e})") from None
         except json.JSONDecodeError as e:

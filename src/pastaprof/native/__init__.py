@@ -66,7 +66,7 @@ def _build(name: str, sources: list[Path], args: list[str], cpp: bool, suffix: s
     if lib.exists():
         return lib
     d.mkdir(parents=True, exist_ok=True)
-    with open(d / ".lock", "w") as lock:
+    with open(d / ".lock", "w", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if lib.exists():
             return lib
@@ -78,7 +78,7 @@ def _build(name: str, sources: list[Path], args: list[str], cpp: bool, suffix: s
         cmd = [*(command or [_compiler(cpp), "-O2", "-shared", "-fPIC"]), "-o", str(tmp), *map(str, sources), *args]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
-            failed.write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
+            failed.write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr, encoding="utf-8")
             lines = r.stderr.strip().splitlines() or ["?"]
             first = next((ln for ln in lines if "error" in ln), lines[-1])
             raise RuntimeError(f"build of {name} failed: {first.strip()[:200]} (log: {failed})")
@@ -133,7 +133,7 @@ def external_correlation_fns(path: str) -> tuple[int, int]:
 def loaded_libcupti() -> str | None:
     """Path of the libcupti already mapped in this process (torch's or cupti-python's)."""
     try:
-        with open("/proc/self/maps") as f:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
             for line in f:
                 p = line.split()[-1] if line.strip() else ""
                 if "/libcupti.so" in p:

@@ -64,7 +64,7 @@ class RunWriter:
             for w in self._writers.values():
                 w.close()
             self._writers.clear()
-            with open(self.partial / MANIFEST, "w") as f:
+            with open(self.partial / MANIFEST, "w", encoding="utf-8") as f:
                 json.dump(manifest, f, indent=1, default=str)
         except OSError as e:
             self.abort()
