@@ -546,3 +546,38 @@ def test_a_program_that_closes_every_fd_keeps_its_output_files_and_signals(tmp_p
     t = pastaprof.load(tmp_path / "run").table("op")
     names = Counter(t["name"].to_pylist())
     assert names["aten::add"] == 100 and names["aten::mul"] == 100
+
+
+PERSISTENT = textwrap.dedent("""
+    import sys, torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class DS(Dataset):
+        def __len__(self):
+            return 24
+
+        def __getitem__(self, i):
+            return torch.full((3,), float(i)).add(0.5)  # one aten::add an item, in a worker
+
+    if __name__ == "__main__":
+        dl = DataLoader(DS(), batch_size=4, num_workers=2, persistent_workers=True,
+                        multiprocessing_context=sys.argv[1])
+        print(sum(b.sum().item() for _ in range(3) for b in dl))
+""")
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_dataloader_workers_keep_their_ops(tmp_path, context):
+    """multiprocessing ends persistent workers with SIGTERM at exit, and torch's C handler
+    _exit(0)s: the workers' ops were all lost (they never lived a flush period)."""
+    p = tmp_path / "dl.py"
+    p.write_text(PERSISTENT)
+    bare = _start(tmp_path, p, context, bare=True)
+    b_out, _ = bare.communicate(timeout=120)
+    proc = _start(tmp_path, p, context)
+    out, err = proc.communicate(timeout=120)
+    assert bare.returncode == proc.returncode == 0 and out == b_out, err
+    assert "without its final flush" not in err and "without a final flush" not in err
+    adds = _adds(tmp_path / "run")
+    workers = {pid: n for pid, n in adds.items() if n}
+    assert len(workers) == 2 and sum(workers.values()) == 3 * 24, adds

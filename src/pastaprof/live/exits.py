@@ -104,6 +104,36 @@ def _die(signum: int) -> None:
     os.kill(os.getpid(), signum)
 
 
+def _worker_term(signum: int, frame: Any) -> None:
+    """A DataLoader worker's SIGTERM (multiprocessing ends persistent workers so at exit): torch's
+    own handler ``_exit(0)``s in C, losing every event since the last flush.  Flush, then leave
+    as it does for its parent's SIGTERM (which of the two senders it is cannot be told here)."""
+    _handled[signum] = time.monotonic()
+    _stop_current(_JOIN_S)
+    _real_exit(0)
+
+
+def _take_worker_sigterm(module: Any) -> None:
+    """After torch's ``_set_worker_signal_handlers`` (a DataLoader worker's start): SIGTERM
+    comes to ``_worker_term`` instead of torch's C handler."""
+    real = getattr(module, "_set_worker_signal_handlers", None)
+    if real is None or getattr(real, "_pastaprof", False):
+        return
+
+    def _set_worker_signal_handlers(*args: Any) -> Any:
+        out = real(*args)
+        if _session() is not None and threads.on_main_thread():
+            with contextlib.suppress(OSError, ValueError):
+                _real_signal(signal.SIGTERM, _worker_term)
+        return out
+
+    _set_worker_signal_handlers._pastaprof = True  # type: ignore[attr-defined]
+    for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(_set_worker_signal_handlers, attr, getattr(real, attr))
+    module._set_worker_signal_handlers = _set_worker_signal_handlers
+
+
 def die_if_pending() -> None:
     """After a final flush: end the process by the signal that interrupted it, if one did."""
     if _pending:
@@ -116,6 +146,8 @@ def _is_default(handler: Any) -> bool:
 
 def getsignal(signalnum: Any) -> Any:
     handler = _real_getsignal(signalnum)
+    if handler is _worker_term:  # torch's C handler in its place: Python shows None for one
+        return None
     return signal.Handlers.SIG_DFL if handler is _on_signal else handler
 
 
@@ -209,7 +241,7 @@ def _watchdog(r: int) -> None:
         now = time.monotonic()
         for signum in set(data):
             with contextlib.suppress(Exception):
-                if _real_getsignal(signum) is _on_signal:
+                if _real_getsignal(signum) in (_on_signal, _worker_term):
                     _grace(signum, now)
 
 
@@ -221,9 +253,12 @@ def _grace(signum: int, arrived: float) -> None:
         time.sleep(0.02)
     if _handled.get(signum, 0.0) >= arrived:
         return
+    worker = _real_getsignal(signum) is _worker_term
     try:
         _stop_current(_JOIN_S)
     finally:
+        if worker:
+            _real_exit(0)
         _die(signum)
 
 
@@ -332,3 +367,6 @@ def install() -> None:
     _arm()
     os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                         after_in_child=_after_fork_in_child)
+    from pastaprof.live.imports import after_import
+
+    after_import("torch.utils.data._utils.signal_handling", _take_worker_sigterm)

@@ -1,5 +1,6 @@
 import torch
 
+
 # nestings around the recursion limit, one level at a time and from four stack depths: wherever
 # the limit strikes (torch's frames, a hook's), the program's own except clause must see it
 def call(m, pad):
