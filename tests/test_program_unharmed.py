@@ -497,3 +497,35 @@ def test_a_warning_filter_that_makes_encoding_warnings_errors_sees_none_of_pasta
     _same(bare, run)
     assert "capture not started" not in run.stderr
     assert pastaprof.load(tmp_path / "run").table("op").num_rows > 0
+
+
+def _old_pythons() -> list[str]:
+    """Interpreters older than the bootstrap supports (pyenv's, where installed)."""
+    import glob
+
+    found = []
+    for exe in sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/*/bin/python"))):
+        r = subprocess.run([exe, "-c", "import sys; print(sys.version_info[0] * 100 + sys.version_info[1])"],
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode == 0 and r.stdout.strip().isdigit() and int(r.stdout) < 308:
+            found.append(exe)
+    return found
+
+
+def test_children_on_pythons_the_bootstrap_does_not_support_run_as_bare(tmp_path):
+    """A program that starts a Python 2.7 or 3.6 child: the bootstrap's sitecustomize must parse
+    there and leave it alone (a SyntaxError line on 2.7, AttributeErrors on 3.6 before)."""
+    pytest.importorskip("torch")
+    olds = _old_pythons()
+    if not olds:
+        pytest.skip("no Python older than 3.8 installed (pyenv)")
+    p = tmp_path / "olds.py"
+    p.write_text("import subprocess, sys, torch\nfor py in sys.argv[1:]:\n"
+                 "    r = subprocess.run([py, '-c', 'import sys; print(sys.version_info[:2], len(sys.path), "
+                 "\"sitecustomize\" in sys.modules)'], capture_output=True, text=True)\n"
+                 "    print(r.returncode, r.stdout.strip(), repr(r.stderr))\n")
+    cmd = [sys.executable, str(p), *olds]
+    bare = _bare(cmd, tmp_path)
+    run = _captured(tmp_path / "run", cmd, tmp_path)
+    _same(bare, run)
+    assert bare.stdout.count("0 (") == len(olds) and "''" in bare.stdout
