@@ -230,13 +230,21 @@ def _arm() -> None:
 def _watchdog(r: int) -> None:
     import select
 
+    poller = select.poll()  # not select(): the pipe sits above FD_SETSIZE (_high_pipe)
+    poller.register(r, select.POLLIN)
+    try:
+        pipe = os.fstat(r).st_ino
+    except OSError:
+        return
     while True:
         try:
-            select.select([r], [], [])
+            poller.poll()
+            if os.fstat(r).st_ino != pipe:  # closed from C and the number reused: never read theirs
+                return
             data = os.read(r, 512)
         except (BlockingIOError, InterruptedError):
             continue
-        except OSError:
+        except (OSError, ValueError):
             return
         now = time.monotonic()
         for signum in set(data):
@@ -343,9 +351,19 @@ def execve(path: Any, argv: Any, env: Any) -> None:
 for _f, _real in ((getsignal, _real_getsignal), (set_signal, _real_signal), (_exit, _real_exit), (abort, _real_abort),
                   (set_wakeup_fd, _real_set_wakeup_fd), (close, _real_close), (closerange, _real_closerange),
                   (execv, _real_execv), (execve, _real_execve)):
-    for _attr in ("__name__", "__qualname__", "__doc__"):
+    for _attr in ("__name__", "__qualname__", "__doc__", "__module__"):
         with contextlib.suppress(AttributeError, TypeError):
             setattr(_f, _attr, getattr(_real, _attr))
+
+
+def _where_pickle_looks(wrapper: Any, real: Any) -> None:
+    """``real``'s own module (``posix``, ``_signal``) names ``wrapper`` too: pickle finds a function
+    by its ``__module__`` and name and checks it is the same object (the bytes stay as bare)."""
+    import sys
+
+    mod = sys.modules.get(getattr(real, "__module__", None) or "")
+    if mod is not None and getattr(mod, real.__name__, None) is real:
+        setattr(mod, real.__name__, wrapper)
 
 
 def install() -> None:
@@ -360,6 +378,10 @@ def install() -> None:
     signal.signal, signal.getsignal, signal.set_wakeup_fd = set_signal, getsignal, set_wakeup_fd
     os._exit, os.abort, os.execv, os.execve = _exit, abort, execv, execve
     os.close, os.closerange = close, closerange
+    for wrapper, real in ((getsignal, _real_getsignal), (set_signal, _real_signal), (set_wakeup_fd, _real_set_wakeup_fd),
+                          (_exit, _real_exit), (abort, _real_abort), (execv, _real_execv), (execve, _real_execve),
+                          (close, _real_close), (closerange, _real_closerange)):
+        _where_pickle_looks(wrapper, real)
     for sig in CAUGHT:
         with contextlib.suppress(OSError, ValueError, RuntimeError):
             if _is_default(_real_getsignal(sig)):
