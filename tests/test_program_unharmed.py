@@ -529,3 +529,19 @@ def test_children_on_pythons_the_bootstrap_does_not_support_run_as_bare(tmp_path
     run = _captured(tmp_path / "run", cmd, tmp_path)
     _same(bare, run)
     assert bare.stdout.count("0 (") == len(olds) and "''" in bare.stdout
+
+
+def test_the_functions_pastaprof_wraps_pickle_as_bare(tmp_path):
+    """pickle finds a function by module and name and checks it is the same object:
+    ``pickle.dumps(signal.set_wakeup_fd)`` raised under capture, and os.close pickled as another
+    module's."""
+    pytest.importorskip("torch")
+    p = tmp_path / "pk.py"
+    p.write_text("import os, pickle, signal, torch\n"
+                 "for f in (signal.signal, signal.getsignal, signal.set_wakeup_fd, os._exit, os.abort, os.execv,\n"
+                 "          os.execve, os.close, os.closerange, os.putenv, os.unsetenv, os.posix_spawn):\n"
+                 "    print(pickle.dumps(f), pickle.loads(pickle.dumps(f)) is f)\n")
+    cmd = [sys.executable, str(p)]
+    bare = _bare(cmd, tmp_path)
+    assert bare.returncode == 0 and bare.stdout.count("True") == 12, bare.stderr
+    _same(bare, _captured(tmp_path / "run", cmd, tmp_path))

@@ -216,6 +216,9 @@ class _Environment:
                     setattr(wrapper, attr, getattr(real, attr))
                 except (AttributeError, TypeError):
                     pass
+            mod = sys.modules.get(getattr(real, "__module__", None) or "")  # (posix): where pickle
+            if mod is not None and getattr(mod, real.__name__, None) is real:  # looks it up by name
+                setattr(mod, real.__name__, wrapper)
         os.putenv, os.unsetenv, os.execve, os.posix_spawn, os.posix_spawnp = (putenv, unsetenv, execve, posix_spawn,
                                                                               posix_spawnp)
         _posixsubprocess.fork_exec = fork_exec
