@@ -172,6 +172,26 @@ def test_unrelated_traces_are_not_silently_one_job(tmp_path):
     assert r.returncode == 0 and len(notes(r.stderr)) == 1 and "a guess" in r.stderr
 
 
+def test_ranks_whose_traces_name_different_devices_are_said_so(tmp_path):
+    """The run's devices are one rank's: where another rank's trace names other GPUs (unrelated
+    traces, a mixed cluster), a note says which rank names which, and the manifest keeps them."""
+    doc = json.loads(gzip.open(MLP).read())
+    props = doc["deviceProperties"]
+    write_trace(MLP, tmp_path / "rank-0.pt.trace.json.gz")
+    write_trace(MLP, tmp_path / "rank-1.pt.trace.json.gz", deviceProperties=[{**d, "name": "NVIDIA H100"} for d in props])
+    run, said, _ = load_quiet(tmp_path)
+    names = sorted({d["name"] for d in props})
+    assert said == [f"the ranks' traces name different devices (rank 0: {', '.join(names)}; rank 1: NVIDIA H100): "
+                    "the run's devices are rank 0's"]
+    assert run.manifest["device_names_by_rank"] == {"0": names, "1": ["NVIDIA H100"]}
+    same = tmp_path / "same"
+    same.mkdir()
+    for r in (0, 1):
+        write_trace(MLP, same / f"rank-{r}.pt.trace.json.gz")
+    run, said, _ = load_quiet(same)
+    assert said == [] and run.manifest["device_names_by_rank"] is None
+
+
 def test_an_unranked_trace_beside_ranked_ones_gets_the_next_free_rank(tmp_path):
     for r in (0, 1):
         shutil.copy(DDP / f"rank-{r}.pt.trace.json.gz", tmp_path / f"rank-{r}.pt.trace.json.gz")

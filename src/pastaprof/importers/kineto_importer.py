@@ -190,7 +190,7 @@ class KinetoImporter(Importer):
         shared = {"notes": notes, "skipped": skipped,
                   "companions": {n: [f.name for f in fs] for n, (_i, fs) in attach.items()}}
         earlier: dict[int, list[tuple[int, int, Path]]] = {}
-        yielded = False
+        yielded, seen = False, []
         for entry in entries:
             if ranks is not None and entry.rank not in ranks and decided[entry.path]:
                 continue
@@ -212,7 +212,11 @@ class KinetoImporter(Importer):
             for imp, cfiles in attach.values():
                 tables = imp.attach(entry.rank, tables, cfiles, meta)
             yielded = True
+            seen.append({"rank": entry.rank, "deviceProperties": meta.get("deviceProperties")})
             yield entry.rank, tables, meta
+        devices = _devices_note(seen)
+        if devices:
+            notes.append(devices)
         if yielded:  # said once everything was read: a refusal stays one line
             for line in notes:
                 note(line)
@@ -258,6 +262,25 @@ def _set_rank(t: pa.Table, rank: int) -> pa.Table:
     return t.set_column(i, "rank", pa.array([rank] * t.num_rows, pa.int32())) if i >= 0 else t
 
 
+def _devices_note(metas: list[dict[str, Any]]) -> str | None:
+    by_rank = _devices_by_rank(metas)
+    if not by_rank:
+        return None
+    shown = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in list(by_rank.items())[:4])
+    return (f"the ranks' traces name different devices ({shown}{'; ...' if len(by_rank) > 4 else ''}): "
+            f"the run's devices are rank {metas[0].get('rank', 0)}'s")
+
+
+def _devices_by_rank(metas: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Each rank's device names, where the ranks' traces do not all name the same ones ({} if they do)."""
+    names: dict[str, list[str]] = {}
+    for m in metas:
+        d = m.get("deviceProperties")
+        if isinstance(d, list) and d:
+            names.setdefault(str(m["rank"]), sorted({str(x.get("name")) for x in d if isinstance(x, dict)}))
+    return names if len({tuple(v) for v in names.values()}) > 1 else {}
+
+
 def manifest_for(path: Path, metas: list[dict[str, Any]]) -> dict[str, Any]:
     """A run manifest describing an imported trace (or folder of per-rank traces).
     ``rank_source`` says, per file, which rank it was read as and why
@@ -277,6 +300,7 @@ def manifest_for(path: Path, metas: list[dict[str, Any]]) -> dict[str, Any]:
     devices = first.get("deviceProperties") or []
     plan = first.get("plan") or {}
     version = first.get("schemaVersion")
+    by_rank = _devices_by_rank(metas)
     return {
         "source": str(path),
         "format": FORMAT,
@@ -289,6 +313,7 @@ def manifest_for(path: Path, metas: list[dict[str, Any]]) -> dict[str, Any]:
         "ranks": sorted({m["rank"] for m in metas}),
         "rank_source": {m["file"]: m["rank_source"] for m in metas if "file" in m and "rank_source" in m},
         "notes": list(plan.get("notes", [])),
+        "device_names_by_rank": by_rank or None,
         "skipped": dict(plan.get("skipped", {})),
         "companions": dict(plan.get("companions", {})),
         "clock": {"domain": "unix_epoch_ns", "anchors": anchors},
