@@ -108,6 +108,10 @@ def test_cpu_per_call_site_and_module_sum_self_times(traced):
     assert {r["module"]: r["self_cpu_ns"] for r in rep.tables["modules"].to_pylist()} == dict(by_module)
     # and the modules' CPU time is the ops' self time, all of it, once
     assert sum(by_module.values()) == sum(self_cpu_by_name(ev).values())
+    # a module's inclusive time: its ops not nested in an op of the same module (it counted
+    # depth-0 ops only, so backward ops on the autograd thread made self exceed inclusive)
+    for r in rep.tables["modules"].to_pylist():
+        assert r["self_cpu_ns"] <= r["cpu_ns"], r
 
 
 def test_example_launch_delays_show_queueing_behind_the_lm_head():
@@ -116,3 +120,33 @@ def test_example_launch_delays_show_queueing_behind_the_lm_head():
     rows = {r["name"]: r for r in rep.tables["ops"].to_pylist()}
     assert rows["aten::mm"]["launch_delay_ns"] > 1_000_000
     assert rows["aten::addmm"]["launch_delay_ns"] < 100_000
+
+
+def test_a_modules_inclusive_time_covers_its_self_time_with_backward_ops(tmp_path):
+    """Live training: backward ops run on the autograd engine's thread (not at depth 0 of the
+    module's forward); the modules table counted depth-0 ops only, so a Linear showed 0.35 s of
+    CPU time and 1.10 s of self time."""
+    torch = pytest.importorskip("torch")
+    del torch
+    import subprocess
+    import sys
+    import textwrap
+
+    prog = tmp_path / "train.py"
+    prog.write_text(textwrap.dedent("""
+        import torch
+        net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+        for _ in range(20):
+            opt.zero_grad()
+            net(torch.randn(32, 64)).sum().backward()
+            opt.step()
+    """))
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(tmp_path / "run"), "--",
+                        sys.executable, str(prog)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    (rep,) = pastaprof.analyze(tmp_path / "run", tools=["ops"])
+    rows = {r["module"]: r for r in rep.tables["modules"].to_pylist()}
+    assert {"Sequential_0/Linear_0", "Sequential_0/Linear_1", "Sequential_0/ReLU_0"} <= set(rows)
+    for r in rows.values():
+        assert 0 < r["self_cpu_ns"] <= r["cpu_ns"], r

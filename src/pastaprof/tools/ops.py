@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from pastaprof.tools._by_rank import rank_rows
 from pastaprof.tools._codes import find_keys
+from pastaprof.tools._timeline_math import name_codes
 from pastaprof.tools.base import DATA_NOTE, NO_ESTIMATE, Finding, Report, Tool, sql
 
 UNATTRIBUTED_WARN_SHARE = 0.05   # >5% of GPU time not linked to any op is worth a warning
@@ -170,7 +171,20 @@ def _per_op_table(op: pa.Table, a: dict[str, np.ndarray]) -> pa.Table:
         "self_launches": pa.array(a["self_launch"]),
         "launch_delay_sum_ns": pa.array(a["lag_sum"]), "delayed_launches": pa.array(a["lag_n"]),
         "max_launch_delay_ns": pa.array(a["lag_max"], mask=a["lag_max"] < 0),
+        "module_top": pa.array(_module_top(op["module"], a["ppos"])),
     })
+
+
+def _module_top(module: pa.ChunkedArray, ppos: np.ndarray) -> np.ndarray:
+    """Per op: whether its parent op is of another module (or it has none): the ops whose
+    inclusive time sums to the module's without counting a nested op of it twice."""
+    if len(ppos) == 0:
+        return np.zeros(0, bool)
+    codes, _names = name_codes(module)  # no module: one code of its own
+    has = ppos >= 0
+    top = ~has
+    top[has] = codes[ppos[has]] != codes[has]
+    return top
 
 
 def _by_name(con: duckdb.DuckDBPyConnection) -> pa.Table:
@@ -207,7 +221,7 @@ def _rollups(con: duckdb.DuckDBPyConnection) -> tuple[pa.Table, pa.Table, pa.Tab
     """The ``modules``, ``module types`` and ``call sites`` tables."""
     by_module = con.sql("""
         SELECT coalesce(module, '(no module)') AS module, count(*) AS ops,
-               sum(self_gpu_ns)::BIGINT AS gpu_ns, sum(CASE WHEN depth = 0 THEN cpu_ns ELSE 0 END)::BIGINT AS cpu_ns,
+               sum(self_gpu_ns)::BIGINT AS gpu_ns, sum(CASE WHEN module_top THEN cpu_ns ELSE 0 END)::BIGINT AS cpu_ns,
                sum(self_cpu_ns)::BIGINT AS self_cpu_ns,
                sum(CASE WHEN is_backward THEN self_gpu_ns ELSE 0 END)::BIGINT AS backward_gpu_ns
         FROM ops GROUP BY 1 ORDER BY gpu_ns DESC, module
