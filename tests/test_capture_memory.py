@@ -122,5 +122,6 @@ def test_drops_are_said_in_the_exit_line_and_run_json(tmp_path):
     notes = program_notes(tmp_path, manifest, -9, None)
     assert notes == "; the program was killed by SIGKILL; 12 events dropped"
     written = json.loads((tmp_path / "run.json").read_text())
-    assert written["program"] == {"exit_code": -9, "signal": "SIGKILL", "unflushed_pids": [], "lost_at_most_ms": 0}
+    assert written["program"] == {"exit_code": -9, "signal": "SIGKILL", "unflushed_pids": [], "running_pids": [],
+                                  "lost_at_most_ms": 0}
     assert written["dropped_events"] == 12

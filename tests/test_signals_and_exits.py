@@ -581,3 +581,33 @@ def test_persistent_dataloader_workers_keep_their_ops(tmp_path, context):
     adds = _adds(tmp_path / "run")
     workers = {pid: n for pid, n in adds.items() if n}
     assert len(workers) == 2 and sum(workers.values()) == 3 * 24, adds
+
+
+DAEMON_LEFT = textwrap.dedent("""
+    import os, sys, time, torch
+    x = torch.ones(2) + 1
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:  # the daemon: outlives the program
+            fd = os.open(os.devnull, os.O_RDWR)
+            for i in (0, 1, 2):
+                os.dup2(fd, i)
+            time.sleep(4)
+            os._exit(0)
+        os._exit(0)
+    os.wait()
+    print("parent exits", flush=True)
+""")
+
+
+def test_a_daemon_the_program_leaves_running_is_not_called_a_crash(tmp_path):
+    p = tmp_path / "daemon.py"
+    p.write_text(DAEMON_LEFT)
+    proc = _start(tmp_path, p)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and out == "parent exits\n", err
+    m = json.loads((tmp_path / "run" / "run.json").read_text())
+    (daemon,) = m["program"]["running_pids"]
+    assert m["program"]["unflushed_pids"] == [daemon] and m["program"]["lost_at_most_ms"] == 0
+    assert "still running (left behind by the program)" in err and "without a final flush" not in err
+    assert "without its final flush" not in err and "still running when the program ended" in err

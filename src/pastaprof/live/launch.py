@@ -143,10 +143,10 @@ def _finish(partial: Path, dest: Path, command: list[str], code: int, wall: floa
         return
     rows = manifest.get("rows", {})
     summary = ", ".join(f"{n} {k}" for k, n in sorted(rows.items())) or "no events"
-    sys.stderr.write(terminal_safe(f"pastaprof: run stored in {dest} ({summary}{notes})") + "\n")
-    for line in sorted(set(manifest.get("status", {}).values())):
+    for line in sorted(set(manifest.get("status", {}).values())):  # what the run is like, then where it is
         if line != "ok":
             sys.stderr.write(f"pastaprof: {terminal_safe(str(line))}\n")
+    sys.stderr.write(terminal_safe(f"pastaprof: run stored in {dest} ({summary}{notes})") + "\n")
     if tools:
         try:
             from pastaprof.api import analyze

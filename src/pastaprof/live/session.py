@@ -143,6 +143,8 @@ class Session(Wiring, Gates, Manifests, Linking, FlushScheduler):
             else:
                 self._start_handler(cls)
         if not self._gpu_present():
+            if self.status.get("cupti", "ok") != "ok":  # why CUPTI did not start says nothing without a GPU
+                self.status.pop("cupti")
             self.status["gpu"] = "no GPU found: only host-side events are recorded"
             _notice(self.status["gpu"])
         self._update_gate()

@@ -202,6 +202,21 @@ def loss_bound_ms(overhead: dict[str, Any], ended_ns: int = 0) -> int:
     return int(round(deadline + period + 2 * longest + LOOK_MS)) if deadline else 0
 
 
+RUNNING = ("still running when the program ended (left behind: a daemon): the events it recorded after its "
+           "last flush are not in the run")
+
+
+def _running(pid: Any) -> bool:
+    """Whether process ``pid`` is alive (not a zombie)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 def program_notes(run_dir: Any, manifest: dict[str, Any], code: int, child: Supervised | None) -> str:
     """How the program ended and what that cost the run: into run.json's ``program`` (rewritten
     in ``run_dir`` before it is published), and the words for the exit line ("" if nothing)."""
@@ -209,14 +224,20 @@ def program_notes(run_dir: Any, manifest: dict[str, Any], code: int, child: Supe
     from pastaprof.store.writer import MANIFEST
 
     procs = [p for p in manifest.get("processes") or [] if isinstance(p, dict)]
-    gone = [p for p in procs if "exit" in (p.get("status") or {})]
+    gone = [p for p in procs if isinstance(p.get("status"), dict) and "exit" in p["status"]]
     unflushed = [p.get("pid") for p in gone]
+    running = [p for p in gone if p.get("pid") != (child.pid if child else None) and _running(p.get("pid"))]
+    for p in running:  # a daemon the program left behind: not a crash
+        p["status"]["exit"] = RUNNING
+        if isinstance(manifest.get("status"), dict):
+            manifest["status"][f"rank {p.get('rank')} pid {p.get('pid')}: exit"] = RUNNING
+    gone = [p for p in gone if p not in running]
     ended = {child.pid: child.ended_ns} if child is not None else {}
     lost_ms = max((loss_bound_ms(p.get("capture_overhead") or {}, ended.get(p.get("pid"), 0)
                                  if isinstance(p.get("pid"), int) else 0) for p in gone), default=0)
     program: dict[str, Any] = {"exit_code": code, "signal": _signal_name(-code) if code < 0 else None,
-                               "unflushed_pids": unflushed,
-                               "lost_at_most_ms": lost_ms if unflushed else 0}
+                               "unflushed_pids": unflushed, "running_pids": [p.get("pid") for p in running],
+                               "lost_at_most_ms": lost_ms if gone else 0}
     if child is not None:
         program["max_rss_bytes"] = child.max_rss_bytes
         program["signals_forwarded"] = child.forwarded
@@ -226,10 +247,13 @@ def program_notes(run_dir: Any, manifest: dict[str, Any], code: int, child: Supe
     if code < 0:
         notes.append(f"the program was killed by {program['signal']}")
     stopped = sum(str((p.get("status") or {}).get("exit", "")).startswith("capture stopped") for p in procs)
-    crashed = len(unflushed) - stopped
+    crashed = len(gone) - stopped
     if crashed > 0:
         notes.append(f"{crashed} process{'es' if crashed > 1 else ''} ended without a final "
                      f"flush: events of the last {lost_ms} ms or less lost")
+    if running:
+        notes.append(f"{len(running)} process{'es' if len(running) > 1 else ''} still running (left behind by the "
+                     f"program): events after {'their' if len(running) > 1 else 'its'} last flush not in the run")
     if stopped:  # its reason is the process's status line
         notes.append(f"capture stopped early in {stopped} process{'es' if stopped > 1 else ''}")
     dropped = int(manifest.get("dropped_events") or 0)
