@@ -32,9 +32,11 @@ has run for a flush period, the deadline thread raises it to the program's prior
 (``nice_lowered`` false in the manifest).
 
 Each process's manifest says how far its events are safe: ``flushed_through_ns`` (wall clock),
-before which every event it recorded is in a part: the take of the latest completed flush with
-no flush that took earlier still in progress.  ``pastaprof run`` states the loss of a program
-that died without its final flush from it (its death, as it reaped it, minus that time).
+before which every event its handlers had delivered is in a part: the take of the latest
+completed flush with no flush that took earlier still in progress.  (GPU activity records reach
+the handlers when CUPTI hands over a buffer, which can be later than the work they describe.)
+``pastaprof run`` states the loss of a program that died without its final flush from it (its
+death, as it reaped it, minus that time).
 
 Bounds, whatever the load:
 
@@ -267,8 +269,9 @@ class FlushScheduler:
 
     def _raise_stuck(self, now: float) -> None:
         """The nice thread's flush has run for a flush period (holding the rows it took, or about
-        to take them): back to the program's priority for the rest of it.  If this process may not lower a nice value, the spill
-        threads (at the program's priority) make the flush thread's flushes from then on."""
+        to take them): back to the program's priority for the rest of it.  If this process may
+        not lower a nice value, the spill threads (at the program's priority) make the flush
+        thread's flushes from then on."""
         tid = self._nice_tid
         if not tid or now - self._nice_since <= self.config.flush_ms / 1000:
             return
