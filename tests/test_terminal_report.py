@@ -254,6 +254,23 @@ def test_wide_shows_full_names():
     assert full not in narrow.stdout and "Kernel2<cutlass_75" in narrow.stdout
 
 
+def test_wide_shows_whole_summary_notes():
+    """A tool's note said why it has nothing to show, cut at 64 characters even with --wide."""
+    from pastaprof.report.terminal import print_reports
+    from pastaprof.tools.base import Report
+
+    note = "no CUDA/HIP API calls in this run (a CPU-only trace, or a capture without CUPTI) \x1b[2J"
+    rep = Report("cuda_api", tables={}, findings=[], summary={"calls": 0, "note": note})
+    for wide, whole in ((True, True), (False, False)):
+        from rich.console import Console
+
+        con = Console(width=10_000 if wide else 100, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+        print_reports([rep], console=con, wide=wide)
+        text = con.export_text()
+        assert ("a capture without CUPTI)" in text) is whole, text
+        assert "\x1b" not in text  # control characters stay escaped
+
+
 def test_units_are_the_same_everywhere():
     from pastaprof.report.terminal import format_value
 

@@ -251,9 +251,11 @@ def render_table(title: str, table: pa.Table, max_rows: int = MAX_ROWS, width: i
     return out
 
 
-def _summary_lines(summary: dict[str, Any], width: int) -> list[str]:
-    """``key=value`` items packed into lines of ``width`` (an item is never split)."""
-    items = [clip(f"{k}={format_value(k, v)}", width) for k, v in summary.items() if not isinstance(v, (dict, list))]
+def _summary_lines(summary: dict[str, Any], width: int, wide: bool = False) -> list[str]:
+    """``key=value`` items packed into lines of ``width`` (an item is never split; ``wide``: nor clipped)."""
+    items = [f"{k}={terminal_safe(v) if wide and isinstance(v, str) else format_value(k, v)}"
+             for k, v in summary.items() if not isinstance(v, (dict, list))]
+    items = items if wide else [clip(item, width) for item in items]
     lines: list[str] = []
     for item in items:
         if lines and cell_len(lines[-1]) + 2 + cell_len(item) <= width:
@@ -314,7 +316,7 @@ def print_reports(reports: list[Report], console: Console | None = None, max_row
         print_findings(reports, console)
     for rep in reports:
         console.rule(f"[bold]{markup_safe(rep.tool)}")
-        for line in _summary_lines(rep.summary, width):
+        for line in _summary_lines(rep.summary, width, wide):
             console.print(markup_safe(line), no_wrap=True, overflow="ignore")
         shown = rep.display or {name: [] for name in rep.tables}
         for title, columns in shown.items():
