@@ -214,9 +214,9 @@ class KinetoImporter(Importer):
             yielded = True
             seen.append({"rank": entry.rank, "deviceProperties": meta.get("deviceProperties")})
             yield entry.rank, tables, meta
-        devices = _devices_note(seen)
-        if devices:
-            notes.append(devices)
+        shared["device_names_by_rank"] = by_rank = _devices_by_rank(seen)
+        if by_rank:
+            notes.append(_devices_note(by_rank, seen[0]["rank"]))
         if yielded:  # said once everything was read: a refusal stays one line
             for line in notes:
                 note(line)
@@ -262,13 +262,10 @@ def _set_rank(t: pa.Table, rank: int) -> pa.Table:
     return t.set_column(i, "rank", pa.array([rank] * t.num_rows, pa.int32())) if i >= 0 else t
 
 
-def _devices_note(metas: list[dict[str, Any]]) -> str | None:
-    by_rank = _devices_by_rank(metas)
-    if not by_rank:
-        return None
+def _devices_note(by_rank: dict[str, list[str]], first: int) -> str:
     shown = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in list(by_rank.items())[:4])
     return (f"the ranks' traces name different devices ({shown}{'; ...' if len(by_rank) > 4 else ''}): "
-            f"the run's devices are rank {metas[0].get('rank', 0)}'s")
+            f"the run's devices are rank {first}'s")
 
 
 def _devices_by_rank(metas: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -300,7 +297,6 @@ def manifest_for(path: Path, metas: list[dict[str, Any]]) -> dict[str, Any]:
     devices = first.get("deviceProperties") or []
     plan = first.get("plan") or {}
     version = first.get("schemaVersion")
-    by_rank = _devices_by_rank(metas)
     return {
         "source": str(path),
         "format": FORMAT,
@@ -313,7 +309,7 @@ def manifest_for(path: Path, metas: list[dict[str, Any]]) -> dict[str, Any]:
         "ranks": sorted({m["rank"] for m in metas}),
         "rank_source": {m["file"]: m["rank_source"] for m in metas if "file" in m and "rank_source" in m},
         "notes": list(plan.get("notes", [])),
-        "device_names_by_rank": by_rank or None,
+        "device_names_by_rank": plan.get("device_names_by_rank") or None,  # import_ranks found them
         "skipped": dict(plan.get("skipped", {})),
         "companions": dict(plan.get("companions", {})),
         "clock": {"domain": "unix_epoch_ns", "anchors": anchors},

@@ -348,9 +348,11 @@ def execve(path: Any, argv: Any, env: Any) -> None:
         raise
 
 
-for _f, _real in ((getsignal, _real_getsignal), (set_signal, _real_signal), (_exit, _real_exit), (abort, _real_abort),
-                  (set_wakeup_fd, _real_set_wakeup_fd), (close, _real_close), (closerange, _real_closerange),
-                  (execv, _real_execv), (execve, _real_execve)):
+# (pastaprof's function, the one it stands in for): named as that one, installed by install()
+_WRAPPED = ((getsignal, _real_getsignal), (set_signal, _real_signal), (_exit, _real_exit), (abort, _real_abort),
+            (set_wakeup_fd, _real_set_wakeup_fd), (close, _real_close), (closerange, _real_closerange),
+            (execv, _real_execv), (execve, _real_execve))
+for _f, _real in _WRAPPED:
     for _attr in ("__name__", "__qualname__", "__doc__", "__module__"):
         with contextlib.suppress(AttributeError, TypeError):
             setattr(_f, _attr, getattr(_real, _attr))
@@ -378,9 +380,7 @@ def install() -> None:
     signal.signal, signal.getsignal, signal.set_wakeup_fd = set_signal, getsignal, set_wakeup_fd
     os._exit, os.abort, os.execv, os.execve = _exit, abort, execv, execve
     os.close, os.closerange = close, closerange
-    for wrapper, real in ((getsignal, _real_getsignal), (set_signal, _real_signal), (set_wakeup_fd, _real_set_wakeup_fd),
-                          (_exit, _real_exit), (abort, _real_abort), (execv, _real_execv), (execve, _real_execve),
-                          (close, _real_close), (closerange, _real_closerange)):
+    for wrapper, real in _WRAPPED:
         _where_pickle_looks(wrapper, real)
     for sig in CAUGHT:
         with contextlib.suppress(OSError, ValueError, RuntimeError):

@@ -116,9 +116,8 @@ class Supervised:
             if sender in (0, 1, os.getpid()):
                 return False
             try:
-                with open(f"/proc/{sender}/stat", "rb") as f:
-                    sender = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
+                sender = int(_proc_stat(sender)[1])  # the parent's pid
+            except (ValueError, IndexError):
                 return False
         return False
 
@@ -206,15 +205,22 @@ RUNNING = ("still running when the program ended (left behind: a daemon): the ev
            "last flush are not in the run")
 
 
+def _proc_stat(pid: int) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` after the command's name (state, ppid, ...); [] where
+    the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _running(pid: Any) -> bool:
     """Whether process ``pid`` is alive (not a zombie)."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
+    state = _proc_stat(pid)[:1]
+    return bool(state) and state[0] != b"Z"
 
 
 def program_notes(run_dir: Any, manifest: dict[str, Any], code: int, child: Supervised | None) -> str:

@@ -69,8 +69,9 @@ def differences(api: pa.Table, steps: pa.Table, op: pa.Table, op_sid: np.ndarray
 
 
 def outlier_finding(steps: pa.Table, group: tuple, explain: dict[str, pa.Table], by_sid: dict[str, Any]) -> Finding:
-    """One finding for a group of a rank's outlier steps with the same dominant component."""
-    r, component, rows, med, excess = group
+    """One finding for a group of a rank's outlier steps with the same dominant component
+    (``first``: the group is the rank's first step alone)."""
+    r, component, rows, med, excess, first = group
     wall = to_np(steps["wall_ns"])[rows]
     sids = to_np(steps["sid"])[rows]
     labels = steps["label"].take(pa.array(rows)).to_pylist()
@@ -98,7 +99,6 @@ def outlier_finding(steps: pa.Table, group: tuple, explain: dict[str, pa.Table],
             location = site or name
     evidence["cause"], evidence["suggestion"] = component, SUGGESTIONS[component]
     which = labels[0] if len(labels) == 1 else f"{len(labels)} steps ({', '.join(labels[:5])})"
-    first = len(rows) == 1 and bool(first_of_rank(steps, r) == rows[0])
     evidence["first_step"] = first
     compiling = first and any(k in str(evidence.get("top_op", "")) for k in COMPILE_OPS)
     if first:
@@ -109,9 +109,3 @@ def outlier_finding(steps: pa.Table, group: tuple, explain: dict[str, pa.Table],
                 + (" time (no GPU activity)" if component == "host" else ""))
              + (": one-time work" if first and not compiling else ""))
     return Finding("warning" if ratio >= 2 else "info", title, evidence, location or f"rank {r}: {labels[0]}")
-
-
-def first_of_rank(steps: pa.Table, r: int) -> int:
-    """The row of rank ``r``'s first step (the earliest start)."""
-    rows = np.flatnonzero(to_np(steps["rank"]) == r)
-    return int(rows[np.argmin(to_np(steps["start_ns"])[rows])])

@@ -334,19 +334,20 @@ class Steps(Tool):
                 continue
             outlier[slow] = True
             stats[r]["outliers"] = len(slow)
+            first = slow == m[np.argmin(start[m])]  # the rank's first step: its one-time work, on its own
             if steps["gpu_busy_ns"].null_count and not pc.any(pc.is_valid(steps["gpu_busy_ns"].take(pa.array(m)))).as_py():
-                first = slow == m[np.argmin(start[m])]  # no GPU in this rank: only host time can differ
-                groups += [(r, "host", slow[pick], med, {}) for pick in (first, ~first) if pick.any()]
+                # no GPU in this rank: only host time can differ
+                groups += [(r, "host", slow[first == alone], med, {}, alone) for alone in (True, False)
+                           if (first == alone).any()]
                 continue
             exc = np.stack([comp[c][slow] - np.median(comp[c][m]) for c in COMPONENTS])
             dom = exc.argmax(axis=0)
-            first = slow == m[np.argmin(start[m])]  # the rank's first step: its one-time work, on its own
             for ci in np.unique(dom).tolist():
                 for alone in (True, False):
                     pick = (dom == ci) & (first == alone)
                     if pick.any():
                         groups.append((r, COMPONENTS[ci], slow[pick], med,
-                                       {c: int(round(exc[k][pick].sum())) for k, c in enumerate(COMPONENTS)}))
+                                       {c: int(round(exc[k][pick].sum())) for k, c in enumerate(COMPONENTS)}, alone))
         steps = steps.append_column("outlier", pa.array(outlier))
         if not groups:
             return steps, [], stats
