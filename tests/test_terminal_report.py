@@ -278,6 +278,15 @@ def test_units_are_the_same_everywhere():
     assert format_value("total_ns", 1_500_000) == "1.50 ms" and format_value("impact_ns", 999) == "999 ns"
     assert format_value("peak_bytes", 3 << 30) == "3.00 GiB"
     assert format_value("share_of_span", 0.0149) == format_value("sync_share_of_span", 0.0149) == "1.5%"
+    # byte counts whose column name does not say "bytes" (the memory tool's, the tensor events')
+    for column in ("allocated_at_start", "allocated_at_end", "max_total_allocated", "reserved_at_peak",
+                   "total_allocated", "total_reserved"):
+        assert format_value(column, 2_077_211_136) == "1.93 GiB", column
+    assert format_value("alloc_events", 4482) == "4,482"
+    mem = cli("analyze", DATA / "leak_5steps.pt.trace.json.gz", "-t", "memory", "--wide")
+    assert mem.returncode == 0, mem.stderr
+    steps = mem.stdout[mem.stdout.index("allocated_at_end"):]
+    assert re.search(r"allocated_at_end.*\n.*\n.* (KiB|MiB|GiB) ", steps), steps[:600]
     r = cli("analyze", DATA / "two_streams_copies.pt.trace.json.gz", "-t", "copies")
     assert r.returncode == 0, r.stderr
     assert " GB/s" in r.stdout and "gbps=" in r.stdout and not re.search(r"gbps=\d+(\.\d+)?(,|$)", r.stdout, re.M)

@@ -73,9 +73,14 @@ def _fmt_bytes(v: int | float) -> str:
     return f"{v:,.0f} B"
 
 
+#: Byte counts whose names do not say "bytes": the memory tool's levels, the tensor events' totals.
+BYTE_COLUMNS = frozenset({"allocated_at_start", "allocated_at_end", "max_total_allocated", "reserved_at_peak",
+                          "total_allocated", "total_reserved"})
+
+
 def format_value(column: str, v: Any) -> str:
-    """Human formatting chosen by column name (``*_ns`` durations, ``*bytes*`` sizes, ``*gbps``
-    bandwidths, shares), the same units in tables, summaries and findings."""
+    """Human formatting chosen by column name (``*_ns`` durations, ``*bytes*`` and ``BYTE_COLUMNS``
+    sizes, ``*gbps`` bandwidths, shares), the same units in tables, summaries and findings."""
     if v is None:
         return "-"
     if isinstance(v, bool):
@@ -85,7 +90,7 @@ def format_value(column: str, v: Any) -> str:
             return _fmt_time(int(v))
         if column.endswith("_ns") or column == "ns":
             return _fmt_ns(v)
-        if "bytes" in column:
+        if "bytes" in column or column in BYTE_COLUMNS:
             return _fmt_bytes(v)
         if column.endswith("gbps"):  # bytes per ns
             return f"{v:,.2f} GB/s"
