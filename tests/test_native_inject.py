@@ -566,7 +566,8 @@ def test_registered_as_a_handler_and_its_settings_checked(tmp_path, programs):
     found = registry.available(refresh=True)
     assert found["native"] is npg.NativeProgram and npg.NativeProgram.create(None) is None  # type: ignore[arg-type]
     for var, value in (("PASTAPROF_NATIVE_FLUSH_MS", "soon"), ("PASTAPROF_NATIVE_KINDS", "kernel,bogus"),
-                       ("PASTAPROF_NATIVE_CUPTI", str(tmp_path / "missing.so")), ("PASTAPROF_NATIVE_INJECT", "2")):
+                       ("PASTAPROF_NATIVE_CUPTI", str(tmp_path / "missing.so")), ("PASTAPROF_NATIVE_INJECT", "2"),
+                       ("PASTAPROF_NATIVE_API_MECHANISM", "both")):
         r = _run(tmp_path, str(programs["plain"]), **{var: value})
         assert r.returncode == 2 and r.stdout == "", (var, r.stdout)
         assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"pastaprof: error: {var}="), r.stderr

@@ -59,6 +59,11 @@ def _kinds(value: str) -> None:
         raise ValueError(f"unknown kind {bad[0]!r} (kernel, memcpy, memset, sync, memory, marker, api, none)")
 
 
+def _api_mechanism(value: str) -> None:
+    if value not in ("callbacks", "activity"):
+        raise ValueError("expected callbacks or activity")
+
+
 def _library(value: str) -> None:
     if not os.path.isfile(value):
         raise ValueError("no such file")
@@ -83,6 +88,9 @@ class NativeProgram(Handler):
         Setting("NATIVE_KINDS", "CUPTI kinds for native programs (kernel,memcpy,memset,sync,memory,marker,api; "
                                 "default all)", _kinds),
         Setting("NATIVE_BUFFER", "CUPTI buffer bytes in native programs (default 8 MiB)", integer(4096)),
+        Setting("NATIVE_API_MECHANISM", "how native programs' API calls and syncs are recorded: callbacks "
+                                        "(default) or activity (CUPTI activity records, every kind enabled at start)",
+                _api_mechanism),
     )
     mechanism = "cuda injection (native/inject.c)"
 
@@ -241,6 +249,9 @@ def _write_shard(run_dir: Path, rank: int, pid: int, meta: dict[str, Any], event
                                 "sampled_out": stat.get("sampled_out", 0),
                                 "kernels_seen": stat.get("kernels_seen", 0),
                                 "mechanism": str(meta.get("mode", "cuda_injection"))[:40],
+                                # API calls and syncs: "callbacks", or "activity (why)" (native/inject_callbacks.c)
+                                **{k: meta[k][:300] for k in ("api_mechanism", "lazy_kinds")
+                                   if isinstance(meta.get(k), str)},
                                 "buffers": {"completed": stat.get("buffers", 0)}}},
         "dropped_events": stat.get("dropped", 0), "relink_needed": False, "sanitizer": meta.get("_sanitizer"),
         "capture_overhead": {"flush_seconds": 0.0, "stop_seconds": 0.0},

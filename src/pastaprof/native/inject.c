@@ -4,20 +4,25 @@
  * library: the CUDA driver calls InitializeInjection() at cuInit, NVTX calls
  * InitializeInjectionNvtx2() at the first NVTX call.  Either starts capture once: the system
  * CUDA's libcupti is dlopen'ed (PASTAPROF_NATIVE_CUPTI, found by pastaprof; no link-time
- * dependency, so the library builds from headers alone), CUPTI's activity API records kernels,
- * copies, memsets, synchronizations, launch/copy/sync/alloc API calls, NVTX markers and
- * cudaMalloc-level allocations (with --uvm, unified-memory counters too: inject_cupti.c), and
- * every completed buffer is written, as fixed 128-byte records (inject.h), to the process's
- * files in $PASTAPROF_OUT/native/.  pastaprof turns them
- * into the run's event tables when the run is stored (handlers/native_program.py).
- * Parts: libcupti and what is enabled (inject_cupti.c), the files (inject_files.c), names and
- * settings (inject_util.c), exits (inject_exits.c), the sanitizer bridge (inject_sanitizer.c).
+ * dependency, so the library builds from headers alone).  CUPTI's activity API records kernels,
+ * copies, memsets, NVTX markers and cudaMalloc-level allocations (with --uvm, unified-memory
+ * counters too: inject_cupti.c); CUPTI's callback API records launch/copy/sync/alloc API calls
+ * and synchronizations, and enables the copy, memset, allocation and marker kinds at their first
+ * call, since an enabled kind costs every launch (inject_callbacks.c; where another CUPTI client
+ * holds the callback API, all of it is activity records, as before).  Every completed buffer is
+ * written, as fixed 128-byte records (inject.h), to the process's files in
+ * $PASTAPROF_OUT/native/.  pastaprof turns them into the run's event tables when the run is
+ * stored (handlers/native_program.py).
+ * Parts: libcupti and what is enabled (inject_cupti.c), the callbacks (inject_callbacks.c), the
+ * records (inject_records.c), the files (inject_files.c), names and settings (inject_util.c),
+ * exits (inject_exits.c), the sanitizer bridge (inject_sanitizer.c).
  *
  * The program is never harmed: in a Python process (pastaprof's own session captures there:
  * never two CUPTI clients) or when anything fails, the library does nothing but say so in one
- * line.  Records reach the files when a CUPTI buffer fills, every PASTAPROF_FLUSH_MS, at exit
- * (atexit) and on SIGTERM/SIGINT/SIGHUP/SIGABRT (abort()): the program's own handler runs
- * after the flush, and a default action is repeated, so exit codes and signals are unchanged.
+ * line.  Records (and the callbacks' rows) reach the files when a CUPTI buffer fills, every
+ * PASTAPROF_FLUSH_MS, at exit (atexit) and on SIGTERM/SIGINT/SIGHUP/SIGABRT (abort()): the
+ * program's own handler runs after the flush, and a default action is repeated, so exit codes
+ * and signals are unchanged.
  */
 #define _GNU_SOURCE
 #include <cupti.h>
@@ -62,147 +67,8 @@ char g_san_status[512];
 /* kernel selection: PASTAPROF_SAMPLE (every Nth launch), PASTAPROF_KERNELS (POSIX ERE on the
  * readable name; a pattern POSIX cannot compile is left to the reader's Python regex) */
 int64_t g_sample = 1;
-static int64_t g_launch_seq;
 int g_kernel_filter; /* 0 none, 1 posix here, 2 python (reader) */
 int g_off_kernels, g_off_api, g_off_memory;
-
-/* staged output, written with write(2) at the end of each buffer */
-#define STAGE_RECORDS 4096
-static int64_t (*g_stage)[PP_RECORD_WORDS];
-static int g_nstage;
-
-static signed char g_api_keep[2][PP_MAX_CBID]; /* 0 unknown, 1 keep, -1 drop (the whole-kind fallback) */
-
-/* CUPTI's name of an API call, or NULL */
-static const char* cb_name(int driver, uint32_t cbid) {
-  const char* name = NULL;
-  if (!p_cb_name || p_cb_name(driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &name) !=
-                        CUPTI_SUCCESS)
-    return NULL;
-  return name;
-}
-
-/* ---- records ---------------------------------------------------------------------------- */
-void pp_write_all(int fd, const void* p, size_t n) {
-  const char* c = (const char*)p;
-  while (n > 0 && fd >= 0) {
-    ssize_t w = write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      g_stat[PP_STAT_WRITE_ERRORS]++;
-      return;
-    }
-    c += w;
-    n -= (size_t)w;
-  }
-}
-
-static void stage_flush(void) {
-  size_t n = 0;
-  const char* strings = pp_names_staged(&n); /* strings before the records naming them */
-  if (n) pp_write_all(g_str_fd, strings, n);
-  if (g_nstage) pp_write_all(g_rec_fd, g_stage, (size_t)g_nstage * PP_RECORD_BYTES);
-  g_stat[PP_STAT_WRITTEN] += g_nstage;
-  g_nstage = 0;
-}
-
-static int64_t* row(int kind) {
-  if (!g_stage) return NULL;
-  if (g_nstage == STAGE_RECORDS) stage_flush();
-  int64_t* r = g_stage[g_nstage++];
-  memset(r, 0, PP_RECORD_BYTES);
-  r[0] = kind;
-  return r;
-}
-
-#define PUT(...)                                                   \
-  do {                                                             \
-    int64_t v_[] = {__VA_ARGS__};                                  \
-    memcpy(r + 1, v_, sizeof v_);                                  \
-  } while (0)
-
-static void decode(const CUpti_Activity* a) {
-  int64_t* r;
-  g_stat[PP_STAT_RECORDS]++;
-  switch (a->kind) {
-    case CUPTI_ACTIVITY_KIND_KERNEL:
-    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
-      const CUpti_ActivityKernel10* k = (const CUpti_ActivityKernel10*)a;
-      g_stat[PP_STAT_KERNELS_SEEN]++;
-      int32_t name = pp_kernel_name(k->name);
-      ++g_launch_seq;
-      if ((g_sample > 1 && g_launch_seq % g_sample) || !pp_kernel_selected(name)) {
-        g_stat[PP_STAT_SAMPLED_OUT]++;
-        return;
-      }
-      if (!(r = row(PP_KERNEL))) return;
-      PUT((int64_t)k->start, (int64_t)k->end, k->deviceId, k->streamId, k->correlationId, name, k->gridX, k->gridY,
-          k->gridZ, k->blockX, k->blockY, k->blockZ, k->registersPerThread,
-          (int64_t)k->staticSharedMemory + (int64_t)k->dynamicSharedMemory);
-      break;
-    }
-    case CUPTI_ACTIVITY_KIND_MEMCPY: {
-      const CUpti_ActivityMemcpy6* m = (const CUpti_ActivityMemcpy6*)a;
-      if (!(r = row(PP_MEMCPY))) return;
-      PUT((int64_t)m->start, (int64_t)m->end, m->deviceId, m->streamId, m->correlationId, (int64_t)m->bytes,
-          m->copyKind);
-      break;
-    }
-    case CUPTI_ACTIVITY_KIND_MEMSET: {
-      const CUpti_ActivityMemset4* m = (const CUpti_ActivityMemset4*)a;
-      if (!(r = row(PP_MEMSET))) return;
-      PUT((int64_t)m->start, (int64_t)m->end, m->deviceId, m->streamId, m->correlationId, (int64_t)m->bytes);
-      break;
-    }
-    case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: {
-      const CUpti_ActivitySynchronization2* s = (const CUpti_ActivitySynchronization2*)a;
-      if (!(r = row(PP_SYNC))) return;
-      PUT((int64_t)s->start, (int64_t)s->end, (int64_t)(int32_t)s->streamId, s->correlationId, s->type);
-      break;
-    }
-    case CUPTI_ACTIVITY_KIND_RUNTIME:
-    case CUPTI_ACTIVITY_KIND_DRIVER: {
-      const CUpti_ActivityAPI* c = (const CUpti_ActivityAPI*)a;
-      int driver = a->kind == CUPTI_ACTIVITY_KIND_DRIVER;
-      if (c->cbid < PP_MAX_CBID) {
-        signed char* keep = &g_api_keep[driver][c->cbid];
-        if (*keep == 0) { /* a call whose name CUPTI does not give is kept */
-          const char* name = cb_name(driver, c->cbid);
-          *keep = !name || pp_api_kept(name) ? 1 : -1;
-        }
-        if (*keep < 0) return;
-      }
-      if (!(r = row(PP_API))) return;
-      PUT((int64_t)c->start, (int64_t)c->end, c->processId, c->threadId, c->correlationId, c->cbid, driver,
-          pp_api_name(driver, c->cbid, cb_name));
-      break;
-    }
-    case CUPTI_ACTIVITY_KIND_MEMORY2: {
-      const CUpti_ActivityMemory4* m = (const CUpti_ActivityMemory4*)a;
-      if (!(r = row(PP_MEMORY))) return;
-      PUT((int64_t)m->timestamp, m->deviceId, m->streamId, m->correlationId, (int64_t)m->address, (int64_t)m->bytes,
-          m->memoryKind, m->memoryOperationType, m->processId, m->isAsync);
-      break;
-    }
-    case CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER: {
-      const CUpti_ActivityUnifiedMemoryCounter3* u = (const CUpti_ActivityUnifiedMemoryCounter3*)a;
-      if (!(r = row(PP_UVM))) return;
-      PUT((int64_t)u->start, (int64_t)u->end, u->counterKind, (int64_t)u->value, (int64_t)u->address,
-          (int64_t)(int32_t)u->srcId, (int64_t)(int32_t)u->dstId, u->streamId, u->flags, u->processId);
-      break;
-    }
-    case CUPTI_ACTIVITY_KIND_MARKER: {
-      const CUpti_ActivityMarker2* m = (const CUpti_ActivityMarker2*)a;
-      if (!(r = row(PP_MARKER))) return;
-      int thread = m->objectKind == CUPTI_ACTIVITY_OBJECT_THREAD;
-      PUT((int64_t)m->timestamp, m->flags, m->id, m->objectKind, thread ? (int64_t)m->objectId.pt.processId : -1,
-          thread ? (int64_t)m->objectId.pt.threadId : -1, pp_intern(m->name), pp_intern(m->domain));
-      break;
-    }
-    default:
-      break;
-  }
-}
 
 /* ---- CUPTI buffers ------------------------------------------------------------------------ */
 /* Completed buffers are kept for reuse (a few): a fresh 8 MB buffer is new memory whose pages
@@ -245,13 +111,14 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* b
   pthread_mutex_lock(&g_mu);
   if (g_state == 1 && valid > 0) {
     CUpti_Activity* a = NULL;
-    while (p_next(buffer, valid, &a) == CUPTI_SUCCESS) decode(a);
+    while (p_next(buffer, valid, &a) == CUPTI_SUCCESS) pp_decode(a);
   }
   size_t dropped = 0;
   if (p_dropped && p_dropped(ctx, stream, &dropped) == CUPTI_SUCCESS) g_stat[PP_STAT_DROPPED] += (int64_t)dropped;
   g_stat[PP_STAT_BUFFERS]++;
   if (g_state == 1) {
-    stage_flush();
+    pp_cb_drain(1); /* the API calls' callback rows (inject_callbacks.c) at the same pace */
+    pp_stage_flush();
     if (g_sanitizer) pp_bridge_drain(); /* the instruction-level tables too, at the same pace */
   }
   pthread_mutex_unlock(&g_mu);
@@ -267,8 +134,7 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* b
 }
 
 static int alloc_tables(void) {
-  g_stage = calloc(STAGE_RECORDS, PP_RECORD_BYTES);
-  return (g_stage && pp_names_alloc() == 0) ? 0 : -1;
+  return (pp_stage_alloc() == 0 && pp_names_alloc() == 0) ? 0 : -1;
 }
 
 /* ---- settings (the PASTAPROF_* vocabulary of `pastaprof run`; parsing in inject_util.c) --- */
@@ -296,7 +162,8 @@ static void finish(const char* how, int final) {
   if (g_state != 1) return;
   if (p_flush) p_flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED); /* completes the buffers: buffer_completed writes */
   pthread_mutex_lock(&g_mu);
-  stage_flush();
+  pp_cb_drain(1); /* callback rows made after the last buffer completed */
+  pp_stage_flush();
   if (g_sanitizer) pp_bridge_drain();
   snprintf(g_ended, sizeof g_ended, "%s", how);
   pp_write_meta(final);
@@ -311,35 +178,50 @@ static void at_exit(void) {
 
 /* for inject_exits.c (signals and the flusher thread) */
 int pp_capturing(void) { return g_state == 1 && getpid() == g_stat[PP_STAT_PID]; }
-int pp_poll_ms(void) { return g_sanitizer ? (g_flush_ms > 0 ? g_flush_ms : 2000) : -1; }
+int pp_poll_ms(void) { return g_sanitizer || pp_cb_live() ? (g_flush_ms > 0 ? g_flush_ms : 2000) : -1; }
 void pp_finish(const char* how) { finish(how, 0); }
 
-void pp_drain_sanitizer(void) {
-  if (!g_sanitizer) return;
+/* Every PASTAPROF_FLUSH_MS, on the flusher thread: the callback rows (a program that completes
+ * no CUPTI buffer still has its calls written) and the sanitizer's tables. */
+void pp_drain_periodic(void) {
+  if (!g_sanitizer && !pp_cb_live()) return;
   pthread_mutex_lock(&g_mu);
-  pp_bridge_drain();
+  if (pp_cb_live()) {
+    pp_cb_drain(1);
+    pp_stage_flush();
+  }
+  if (g_sanitizer) pp_bridge_drain();
   pthread_mutex_unlock(&g_mu);
 }
 
 /* Without the flusher's answer in time: what is staged, and the header, if the lock is free. */
 void pp_last_words(const char* how) {
   if (pthread_mutex_trylock(&g_mu) != 0) return;
-  stage_flush();
+  pp_cb_drain(0); /* not if a program thread holds the rows' lock: it may be the interrupted one */
+  pp_stage_flush();
   snprintf(g_ended, sizeof g_ended, "%s", how);
   pp_write_meta(0);
   pthread_mutex_unlock(&g_mu);
 }
 
-static void fork_prepare(void) { pthread_mutex_lock(&g_mu); }
-static void fork_parent(void) { pthread_mutex_unlock(&g_mu); }
+/* g_mu before the callback rows' lock, the order pp_cb_drain takes them in */
+static void fork_prepare(void) {
+  pthread_mutex_lock(&g_mu);
+  pp_cb_fork(0);
+}
+static void fork_parent(void) {
+  pp_cb_fork(1);
+  pthread_mutex_unlock(&g_mu);
+}
 static void fork_child(void) {
   /* CUDA is unusable in a forked child; a child that execs a CUDA program is injected anew */
   g_state = 2;
+  pp_cb_fork(2); /* the parent's callback rows are the parent's: the child starts with none */
   pp_exits_forked(); /* the flusher thread stayed in the parent */
   if (g_rec_fd >= 0) close(g_rec_fd);
   if (g_str_fd >= 0) close(g_str_fd);
   g_rec_fd = g_str_fd = -1;
-  g_nstage = 0;
+  pp_stage_forget();
   pp_names_forget_staged();
   pthread_mutex_unlock(&g_mu);
 }
@@ -433,11 +315,14 @@ EXPORT int InitializeInjection(void) {
 
 /* NVTX's (NVTX_INJECTION64_PATH): capture starts (if it has not), then CUPTI's own NVTX
  * injection takes the calls, which become MARKER records.  0 (NVTX stays a no-op) where
- * capture is off, as without pastaprof. */
+ * capture is off, as without pastaprof.  With the callback mechanism the MARKER kind is enabled
+ * here, at the first NVTX call, before CUPTI's injection sees it (that call's range is kept):
+ * an enabled MARKER kind costs every launch, even in a program that never calls NVTX. */
 EXPORT int InitializeInjectionNvtx2(void* get_export_table) {
   g_start_mode = "nvtx_injection";
   pthread_once(&g_once, start_once);
   if (g_state != 1 || !g_cupti) return 0;
+  pp_cb_nvtx();
   nvtx_init_t init = (nvtx_init_t)dlsym(g_cupti, "InitializeInjectionNvtx2");
   return init ? init(get_export_table) : 0;
 }
@@ -473,8 +358,6 @@ int pp_test_begin(void) {
 
 int pp_test_named(void) { return p_cb_name != NULL; }
 
-void pp_decode(const void* record) { decode((const CUpti_Activity*)record); }
-
 /* One buffer through CUPTI's two callbacks, as CUPTI hands them: 0 when a fresh buffer and a
  * reused one came zeroed (PASTAPROF_NATIVE_ZEROED=1) or, without the knob, when the second
  * request got the first buffer back; -1 otherwise.  After pp_test_end (the lock is free). */
@@ -496,7 +379,7 @@ int pp_test_buffers(void) {
 }
 
 void pp_test_end(void) {
-  stage_flush();
+  pp_stage_flush();
   pp_write_meta(0);
   pp_start_flusher();
   pthread_atfork(fork_prepare, fork_parent, fork_child);

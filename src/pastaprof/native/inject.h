@@ -42,10 +42,11 @@ enum {
 
 enum {
   PP_STAT_RECORDS, PP_STAT_WRITTEN, PP_STAT_KERNELS_SEEN, PP_STAT_SAMPLED_OUT, PP_STAT_DROPPED, PP_STAT_BUFFERS,
-  PP_STAT_WRITE_ERRORS, PP_STAT_PID, PP_STAT_API_ENABLED, PP_NSTATS
+  PP_STAT_WRITE_ERRORS, PP_STAT_PID, PP_STAT_API_ENABLED, PP_STAT_CB_ROWS, PP_STAT_CB_DROPPED, PP_NSTATS
 };
 #define PP_STAT_NAMES \
-  {"records", "written", "kernels_seen", "sampled_out", "dropped", "buffers", "write_errors", "pid", "api_calls_enabled"}
+  {"records", "written", "kernels_seen", "sampled_out", "dropped", "buffers", "write_errors", "pid", "api_calls_enabled", \
+   "callback_rows", "callback_dropped"}
 
 /* rank-R-pid-P.san (instruction-level tools, inject_sanitizer.c): chunks of
  *   int64 PP_SAN_MAGIC, PP_SAN_TABLES, new names, names before them, ncols[PP_SAN_TABLES], rows[PP_SAN_TABLES];
@@ -89,7 +90,7 @@ int pp_off(const char* part);
 int pp_capturing(void);
 int pp_poll_ms(void);
 void pp_finish(const char* how);
-void pp_drain_sanitizer(void);
+void pp_drain_periodic(void);
 void pp_last_words(const char* how);
 /* inject_exits.c */
 void pp_start_flusher(void);

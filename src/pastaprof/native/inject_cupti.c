@@ -62,7 +62,7 @@ int pp_bind_cupti(void) {
   return 0;
 }
 
-static const char* cupti_error(CUptiResult r) {
+const char* pp_cupti_error(CUptiResult r) {
   const char* s = NULL;
   if (p_result) p_result(r, &s);
   return s ? s : "CUPTI error";
@@ -104,8 +104,9 @@ static int enable_api(void) {
 }
 
 /* PASTAPROF_NATIVE_KINDS: the CUPTI kinds to enable (kernel,memcpy,memset,sync,memory,marker,api;
- * default all), to measure what each costs */
-static int kind_wanted(const char* kind) {
+ * default all), to measure what each costs; with the callback mechanism, "api" and "sync" are
+ * the callbacks' rows and memcpy, memset, memory and marker the kinds enabled lazily */
+int pp_kind_wanted(const char* kind) {
   const char* v = getenv("PASTAPROF_NATIVE_KINDS");
   if (!v || !*v) return 1;
   size_t n = strlen(kind);
@@ -118,7 +119,7 @@ int pp_start_cupti(CUpti_BuffersCallbackRequestFunc requested, CUpti_BuffersCall
   pp_apply_knobs(); /* before register and enable: the per-thread attribute must be */
   CUptiResult r = p_register(requested, completed);
   if (r != CUPTI_SUCCESS) {
-    snprintf(g_status, sizeof g_status, "cuptiActivityRegisterCallbacks: %s (%d)", cupti_error(r), (int)r);
+    snprintf(g_status, sizeof g_status, "cuptiActivityRegisterCallbacks: %s (%d)", pp_cupti_error(r), (int)r);
     return -1;
   }
   static const struct {
@@ -127,17 +128,24 @@ int pp_start_cupti(CUpti_BuffersCallbackRequestFunc requested, CUpti_BuffersCall
   } kinds[] = {{CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, "kernel"}, {CUPTI_ACTIVITY_KIND_MEMCPY, "memcpy"},
                {CUPTI_ACTIVITY_KIND_MEMSET, "memset"},           {CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, "sync"},
                {CUPTI_ACTIVITY_KIND_MEMORY2, "memory"},          {CUPTI_ACTIVITY_KIND_MARKER, "marker"}};
+  /* After the kernels: the callback API (inject_callbacks.c) takes API calls and
+   * synchronizations, and enables the copy, memset, allocation and marker kinds at their first
+   * call, so none of those is enabled now.  Without it (another CUPTI client holds the
+   * subscriber slot, PASTAPROF_NATIVE_API_MECHANISM=activity) every kind is, as before, and API
+   * calls are activity records. */
+  int callbacks = 0;
   for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; ++i) {
+    if (i == 1) callbacks = pp_cb_start();
     if ((g_off_kernels && i == 0) || (g_off_memory && kinds[i].kind == CUPTI_ACTIVITY_KIND_MEMORY2) ||
-        !kind_wanted(kinds[i].name))
+        !pp_kind_wanted(kinds[i].name) || (callbacks && i > 0))
       continue;
     r = p_enable(kinds[i].kind);
     if (r != CUPTI_SUCCESS && i == 0) {
-      snprintf(g_status, sizeof g_status, "cuptiActivityEnable(kernels): %s (%d)", cupti_error(r), (int)r);
+      snprintf(g_status, sizeof g_status, "cuptiActivityEnable(kernels): %s (%d)", pp_cupti_error(r), (int)r);
       return -1;
     }
   }
-  if (!g_off_api && kind_wanted("api")) enable_api();
+  if (!callbacks && !g_off_api && pp_kind_wanted("api")) enable_api();
   if (g_uvm) pp_start_uvm();
   if (p_flush_period && g_flush_ms > 0) p_flush_period((uint32_t)g_flush_ms);
   return 0;
@@ -218,7 +226,7 @@ void pp_apply_knobs(void) {
     void* value = knob_spec[i].is_size ? (void*)&sz : (void*)&u8;
     CUptiResult r = p_set_attr ? p_set_attr(knob_spec[i].attr, &len, value) : CUPTI_ERROR_NOT_SUPPORTED;
     const char* why = !p_set_attr ? "cuptiActivitySetAttribute not bound" : r == CUPTI_SUCCESS ? "ok"
-                                                                                      : cupti_error(r);
+                                                                                      : pp_cupti_error(r);
     char line[200];
     snprintf(line, sizeof line, "%s=%lld %s%s", knob_spec[i].env, x, r == CUPTI_SUCCESS ? "" : "not applied: ", why);
     knob_say(g_knobs, sizeof g_knobs, line);
@@ -230,8 +238,9 @@ void pp_apply_knobs(void) {
  * CUPTI takes the counters' configuration once the driver is initialized and before the
  * UNIFIED_MEMORY_COUNTER kind is enabled (cupti_activity.h).  InitializeInjection runs inside
  * cuInit, before that point, so the configuration is made on the first context-created resource
- * callback (a CUPTI subscriber of this library's own): every device's counters (cuDeviceGetCount)
- * at scope PROCESS_SINGLE_DEVICE, as the Python path's pp_cupti_configure_uvm, then the kind is
+ * callback (of the library's one CUPTI subscriber, shared with the API callbacks:
+ * inject_callbacks.c): every device's counters (cuDeviceGetCount) at scope
+ * PROCESS_SINGLE_DEVICE, as the Python path's pp_cupti_configure_uvm, then the kind is
  * enabled.  Where CUPTI refuses (MIG, some virtualised hosts; a multi-GPU host without P2P is
  * retried with the context's device alone) g_uvm_status says why in one line of the run's
  * status, and the rest of the capture goes on. */
@@ -240,7 +249,6 @@ char g_uvm_status[300];
 typedef CUptiResult (*uvm_cfg_t)(CUpti_ActivityUnifiedMemoryCounterConfig*, uint32_t);
 static uvm_cfg_t p_uvm_cfg;
 static __typeof__(cuptiGetDeviceId)* p_device_id;
-static CUpti_SubscriberHandle g_uvm_sub;
 static int g_uvm_tried;
 
 #define UVM_MAX_DEVICES 64
@@ -285,27 +293,24 @@ static void uvm_once(CUcontext ctx) {
     int one = pp_uvm_configure(dev, 1);
     if (one == 0)
       snprintf(line, sizeof line, "unified-memory counters of device %u only (all %d devices: %.120s (%d))", dev,
-               ndev, cupti_error((CUptiResult)r), r);
+               ndev, pp_cupti_error((CUptiResult)r), r);
     r = one;
   }
   if (r != 0)
     snprintf(line, sizeof line, "unified-memory counters not supported here (%.160s (%d)); the rest of the capture "
-             "goes on", cupti_error((CUptiResult)r), r);
+             "goes on", pp_cupti_error((CUptiResult)r), r);
   memcpy(g_uvm_status, line, sizeof line);
 }
 
-static void CUPTIAPI uvm_resource(void* user, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
-  (void)user;
-  if (domain == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_CONTEXT_CREATED && data)
-    uvm_once(((const CUpti_ResourceData*)data)->context);
+/* The context-created callback of the process's one subscriber (inject_callbacks.c). */
+void pp_uvm_context(CUcontext ctx) {
+  if (g_uvm && p_uvm_cfg) uvm_once(ctx);
 }
 
 /* After the other kinds are enabled (pp_start_cupti), when PASTAPROF_UVM asks. */
 void pp_start_uvm(void) {
   p_uvm_cfg = (uvm_cfg_t)dlsym(g_cupti, "cuptiActivityConfigureUnifiedMemoryCounter");
   p_device_id = (__typeof__(p_device_id))dlsym(g_cupti, "cuptiGetDeviceId");
-  __typeof__(cuptiSubscribe)* subscribe = (__typeof__(subscribe))dlsym(g_cupti, "cuptiSubscribe");
-  __typeof__(cuptiEnableCallback)* enable_cb = (__typeof__(enable_cb))dlsym(g_cupti, "cuptiEnableCallback");
   if (!p_uvm_cfg) {
     snprintf(g_uvm_status, sizeof g_uvm_status, "unified-memory counters not recorded: this libcupti lacks "
              "cuptiActivityConfigureUnifiedMemoryCounter");
@@ -313,7 +318,8 @@ void pp_start_uvm(void) {
   }
   snprintf(g_uvm_status, sizeof g_uvm_status, "unified-memory counters not recorded: the program made no CUDA "
            "context");
-  CUptiResult r = subscribe && enable_cb ? subscribe(&g_uvm_sub, uvm_resource, NULL) : CUPTI_ERROR_NOT_SUPPORTED;
-  if (r == CUPTI_SUCCESS) r = enable_cb(1, g_uvm_sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_CONTEXT_CREATED);
-  if (r != CUPTI_SUCCESS) uvm_once(NULL); /* no subscriber of its own (another CUPTI client): at once */
+  /* CUPTI takes one subscriber per process: the one of the API callbacks (inject_callbacks.c) */
+  int r = pp_cb_subscribe();
+  if (r == CUPTI_SUCCESS) r = pp_cb_enable_resource(CUPTI_CBID_RESOURCE_CONTEXT_CREATED);
+  if (r != CUPTI_SUCCESS) uvm_once(NULL); /* no subscriber (another CUPTI client): at once */
 }

@@ -23,7 +23,8 @@ static volatile sig_atomic_t g_finishing;
 
 /* The flusher thread: flushes for a signal handler (CUPTI must not be entered from the
  * interrupted thread, which may hold the driver's locks inside a launch: flushing there hung),
- * and drains the sanitizer's tables every PASTAPROF_FLUSH_MS. */
+ * and, every PASTAPROF_FLUSH_MS, writes the callback rows (inject_callbacks.c) and drains the
+ * sanitizer's tables. */
 static int g_wake[2] = {-1, -1}, g_done[2] = {-1, -1};
 static int g_have_flusher;
 static char g_signal_how[32];
@@ -41,7 +42,7 @@ static void* flusher_main(void* arg) {
       pp_finish(g_signal_how);
       if (write(g_done[1], "d", 1) < 0) continue;
     } else {
-      pp_drain_sanitizer();
+      pp_drain_periodic();
     }
   }
   return NULL;

@@ -72,6 +72,7 @@ void pp_write_meta(int complete) {
     fputs(", \"knobs\": ", f);
     pp_json_string(f, g_knobs, strlen(g_knobs));
   }
+  pp_cb_meta(f); /* "api_mechanism", "lazy_kinds" */
   if (g_uvm_status[0]) {
     fputs(", \"uvm\": ", f);
     pp_json_string(f, g_uvm_status, strlen(g_uvm_status));

@@ -183,3 +183,31 @@ EXPORT int pp_inject_selftest_uvm(int pages) {
   pp_test_end();
   return 0;
 }
+
+/* ---- test-only: the callback mechanism (inject_callbacks.c) without a GPU ------------------- */
+/* The synchronization type of a call's name, + 256 for a per-thread-stream (_ptsz) variant. */
+EXPORT int pp_inject_sync_type(const char* name) {
+  int per_thread = 0, type = pp_sync_type(name, &per_thread);
+  return type + (per_thread ? 256 : 0);
+}
+
+/* A call's PP_CB_* class (inject_state.h), as PASTAPROF_NATIVE_KINDS and PASTAPROF_OFF ask. */
+EXPORT int pp_inject_cb_class(const char* name) { return pp_cb_class(name); }
+
+/* After pp_inject_selftest: the mechanism chosen as a capture's start chooses it (1 callbacks,
+ * 0 activity; the header's "api_mechanism" says why). */
+EXPORT int pp_inject_cb_start(void) { return pp_cb_start(); }
+
+/* After pp_inject_selftest, with PASTAPROF_NATIVE_CUPTI's names: every cbid classified and the
+ * callbacks live, as after a capture's start, without a subscriber; stream ids are the handles'
+ * values (+1000 per-thread; handle 0xbad: CUPTI fails).  The number of cbids classified, or -1. */
+EXPORT int pp_inject_cb_live(void) { return pp_cb_test_live(); }
+
+/* One API call through the callback, as CUPTI makes it: `outer` (and a call `inner` nested in
+ * it, or NULL) by CUPTI's names, correlation id `corr`, first parameter `stream`.  0, or -1. */
+EXPORT int pp_inject_cb_call(const char* outer, const char* inner, unsigned corr, long long stream) {
+  return pp_cb_test_call(outer, inner, corr, stream);
+}
+
+/* The callback rows not yet written into the files. */
+EXPORT long long pp_inject_cb_pending(void) { return pp_cb_pending(); }

@@ -43,6 +43,13 @@ extern int g_off_kernels, g_off_api, g_off_memory;
 
 void pp_write_all(int fd, const void* p, size_t n);
 
+/* inject_records.c: the stage of records for the .rec file (under inject.c's lock) */
+int pp_stage_alloc(void);
+void pp_stage_flush(void); /* the staged strings, then the staged records, written */
+void pp_stage_forget(void);
+int64_t* pp_row(int kind); /* a zeroed record of `kind` in the stage (word 0 set), or NULL */
+const char* pp_cb_name(int driver, uint32_t cbid); /* CUPTI's name of an API call, or NULL */
+
 /* inject_files.c */
 int64_t pp_now_ns(void);
 void pp_json_string(FILE* f, const char* s, size_t n);
@@ -63,5 +70,34 @@ extern int g_uvm;             /* wanted */
 extern char g_uvm_status[300]; /* "ok", or why they are not recorded; "" when not wanted */
 void pp_start_uvm(void);
 int pp_uvm_configure(uint32_t device, uint32_t ndev);
+void pp_uvm_context(CUcontext ctx); /* the first context: counters configured (inject_callbacks.c calls it) */
+int pp_kind_wanted(const char* kind); /* PASTAPROF_NATIVE_KINDS lists it (or is unset) */
+const char* pp_cupti_error(CUptiResult r);
+
+/* API calls, synchronizations and the lazily enabled kinds through CUPTI's callback API
+ * (inject_callbacks.c).  A cbid's class: */
+enum {
+  PP_CB_API = 1,        /* a kept call (pp_api_kept): a PP_API row at its exit */
+  PP_CB_SYNC = 7 << 1,  /* the synchronization type (CUpti_ActivitySynchronizationType) << 1: a PP_SYNC row */
+  PP_CB_PT = 1 << 4,    /* a per-thread-default-stream variant (_ptsz): the stream handle is per thread */
+  PP_CB_MEMCPY = 1 << 5, /* its first call enables the MEMCPY kind */
+  PP_CB_MEMSET = 1 << 6, /* ... MEMSET */
+  PP_CB_MEMORY = 1 << 7, /* ... MEMORY2 */
+};
+extern char g_api_mechanism[300]; /* "callbacks" or "activity (why)", for the header */
+int pp_sync_type(const char* name, int* per_thread);
+int pp_cb_class(const char* name);
+int pp_cb_start(void); /* 1: the callbacks take API calls, syncs, memcpy/memset/memory/marker; 0: activity records */
+int pp_cb_subscribe(void); /* the process's one CUPTI subscriber (also UVM's): 0 or CUPTI's error */
+int pp_cb_enable_resource(CUpti_CallbackId cbid);
+int pp_cb_live(void);
+void pp_cb_nvtx(void); /* the first NVTX call: MARKER enabled (callbacks mechanism) */
+void pp_cb_drain(int wait); /* callback rows into the stage (under inject.c's lock); wait 0: only if free */
+void pp_cb_fork(int phase); /* 0 prepare, 1 parent, 2 child (inside inject.c's fork handlers) */
+void pp_cb_meta(FILE* f);   /* the header's "api_mechanism" and "lazy_kinds" */
+/* for inject_selftest.c */
+int pp_cb_test_live(void);
+int pp_cb_test_call(const char* outer, const char* inner, uint32_t corr, int64_t stream);
+int64_t pp_cb_pending(void);
 
 #endif
