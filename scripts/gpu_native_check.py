@@ -99,6 +99,22 @@ def part_vecadd(exe: dict[str, Path], out: Path) -> None:
     check("vecadd allocations", al >= 3, f"{al} alloc rows (3 cudaMalloc)")
     grid = rows(run, "kernel", "where grid_x = 4096 and block_x = 256 and name like 'vecadd%'")
     check("vecadd grid/block/name", grid == 50, f"{grid} kernels with grid 4096, block 256, name vecadd(...)")
+    # API calls and syncs through CUPTI callbacks, copies/memsets/allocations/NVTX kinds enabled at their
+    # first call (native/inject_callbacks.c): the same rows as the activity mechanism's, first copy and
+    # first allocation included
+    mech = [(p.get("handlers") or {}).get("native", {}).get("api_mechanism") for p in _processes(run)]
+    check("vecadd API mechanism", mech == ["callbacks"], f"processes' api_mechanism {mech}")
+    j = joined(run)
+    check("vecadd kernels joined to their launch call", j == 50, f"{j} of 50 kernels share a cudaLaunchKernel row's "
+          "correlation id")
+    pastaprof_run(out / "vecadd-act", [str(exe["vecadd"]), "50"], {KN + "API_MECHANISM": "activity"})
+    same = {}
+    for kind, where in (("kernel", ""), ("memcpy", ""), ("alloc", ""), ("free", ""), ("range", ""),
+                        ("api", "where name like 'cudaLaunchKernel%'"), ("api", "where name like 'cudaMemcpy%'"),
+                        ("api", "where name like 'cudaMalloc%'")):
+        same[f"{kind} {where}".strip()] = (rows(run, kind, where), rows(out / "vecadd-act", kind, where))
+    check("vecadd callbacks == activity rows", all(a == b for a, b in same.values()),
+          "; ".join(f"{k}: {a} vs {b}" for k, (a, b) in same.items()))
     ncu = ncu_kernels([str(exe["vecadd"]), "50"])
     check("vecadd kernels == ncu", ncu == 50, f"ncu lists {ncu}")
     a = sh([sys.executable, "-m", "pastaprof.cli", "analyze", str(run), "-t", "kernels"])
@@ -111,6 +127,18 @@ def part_vecadd(exe: dict[str, Path], out: Path) -> None:
     pastaprof_run(out / "vecadd-k", [str(exe["vecadd"]), "50"], flags=["--kernels", "^nomatch"])
     k = rows(out / "vecadd-k", "kernel")
     check("--kernels ^nomatch", k == 0, f"{k} kernels stored")
+
+
+def joined(run: Path) -> int:
+    """Kernels whose correlation id is a cudaLaunchKernel row's."""
+    import duckdb
+
+    k, a = ([str(f) for f in (run / kind).glob("*.parquet")] for kind in ("kernel", "api"))
+    if not k or not a:
+        return 0
+    return duckdb.connect().execute(f"select count(*) from read_parquet({k!r}) where correlation in (select "
+                                    f"correlation from read_parquet({a!r}) where name like 'cudaLaunchKernel%')"
+                                    ).fetchone()[0]
 
 
 def ncu_kernels(cmd: list[str]) -> int | None:
@@ -135,7 +163,11 @@ KN = "PASTAPROF_NATIVE_"
 DEFAULT_KINDS = "kernel,memcpy,memset,sync,memory,marker,api"
 # What each CUPTI part and knob costs the launch-bound loop (the library's own switches;
 # native/inject_cupti.c documents the knobs).  The loop makes kernel and launch-call records
-# only, so "kernel+<kind>" shows what enabling a kind that records nothing costs.
+# only (and two cudaDeviceSynchronize), so with the default (callback) mechanism "kernel+<kind>"
+# shows what a kind costs as the library takes it now: api and sync are callbacks on their calls,
+# memcpy/memset/memory callbacks that would enable their kind at its first call (never, here),
+# marker enabled at the first NVTX call (never, here).  The "+activity" variants are the library's
+# fallback (API calls as activity records, every kind enabled at start): what each kind cost before.
 LOOP_VARIANTS: dict[str, dict[str, str]] = {
     "kernel": {KN + "KINDS": "kernel"},
     **{f"kernel+{k}": {KN + "KINDS": f"kernel,{k}"} for k in ("memcpy", "memset", "sync", "memory", "marker", "api")},
@@ -155,11 +187,16 @@ LOOP_VARIANTS: dict[str, dict[str, str]] = {
     "no-kind": {KN + "KINDS": "none"},
     "default-no-flush": {KN + "FLUSH_MS": "0"},
     "kernel+api+zeroed": {KN + "KINDS": "kernel,api", KN + "ZEROED": "1"},
+    # the activity mechanism (API calls as RUNTIME/DRIVER activity records, every kind enabled at
+    # start: the library's behaviour where the CUPTI subscriber is taken), against the callbacks
+    "default+activity": {KN + "API_MECHANISM": "activity"},
+    "kernel+api+activity": {KN + "KINDS": "kernel,api", KN + "API_MECHANISM": "activity"},
+    "kernel+sync+activity": {KN + "KINDS": "kernel,sync", KN + "API_MECHANISM": "activity"},
     "best+kernel-only": {KN + "KINDS": "kernel", KN + "ZEROED": "1", KN + "DEVBUF_MB": "32",
                          KN + "BUFFER": str(32 << 20)},
 }
 DEFAULT_LOOP = ["kernel", *(f"kernel+{k}" for k in ("memcpy", "memset", "sync", "memory", "marker", "api")),
-                "default", "default+zeroed", "default+pinned1", "default+pinned0", "default+devbuf32",
+                "default", "default+activity", "default+zeroed", "default+pinned1", "default+pinned0", "default+devbuf32",
                 "default+perthread0", "default+perthread1", "default+buffer32", "best"]
 
 
@@ -179,7 +216,11 @@ def _run_facts(run: Path) -> dict[str, object]:
     except (OSError, ValueError) as e:
         return {"kernels": None, "dropped": None, "notes": [f"no run.json: {e}"]}
     notes = [str(v) for k, v in (meta.get("status") or {}).items() if "native" in k]
-    return {"kernels": (meta.get("rows") or {}).get("kernel", 0), "dropped": meta.get("dropped_events"), "notes": notes}
+    mech = sorted({str((p.get("handlers") or {}).get("native", {}).get("api_mechanism")) for p in
+                   meta.get("processes") or []})
+    return {"kernels": (meta.get("rows") or {}).get("kernel", 0), "dropped": meta.get("dropped_events"), "notes": notes,
+            "api_mechanism": mech, "launch_calls": rows(run, "api", "where name like 'cudaLaunchKernel%'"),
+            "syncs": rows(run, "sync"), "rows": meta.get("rows")}
 
 
 def part_loop(exe: dict[str, Path], out: Path, rounds: int = 3, variants: list[str] | None = None) -> None:
@@ -206,13 +247,18 @@ def part_loop(exe: dict[str, Path], out: Path, rounds: int = 3, variants: list[s
     for n in times:
         f = facts.get(n, {})
         env = " ".join(f"{k.removeprefix(KN)}={v}" for k, v in LOOP_VARIANTS.get(n, {}).items())
-        notes = "; ".join(f.get("notes") or [])  # type: ignore[arg-type]
+        notes = "; ".join([*(f.get("notes") or []), f"api {','.join(f.get('api_mechanism') or [])[:40]}",  # type: ignore[list-item]
+                           f"{f.get('launch_calls')} launch calls, {f.get('syncs')} syncs"])
         print(f"{n:<22} {med[n]:>8.4f} {med[n] / bare:>7.2f} {med[n] / 100000 * 1e6:>9.2f} "
               f"{statistics.median(walls[n]):>7.2f} {str(f.get('kernels', '-')):>8} {str(f.get('dropped', '-')):>7}  "
               f"{env}{'  | ' + notes if notes else ''}", flush=True)
     if "default" in med:
         k = facts["default"]["kernels"]
         check("100,000 empty kernels counted", k == 100001, f"{k} stored (program launched 100,001)")
+        f = facts["default"]
+        check("loop: launch calls and syncs by callbacks", (f["api_mechanism"], f["launch_calls"], f["syncs"]) == (
+              ["callbacks"], 100001, 2), f"{f['api_mechanism']}, {f['launch_calls']} cudaLaunchKernel rows of 100,001, "
+              f"{f['syncs']} sync rows of 2 (cudaDeviceSynchronize)")
         check("launch-bound loop <= 1.3x", med["default"] / bare <= 1.3,
               f"default {med['default'] / bare:.2f}x (bare {bare / 100000 * 1e6:.2f} us/launch); best variant "
               "{1} {0:.2f}x".format(*min((m / bare, n) for n, m in med.items() if n != "bare")))
@@ -226,8 +272,9 @@ def part_exits(exe: dict[str, Path], out: Path) -> None:
     bare = sh([str(exe["vecadd"]), "30", "abort"])
     r = pastaprof_run(out / "abort", [str(exe["vecadd"]), "30", "abort"])
     k = rows(out / "abort", "kernel")
-    check("abort(): exit and kernels", r.returncode == bare.returncode and k == 30,
-          f"exit bare {bare.returncode} run {r.returncode}; {k} kernels of 30")
+    api = rows(out / "abort", "api", "where name like 'cudaLaunchKernel%'")  # callback rows, written at abort()
+    check("abort(): exit, kernels and launch calls", r.returncode == bare.returncode and k == 30 and api == 30,
+          f"exit bare {bare.returncode} run {r.returncode}; {k} kernels of 30, {api} cudaLaunchKernel rows")
     run = out / "term"
     shutil.rmtree(run, ignore_errors=True)
     p = subprocess.Popen([sys.executable, "-m", "pastaprof.cli", "run", "--out", str(run), "--",
