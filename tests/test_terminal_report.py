@@ -332,3 +332,21 @@ def test_a_table_of_no_columns_has_no_rows_in_json_terminal_or_html():
     doc = reports_to_dict([Report("x", tables={"t": empty}, findings=[], summary={})])
     assert doc["tools"]["x"]["tables"]["t"] == []
     assert render_table("t", empty).row_count == 0
+
+
+def test_a_cpu_only_run_shows_no_empty_gpu_columns():
+    """A CPU-only profile's steps have null GPU columns (not zeros): the terminal leaves them out
+    and says so; --wide and JSON keep them."""
+    src = DATA / "ranks" / "cpu_tb_2cycles"
+    r = cli("analyze", src, "-t", "steps")
+    assert r.returncode == 0, r.stderr
+    header = next(line for line in r.stdout.splitlines() if line.startswith("rank  step"))
+    assert "wall_ns" in header and "gpu_busy_ns" not in header and "host_wait_ns" not in header, header
+    assert "empty columns left out" in r.stdout
+    wide = cli("analyze", src, "-t", "steps", "--wide")
+    assert "gpu_busy_ns" in wide.stdout
+    rows = json_of(src, "-t", "steps")["tools"]["steps"]["tables"]["steps"]
+    assert rows and all(row["gpu_busy_ns"] is None for row in rows)
+    # a GPU run's columns stay
+    gpu = cli("analyze", DATA / "mlp_train_3steps.pt.trace.json.gz", "-t", "steps")
+    assert "gpu_busy_ns" in gpu.stdout and "empty column" not in gpu.stdout

@@ -230,7 +230,14 @@ def _fit(columns: list[str], cells: dict[str, list[str]], width: int) -> dict[st
 
 def render_table(title: str, table: pa.Table, max_rows: int = MAX_ROWS, width: int = PIPED_WIDTH,
                  wide: bool = False) -> Table:
-    """One rich table, every row one line within ``width`` (see ``_fit``); ``wide``: all of it."""
+    """One rich table, every row one line within ``width`` (see ``_fit``); ``wide``: all of it.
+    Columns null in every row are left out (said in the caption) unless ``wide``."""
+    hidden = 0
+    if not wide:  # a column null in every row says nothing (a CPU-only run's GPU columns): left out
+        empty = [c for c in table.column_names if table[c].null_count == table.num_rows > 0]
+        if empty and len(empty) < table.num_columns:
+            hidden = len(empty)
+            table = table.drop_columns(empty)
     rows = table.slice(0, min(max_rows, table.num_rows)).to_pylist()  # no columns: slice() makes rows
     cells = _cells(table, rows, wide)
     widths = {c: max([cell_len(c), *(cell_len(x) for x in cells[c])]) for c in table.column_names} if wide \
@@ -250,6 +257,8 @@ def render_table(title: str, table: pa.Table, max_rows: int = MAX_ROWS, width: i
         notes.append(f"{table.num_rows - max_rows} more rows (--rows, --json)")
     if len(widths) < table.num_columns:
         notes.append(f"{table.num_columns - len(widths)} columns not shown (--wide, --json)")
+    if hidden:
+        notes.append(f"{hidden} empty column{'s' if hidden > 1 else ''} left out")
     if notes:
         out.caption = markup_safe(", ".join(notes))
         out.caption_justify = "left"
