@@ -35,7 +35,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PP_FLAGS = {"pastaprof": [], "pastaprof_all": ["--shapes", "all"], "pastaprof_none": ["--no-shapes"],
             "pastaprof_noflush": [], "pastaprof_nomodules": [], "pastaprof_nosites": ["--no-call-sites"],
-            "pastaprof_noops": [], "pastaprof_nocupti": [], "pastaprof_nothing": [], "pastaprof_idle": []}
+            "pastaprof_noops": [], "pastaprof_nocupti": [], "pastaprof_nothing": [], "pastaprof_idle": [],
+            "pastaprof_kernel_api": [], "pastaprof_kernel_only": []}
 # the default capture with no flush before the program ends (buffer large enough): what the
 # background flushes (drain, link, Parquet writes; the GIL) cost the program's steps
 PP_ENV = {"pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000", "PASTAPROF_BUFFER_MB": "4096"},
@@ -43,6 +44,10 @@ PP_ENV = {"pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000", "PASTAPROF_BUFFE
           "pastaprof_nomodules": {"PASTAPROF_OFF": "modules"},
           "pastaprof_noops": {"PASTAPROF_OFF": "ops,modules"},
           "pastaprof_nocupti": {"PASTAPROF_OFF": "kernels,api,ext,memory,copies,sync"},
+          # CUPTI with kernel and launch-call records only (no copy, memset, sync or memory kinds),
+          # and with kernel records alone (no launch calls, no op id per launch)
+          "pastaprof_kernel_api": {"PASTAPROF_OFF": "memory,copies,sync"},
+          "pastaprof_kernel_only": {"PASTAPROF_OFF": "api,ext,memory,copies,sync"},
           # every mechanism off: what the bootstrap, the session and the supervising parent cost alone
           "pastaprof_nothing": {"PASTAPROF_OFF": "kernels,api,ext,ops,modules,tensors,memory,copies,sync"},
           # the session and its threads with no handler at all (no CUPTI client, no torch hooks)

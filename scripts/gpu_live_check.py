@@ -98,6 +98,61 @@ def main() -> None:
     assert src["names"] == store["names"] and src["kernels"] > 0, res["step_window"]  # nothing lost at the source
     assert src["gate_changes"] >= 2 and store["gate_changes"] == 0, res["step_window"]
     assert src["kernels_seen"] < store["kernels_seen"], res["step_window"]  # CUPTI was off outside the window
+    check_syncs(out)
+
+
+SYNCS = """
+import torch
+side = torch.cuda.Stream()
+x = torch.ones(1 << 20, device="cuda")
+torch.cuda.synchronize()
+for _ in range(5):
+    with torch.cuda.stream(side):
+        y = x * 2
+    side.synchronize()
+for _ in range(4):
+    e = torch.cuda.Event()
+    e.record(side)
+    torch.cuda.current_stream().wait_event(e)
+    e.synchronize()
+for _ in range(3):
+    torch.cuda.synchronize()
+print("ok")
+"""
+
+
+def check_syncs(out: Path) -> None:
+    """Planted synchronizations, recorded by the launch callbacks (the default) and by CUPTI's
+    SYNCHRONIZATION records (PASTAPROF_OFF=callbacks): the same rows of each kind, at least the
+    planted ones, and the side stream's syncs name the stream its kernels ran on."""
+    import pastaprof
+
+    app = out / "syncs.py"
+    app.write_text(SYNCS)
+    got = {}
+    for mech, env in (("callbacks", {}), ("activity", {"PASTAPROF_OFF": "callbacks"})):
+        run = out / f"syncs-{mech}"
+        r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(run), "--force", "--",
+                            sys.executable, str(app)], capture_output=True, text=True, env={**os.environ, **env})
+        assert r.returncode == 0 and r.stdout == "ok\n", r.stderr[-3000:]
+        pr = pastaprof.load(run)
+        sy, k = pr.table("sync"), pr.table("kernel")
+        kinds = sy["sync_kind"].cast(pa.string()).to_pylist()
+        streams = sy["stream"].to_pylist()
+        side = {s for s, n in zip(k["stream"].to_pylist(), k["name"].cast(pa.string()).to_pylist()) if "mul" in n.lower()}
+        cupti = json.loads((run / "run.json").read_text())["processes"][0]["handlers"]["cupti"]
+        got[mech] = {"by_kind": {n: kinds.count(n) for n in sorted(set(kinds))},
+                     "stream_sync_streams": sorted({s for s, n in zip(streams, kinds) if n == "stream"}),
+                     "mul_kernel_streams": sorted(side), "syncs": (cupti.get("buffers") or {}).get("syncs")}
+    print(json.dumps({"syncs": got}))
+    (out / "syncs.json").write_text(json.dumps(got, indent=1))
+    cb, act = got["callbacks"], got["activity"]
+    assert cb["syncs"] == "callbacks" and act["syncs"] == "activity", got
+    assert cb["by_kind"] == act["by_kind"], got
+    planted = {"stream": 5, "stream_wait_event": 4, "event": 4, "context": 4}
+    assert all(cb["by_kind"].get(n, 0) >= c for n, c in planted.items()), got
+    for g in (cb, act):
+        assert g["stream_sync_streams"] == g["mul_kernel_streams"] and len(g["mul_kernel_streams"]) == 1, got
 
 
 if __name__ == "__main__":

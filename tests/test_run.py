@@ -972,6 +972,59 @@ def test_op_stack_of_the_launch_callbacks():
     assert lib.pp_cupti_take(4) == 0 and lib.pp_cupti_take(5) == 0  # no launch rows, no op links
 
 
+def test_sync_rows_come_from_the_launch_callbacks():
+    """With sync rows on, a sync call's callback writes a sync row (its type, its call's
+    correlation and times) beside its launch-call row, so CUPTI's SYNCHRONIZATION kind can stay
+    off; other calls, and every call once sync rows are off, write none.  The stream id needs a
+    libcupti: without one it is -1, as for context syncs."""
+    import ctypes
+
+    import numpy as np
+
+    from pastaprof import native
+    from pastaprof.handlers.cupti_activity import sync_type
+    from pastaprof.handlers.cupti_native import COLUMNS, KIND_INDEX
+
+    assert [sync_type(n) for n in ("cudaEventSynchronize_v3020", "cudaStreamWaitEvent_ptsz_v7000",
+                                   "cudaStreamSynchronize_v3020", "cuStreamSynchronize", "cudaDeviceSynchronize_v3020",
+                                   "cuCtxSynchronize", "cudaThreadSynchronize_v3020", "cudaLaunchKernel_v7000",
+                                   "cudaMemcpyAsync_v3020", "cudaEventRecord_v3020")] == [1, 2, 3, 3, 4, 4, 4, 0, 0, 0]
+    try:
+        lib = native.load("cupti")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    S, A = KIND_INDEX["sync"], KIND_INDEX["api"]
+
+    def take(kind: int) -> dict[str, list[int]]:
+        n = lib.pp_cupti_take(kind)
+        names = COLUMNS["sync" if kind == S else "api"]
+        cols = {}
+        for i, name in enumerate(names):
+            buf = np.zeros(n, np.int64)
+            lib.pp_cupti_copy(kind, i, buf.ctypes.data)
+            cols[name] = buf.tolist()
+        lib.pp_cupti_release()
+        return cols
+
+    take(S), take(A)
+    stream = ctypes.c_void_p(0x1234)
+    lib.pp_cupti_sync_cbid(0, 131, 3, 1)  # a stream sync, per-thread variant
+    lib.pp_cupti_sync_cbid(1, 126, 4, 0)  # a driver context sync
+    lib.pp_cupti_sync_rows(1)
+    lib.pp_cupti_callback_replay(0, 131, 41, ctypes.byref(stream))
+    lib.pp_cupti_callback_replay(0, 211, 42, None)  # a launch: no sync row
+    lib.pp_cupti_callback_replay(1, 126, 43, None)
+    lib.pp_cupti_callback_replay(1, 131, 44, None)  # cbid 131 of the other domain is not a sync
+    sync, api = take(S), take(A)
+    assert sync["correlation"] == [41, 43] and sync["sync_type"] == [3, 4] and sync["stream"] == [-1, -1]
+    assert all(0 < s <= e for s, e in zip(sync["start_ns"], sync["end_ns"]))
+    assert api["correlation"] == [41, 42, 43, 44] and api["is_driver"] == [0, 0, 1, 1]
+    assert api["start_ns"][0] == sync["start_ns"][0] and api["end_ns"][2] == sync["end_ns"][1]
+    lib.pp_cupti_sync_rows(0)
+    lib.pp_cupti_callback_replay(0, 131, 45, ctypes.byref(stream))
+    assert take(S)["correlation"] == [] and take(A)["correlation"] == [45]
+
+
 def _captured(tmp_path: Path, source: str, stdout: str, env: dict | None = None):
     """Run `source` as a program under `pastaprof run`; check its exit and output; the run."""
     pytest.importorskip("torch")

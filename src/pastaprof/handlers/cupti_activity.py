@@ -24,7 +24,21 @@ from pastaprof.handlers.base import Gated, Handler, HandlerContext
 from pastaprof.handlers.cupti_records import BUFFER_BYTES, FIELDS, CuptiRecords
 from pastaprof.live.config import CaptureConfig
 
-_API_KEEP = ("Launch", "Memcpy", "Memset", "Synchronize", "Graph")
+_API_KEEP = ("Launch", "Memcpy", "Memset", "Synchronize", "StreamWaitEvent", "Graph")
+
+
+def sync_type(name: str) -> int:
+    """The CUpti_ActivitySynchronizationType of a call named ``name`` (a CUPTI cbid name such
+    as ``cudaStreamSynchronize_v3020``), or 0 for a call that is no synchronization."""
+    if "StreamWaitEvent" in name:
+        return 2
+    if "EventSynchronize" in name:
+        return 1
+    if "StreamSynchronize" in name:
+        return 3
+    if any(k in name for k in ("DeviceSynchronize", "CtxSynchronize", "ThreadSynchronize")):
+        return 4
+    return 0
 
 
 def cupti_status() -> str | None:
@@ -78,6 +92,10 @@ class CuptiActivityHandler(CuptiRecords, Handler, Gated):
         # how launch calls (and their ops) are recorded: "callbacks" (CUPTI callback API, the native
         # drain's), "activity" (RUNTIME/DRIVER + EXTERNAL_CORRELATION records) or "off"
         self.api_mechanism = "activity"
+        # how synchronizations are recorded: "activity" (CUPTI's SYNCHRONIZATION records) or
+        # "callbacks" (rows written by the launch callbacks; the kind stays off: it made every
+        # kernel launch dearer)
+        self.sync_mechanism = "activity"
         # The session's gate at the source (set_gate): closed outside the selected steps and
         # ranges, where the kinds that make a record per launch are disabled.
         self._gate_open = True
@@ -122,6 +140,10 @@ class CuptiActivityHandler(CuptiRecords, Handler, Gated):
                     # DRIVER too: cuBLAS/cuDNN launch through the driver API, and CUPTI emits the
                     # external-correlation record (op -> kernel) only for traced API calls.
                     kinds += [K.RUNTIME, K.DRIVER]
+                elif not off("sync"):  # sync rows from the launch callbacks (cupti_callbacks.c)
+                    self._native.sync_rows(self._sync_cbids(kept))
+                    kinds.remove(K.SYNCHRONIZATION)
+                    self.sync_mechanism = "callbacks"
             dropped = {K.CONCURRENT_KERNEL} if off("kernels") else set()
             dropped |= {K.MEMORY2, K.MEMORY_POOL} if off("memory") else set()
             dropped |= {K.MEMCPY, K.MEMSET} if off("copies") else set()
@@ -217,6 +239,9 @@ class CuptiActivityHandler(CuptiRecords, Handler, Gated):
             self.api_mechanism = "activity"
             K = self._cupti.ActivityKind
             add = [K.RUNTIME, K.DRIVER] + ([K.EXTERNAL_CORRELATION] if self.native_external else [])
+            if self.sync_mechanism == "callbacks":  # the callbacks are gone: CUPTI's records again
+                add.append(K.SYNCHRONIZATION)
+                self.sync_mechanism = "activity"
             self._enabled += [k for k in add if k not in self._enabled]  # enabled at reattach()
 
     def reattach(self) -> None:
@@ -376,6 +401,15 @@ class CuptiActivityHandler(CuptiRecords, Handler, Gated):
                 if keep:
                     kept.append((driver, int(cbid)))
         return kept
+
+    def _sync_cbids(self, kept: list[tuple[bool, int]]) -> list[tuple[bool, int, int, bool]]:
+        """(driver, cbid, sync type, per-thread stream) of the kept calls that synchronize."""
+        out = []
+        for driver, cbid in kept:
+            name = (self._driver_names if driver else self._api_names).get(cbid) or ""
+            if t := sync_type(name):
+                out.append((driver, cbid, t, "_pt" in name))
+        return out
 
     def _filter_api(self) -> None:
         """Activity records only for the kept calls: each record costs CUPTI and us time."""

@@ -95,6 +95,13 @@ class NativeCupti:
         self.refused_cbids = len(refused)
         return 0
 
+    def sync_rows(self, syncs: list[tuple[bool, int, int, bool]]) -> None:
+        """Sync rows from the launch callbacks for these (driver, cbid, sync type, per-thread
+        stream), instead of CUPTI's SYNCHRONIZATION records (then not enabled)."""
+        for driver, cbid, kind, per_thread in syncs:
+            self.lib.pp_cupti_sync_cbid(int(driver), int(cbid), int(kind), int(per_thread))
+        self.lib.pp_cupti_sync_rows(1)
+
     def callbacks_off(self) -> None:
         self.lib.pp_cupti_callbacks_off()
 

@@ -23,6 +23,13 @@ BUFFER_BYTES = 8 << 20
 _MEMCPY_KIND = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH",
                 10: "PtoP"}
 _SYNC_KIND = {1: "event", 2: "stream_wait_event", 3: "stream", 4: "context"}
+
+
+def no_stream(stream: np.ndarray) -> np.ndarray:
+    """CUPTI's "no stream" (CUPTI_SYNCHRONIZATION_INVALID_VALUE, a context or event sync) as -1,
+    as the launch callbacks and native programs write it."""
+    s = np.asarray(stream, dtype=np.int64)
+    return np.where(s == 0xFFFFFFFF, -1, s)
 # Per kind: our column names and the CUPTI record attributes they come from.  One C-level
 # attrgetter per record copies the fields as a tuple; drain() transposes the tuples.
 FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -98,6 +105,7 @@ class CuptiRecords:
                         "foreign_completed": n.stat("foreign_buffers"),  # a foreign client's, not freed by us
                         "decode_seconds": round(n.stat("decode_ns") / 1e9, 6),
                         "launch_calls": self.api_mechanism, "launch_callbacks": calls["calls"],
+                        "syncs": getattr(self, "sync_mechanism", "activity"),
                         "launch_cbids_refused": n.refused_cbids}
 
     def drain(self) -> dict[str, pa.Table]:
@@ -118,6 +126,7 @@ class CuptiRecords:
                 cols["direction"] = lookup_names(cols.pop("copy_kind"), _MEMCPY_KIND)
             elif kind == "sync":
                 cols["sync_kind"] = lookup_names(cols.pop("sync_type"), _SYNC_KIND)
+                cols["stream"] = no_stream(cols["stream"])
             elif kind in ("api", "driver"):
                 cbid = cols.pop("cbid").astype(np.int64)
                 names = self._api_names if kind == "api" else self._driver_names

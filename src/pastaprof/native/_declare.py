@@ -125,6 +125,12 @@ def declare_cupti(lib: Any) -> None:
     lib.pp_cupti_callbacks_off.restype = c.c_int
     lib.pp_cupti_callback_cbid.argtypes = [c.c_int, c.c_int]
     lib.pp_cupti_callback_cbid.restype = c.c_int
+    lib.pp_cupti_sync_cbid.argtypes = [c.c_int, c.c_int, c.c_int, c.c_int]
+    lib.pp_cupti_sync_cbid.restype = None
+    lib.pp_cupti_sync_rows.argtypes = [c.c_int]
+    lib.pp_cupti_sync_rows.restype = None
+    lib.pp_cupti_callback_replay.argtypes = [c.c_int, c.c_int, c.c_uint32, c.c_void_p]
+    lib.pp_cupti_callback_replay.restype = None
     lib.pp_cupti_callbacks_gate.argtypes = [c.c_int]
     lib.pp_cupti_callbacks_gate.restype = c.c_int
     lib.pp_cupti_callback_stat.argtypes = [c.c_int]

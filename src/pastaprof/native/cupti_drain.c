@@ -189,7 +189,8 @@ static void decode(CUpti_Activity* r) {
     }
     case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION: {
       CUpti_ActivitySynchronization2* s = (CUpti_ActivitySynchronization2*)r;
-      ROW(K_SYNC, (int64_t)s->start, (int64_t)s->end, s->streamId, s->correlationId, s->type);
+      /* CUPTI_SYNCHRONIZATION_INVALID_VALUE (context and event syncs) as -1, as the callbacks write it */
+      ROW(K_SYNC, (int64_t)s->start, (int64_t)s->end, (int64_t)(int32_t)s->streamId, s->correlationId, s->type);
       break;
     }
     case CUPTI_ACTIVITY_KIND_RUNTIME:
@@ -443,7 +444,8 @@ int64_t pp_cupti_take(int kind) {
   g_rows[kind] = t;
   g_rows[kind].n = 0;
   pthread_mutex_unlock(&g_mu);
-  if (kind == K_API || kind == K_EXTERNAL) pp_cb_move(kind == K_API, &g_taken[kind]);  /* callback rows */
+  if (kind == K_API || kind == K_EXTERNAL || kind == K_SYNC)  /* callback rows */
+    pp_cb_move(kind == K_API ? 1 : kind == K_SYNC ? 2 : 0, &g_taken[kind]);
   return g_taken[kind].n;
 }
 

@@ -26,8 +26,9 @@ int pp_table_grow(Table* t, int ncols);
 typedef CUptiResult (*push_fn_t)(CUpti_ExternalCorrelationKind, uint64_t);
 typedef CUptiResult (*pop_fn_t)(CUpti_ExternalCorrelationKind, uint64_t*);
 void pp_cb_bind(void* lib, push_fn_t push, pop_fn_t pop);
-/* Append the launch calls (api != 0: 7 columns as K_API) or their op ids (api == 0:
- * correlation, external id) recorded by the callbacks since the last move to `dst`. */
-void pp_cb_move(int api, Table* dst);
+/* Append what the callbacks recorded since the last move to `dst`: table 0 the launch calls'
+ * op ids (correlation, external id, as K_EXTERNAL), 1 the calls (7 columns as K_API), 2 the
+ * sync calls (5 columns as K_SYNC). */
+void pp_cb_move(int table, Table* dst);
 CUptiResult CUPTIAPI pp_tls_push(CUpti_ExternalCorrelationKind kind, uint64_t id);
 CUptiResult CUPTIAPI pp_tls_pop(CUpti_ExternalCorrelationKind kind, uint64_t* id);
