@@ -191,7 +191,8 @@ LOOP_VARIANTS: dict[str, dict[str, str]] = {
     # start: the library's behaviour where the CUPTI subscriber is taken), against the callbacks
     "default+activity": {KN + "API_MECHANISM": "activity"},
     "kernel+api+activity": {KN + "KINDS": "kernel,api", KN + "API_MECHANISM": "activity"},
-    "kernel+sync+activity": {KN + "KINDS": "kernel,sync", KN + "API_MECHANISM": "activity"},
+    **{f"kernel+{k}+activity": {KN + "KINDS": f"kernel,{k}", KN + "API_MECHANISM": "activity"}
+       for k in ("sync", "memcpy", "memset", "memory", "marker")},
     "best+kernel-only": {KN + "KINDS": "kernel", KN + "ZEROED": "1", KN + "DEVBUF_MB": "32",
                          KN + "BUFFER": str(32 << 20)},
 }
