@@ -502,3 +502,19 @@ def test_every_installed_tool_renders_with_its_charts(browser, tmp_path, source)
     charts, drawn, _ = _plots(browser)
     assert charts == drawn == len(_charts_json(page))
     assert set(re.findall(r'<section id="tool-([^"]+)"', page)) == {slug(n) for n in names}
+
+
+def test_a_cpu_only_run_shows_no_empty_gpu_columns():
+    """A CPU-only profile's steps have null GPU columns: the page leaves them out and names them."""
+    from pastaprof.report.html.sections import table_html
+
+    (rep,) = pastaprof.analyze(DATA / "ranks" / "cpu_tb_2cycles", tools=["steps"])
+    steps = rep.tables["steps"]
+    assert steps.num_rows and steps["gpu_busy_ns"].null_count == steps.num_rows
+    page = table_html("steps", steps, "t-steps")
+    heads = re.findall(r'<th data-col="\d+"[^>]*>([^<]*)</th>', page)
+    assert "wall_ns" in heads and "gpu_busy_ns" not in heads and "host_wait_ns" not in heads, heads
+    assert "empty columns left out (gpu_busy_ns, gpu_idle_ns, host_wait_ns" in page
+    assert page.count("<tr>") == 1 + steps.num_rows
+    (gpu,) = pastaprof.analyze(DATA / "mlp_train_3steps.pt.trace.json.gz", tools=["steps"])
+    assert "gpu_busy_ns</th>" in table_html("steps", gpu.tables["steps"], "t-steps")

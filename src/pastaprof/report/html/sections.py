@@ -68,7 +68,12 @@ def _cell(column: str, v: Any, shown: str | None = None) -> str:
 
 
 def table_html(title: str, table: pa.Table, anchor: str, max_rows: int = MAX_TABLE_ROWS) -> str:
-    """A sortable table of the first ``max_rows`` rows (a tool's own order), with a row count."""
+    """A sortable table of the first ``max_rows`` rows (a tool's own order), with a row count.
+    Columns null in every row (a CPU-only run's GPU columns) are left out, said beside the count."""
+    empty = [c for c in table.column_names if table[c].null_count == table.num_rows > 0]
+    if not empty or len(empty) == table.num_columns:
+        empty = []
+    table = table.drop_columns(empty) if empty else table
     rows = table.slice(0, min(max_rows, table.num_rows)).to_pylist()  # no columns: slice() makes rows
     cols = table.column_names
     shown: dict[str, list[str | None]] = {}
@@ -84,6 +89,8 @@ def table_html(title: str, table: pa.Table, anchor: str, max_rows: int = MAX_TAB
         for i, r in enumerate(rows))
     count = (f"{table.num_rows:,} rows" if table.num_rows <= max_rows else
              f"the first {max_rows:,} of {table.num_rows:,} rows (the JSON output, --json, has all)")
+    if empty:
+        count += f"; {len(empty)} empty column{'s' if len(empty) > 1 else ''} left out ({', '.join(empty)})"
     if not table.num_rows:
         return f'<h3>{esc(title)}</h3><p class="note">no rows</p>'
     return (f'<h3 id="{anchor}">{esc(title)} <span class="count">{esc(count)}</span></h3>'
