@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 PP_FLAGS = {"pastaprof": [], "pastaprof_all": ["--shapes", "all"], "pastaprof_none": ["--no-shapes"],
             "pastaprof_noflush": [], "pastaprof_nomodules": [], "pastaprof_nosites": ["--no-call-sites"],
             "pastaprof_noops": [], "pastaprof_nocupti": [], "pastaprof_nothing": [], "pastaprof_idle": [],
-            "pastaprof_kernel_api": [], "pastaprof_kernel_only": []}
+            "pastaprof_kernel_api": [], "pastaprof_kernel_only": [], "pastaprof_nocopies": [], "pastaprof_nomemory": []}
 # the default capture with no flush before the program ends (buffer large enough): what the
 # background flushes (drain, link, Parquet writes; the GIL) cost the program's steps
 PP_ENV = {"pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000", "PASTAPROF_BUFFER_MB": "4096"},
@@ -48,6 +48,9 @@ PP_ENV = {"pastaprof_noflush": {"PASTAPROF_FLUSH_MS": "600000", "PASTAPROF_BUFFE
           # and with kernel records alone (no launch calls, no op id per launch)
           "pastaprof_kernel_api": {"PASTAPROF_OFF": "memory,copies,sync"},
           "pastaprof_kernel_only": {"PASTAPROF_OFF": "api,ext,memory,copies,sync"},
+          # the default less CUPTI's MEMCPY/MEMSET kinds, or less its MEMORY2/MEMORY_POOL kinds
+          "pastaprof_nocopies": {"PASTAPROF_OFF": "copies"},
+          "pastaprof_nomemory": {"PASTAPROF_OFF": "memory"},
           # every mechanism off: what the bootstrap, the session and the supervising parent cost alone
           "pastaprof_nothing": {"PASTAPROF_OFF": "kernels,api,ext,ops,modules,tensors,memory,copies,sync"},
           # the session and its threads with no handler at all (no CUPTI client, no torch hooks)
