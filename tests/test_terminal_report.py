@@ -255,20 +255,39 @@ def test_wide_shows_full_names():
 
 
 def test_wide_shows_whole_summary_notes():
-    """A tool's note said why it has nothing to show, cut at 64 characters even with --wide."""
+    """A tool's note said why it has nothing to show, cut at 64 characters even with --wide; now
+    whole with --wide, and whole without it where it fits the line (cut to the width where not)."""
     from pastaprof.report.terminal import print_reports
     from pastaprof.tools.base import Report
 
     note = "no CUDA/HIP API calls in this run (a CPU-only trace, or a capture without CUPTI) \x1b[2J"
     rep = Report("cuda_api", tables={}, findings=[], summary={"calls": 0, "note": note})
-    for wide, whole in ((True, True), (False, False)):
+    for wide, width, whole in ((True, 10_000, True), (False, 100, True), (False, 60, False)):
         from rich.console import Console
 
-        con = Console(width=10_000 if wide else 100, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+        con = Console(width=width, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
         print_reports([rep], console=con, wide=wide)
         text = con.export_text()
         assert ("a capture without CUPTI)" in text) is whole, text
         assert "\x1b" not in text  # control characters stay escaped
+        assert max(len(line) for line in text.splitlines()) <= width
+
+
+def test_tools_without_data_say_why_in_one_line():
+    """A CPU-only run: kernels, timeline and memory print one line saying why, not zeros."""
+    r = cli("analyze", DATA / "ranks" / "cpu_tb_2cycles", "-t", "kernels,timeline,memory")
+    assert r.returncode == 0, r.stderr
+    sections: dict[str, list[str]] = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("─"):
+            sections[line.strip("─ ")] = []
+        else:
+            sections[list(sections)[-1]].append(line)
+    assert sections["kernels"] == ["kernels=0  note=no GPU kernels, copies or memsets in this run (a CPU-only trace?)"]
+    assert sections["timeline"] == ["activities=0  note=no GPU kernels, copies or memsets in this run (a CPU-only "
+                                    "trace?)"]
+    assert sections["memory"] == ["devices=0  alloc_events=0  note=no allocator events in this run (record with "
+                                  "profile_memory=True)"]
 
 
 def test_units_are_the_same_everywhere():

@@ -267,8 +267,8 @@ def render_table(title: str, table: pa.Table, max_rows: int = MAX_ROWS, width: i
 
 def _summary_lines(summary: dict[str, Any], width: int, wide: bool = False) -> list[str]:
     """``key=value`` items packed into lines of ``width`` (an item is never split; ``wide``: nor clipped)."""
-    items = [f"{k}={terminal_safe(v) if wide and isinstance(v, str) else format_value(k, v)}"
-             for k, v in summary.items() if not isinstance(v, (dict, list))]
+    items = [f"{k}={terminal_safe(v) if (wide or k == 'note') and isinstance(v, str) else format_value(k, v)}"
+             for k, v in summary.items() if not isinstance(v, (dict, list))]  # a note: as wide as the line
     items = items if wide else [clip(item, width) for item in items]
     lines: list[str] = []
     for item in items:

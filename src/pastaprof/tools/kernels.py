@@ -13,6 +13,7 @@ from pastaprof.tools.base import NO_ESTIMATE, Finding, Report, Tool, sql
 
 DOMINANT_SHARE = 0.25      # a kernel name taking >= 25% of GPU activity time (kernels, copies, memsets) is worth a look
 TINY_KERNEL_NS = 5_000     # kernels under 5 us are dominated by launch overhead ...
+NO_GPU_NOTE = "no GPU kernels, copies or memsets in this run (a CPU-only trace?)"
 TINY_SHARE = 0.5           # ... when they are at least half of the launches (a share: the same for 1 or 57 steps)
 
 
@@ -55,6 +56,9 @@ class Kernels(Tool):
         """).fetchall()[0]
         summary = dict(zip(["kernels", "kernel_ns", "memcpys", "memcpy_bytes", "memsets"], [int(v) for v in totals]))
         summary["distinct_kernels"] = per_kernel.num_rows
+        if not (summary["kernels"] or summary["memcpys"] or summary["memsets"]):  # say why, not zeros
+            return Report(self.name, tables={"kernels": per_kernel, "copies": copies},
+                          summary={"kernels": 0, "note": NO_GPU_NOTE})
         return Report(self.name, tables={"kernels": per_kernel, "copies": copies},
                       findings=self._findings(per_kernel, summary), summary=summary)
 

@@ -200,6 +200,9 @@ class Timeline(Tool):
                          for r in temporal.to_pylist()],
             **lb_totals,
         }
+        if not len(act["start"]):  # say why, not a line of zeros
+            from pastaprof.tools.kernels import NO_GPU_NOTE
+            summary = {"activities": 0, "per_rank": [], "note": NO_GPU_NOTE}
         findings = timeline_findings(temporal, streams, lb_totals, launch_bound, self._host_wait_site,
                                      self._peer_waits)
         return Report(self.name, tables={"devices": devices, "streams": streams, "temporal": temporal,

@@ -82,8 +82,10 @@ class Memory(Tool):
         ev = ev.filter(pc.fill_null(pc.not_equal(ev["bytes"], 0), False))
         findings: list[Finding] = []
         tables: dict[str, pa.Table] = {"driver": self._driver()}
-        if ev.num_rows == 0:
-            return Report(self.name, tables=tables, summary=summarize([], [], []))
+        if ev.num_rows == 0:  # say why, not a line of zeros and dashes
+            return Report(self.name, tables=tables, summary={
+                "devices": 0, "alloc_events": 0,
+                "note": "no allocator events in this run (record with profile_memory=True)"})
         r = Replay(ev)
         blocks, op_idx = self._blocks(r)
         ops = self.table("op")
