@@ -518,3 +518,11 @@ def test_a_cpu_only_run_shows_no_empty_gpu_columns():
     assert page.count("<tr>") == 1 + steps.num_rows
     (gpu,) = pastaprof.analyze(DATA / "mlp_train_3steps.pt.trace.json.gz", tools=["steps"])
     assert "gpu_busy_ns</th>" in table_html("steps", gpu.tables["steps"], "t-steps")
+    # no charts of GPU times that are all zeros: per op, per module, each step's GPU/idle split
+    titles = lambda page: [spec["layout"]["title"]["text"] for spec in _charts_json(page).values()]  # noqa: E731
+    cpu = titles(build_page(pastaprof.analyze(DATA / "ranks" / "cpu_tb_2cycles"), "cpu"))
+    assert any(t.startswith("CPU time per op") for t in cpu) and any(t == "step time" for t in cpu), cpu
+    assert not any("GPU time" in t or "where each step" in t for t in cpu), cpu
+    mlp = titles(build_page(pastaprof.analyze(DATA / "mlp_train_3steps.pt.trace.json.gz"), "mlp"))
+    assert any(t.startswith("GPU time launched per op") for t in mlp) and "GPU time per module" in mlp, mlp
+    assert any(t.startswith("where each step") for t in mlp), mlp

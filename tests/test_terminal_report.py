@@ -274,8 +274,10 @@ def test_wide_shows_whole_summary_notes():
 
 
 def test_tools_without_data_say_why_in_one_line():
-    """A CPU-only run: kernels, timeline and memory print one line saying why, not zeros."""
-    r = cli("analyze", DATA / "ranks" / "cpu_tb_2cycles", "-t", "kernels,timeline,memory")
+    """A CPU-only run: kernels, timeline, memory and gemm print one line saying why, not zeros;
+    ops shows its CPU columns only (JSON: the GPU ones null)."""
+    src = DATA / "ranks" / "cpu_tb_2cycles"
+    r = cli("analyze", src, "-t", "kernels,timeline,memory,gemm,ops")
     assert r.returncode == 0, r.stderr
     sections: dict[str, list[str]] = {}
     for line in r.stdout.splitlines():
@@ -288,6 +290,14 @@ def test_tools_without_data_say_why_in_one_line():
                                     "trace?)"]
     assert sections["memory"] == ["devices=0  alloc_events=0  note=no allocator events in this run (record with "
                                   "profile_memory=True)"]
+    assert sections["gemm"] == ["gemm_calls=20  calls_without_kernels=20  note=no GPU kernels in this run: GEMM "
+                                "health needs them"]
+    ops = "\n".join(sections["ops"])
+    assert sections["ops"][0].startswith("ops=436  note=no GPU activity in this run: CPU times only")
+    assert "gpu_ns" not in ops and "dominant_kernel" not in ops and "self_cpu_ns" in ops, ops
+    doc = json_of(src, "-t", "ops")["tools"]["ops"]["tables"]
+    assert all(row["gpu_ns"] is None and row["self_cpu_ns"] is not None for row in doc["ops"])
+    assert all(row["gpu_ns"] is None for t in ("modules", "module types") for row in doc[t])
 
 
 def test_units_are_the_same_everywhere():

@@ -182,6 +182,10 @@ class Gemm(Tool):
         if not groups:
             return Report(self.name, summary={"gemm_calls": 0, "note": "no matmul ops (aten::mm, addmm, bmm, "
                                               "baddbmm) in this run: GEMM health needs framework ops"})
+        if not self.table("kernel").num_rows:  # a CPU-only run: nothing to judge, said in one line
+            n = sum(g["calls"] for g in groups)
+            return Report(self.name, tables={"gemms": _by_shape([])}, display=DISPLAY, summary={
+                "gemm_calls": n, "calls_without_kernels": n, "note": "no GPU kernels in this run: GEMM health needs them"})
         healthy = [r for r in rows if r["flops"] and r["gpu_ns"] and r["healthy"]]
         ref = (sum(r["flops"] for r in healthy) / sum(r["gpu_ns"] for r in healthy)) if healthy else None
         for r in rows:

@@ -98,9 +98,29 @@ class Ops(Tool):
                    # shapes of some forward ops only: `pastaprof run --shapes sample` (the default)
                    "forward_ops_with_shapes": int(totals[3]),
                    "shapes": "none" if not totals[3] else "sampled" if totals[3] < totals[4] else "all"}
-        return Report(self.name, tables={"ops": by_name, "module types": by_module_type, "modules": by_module,
-                                         "call sites": by_site},
-                      findings=_findings(totals, summary, by_name), summary=summary, details={"per op": ops})
+        findings = _findings(totals, summary, by_name)
+        tables = {"ops": by_name, "module types": by_module_type, "modules": by_module, "call sites": by_site}
+        if not any(self.table(k).num_rows for k in ("kernel", "memcpy", "memset")):
+            # a CPU-only run: its GPU columns are null (not zeros that read as ops launching nothing),
+            # so the terminal and the page leave them out; the summary says why
+            tables = {name: _without_gpu(t) for name, t in tables.items()}
+            summary = {"ops": summary["ops"], "note": "no GPU activity in this run: CPU times only",
+                       **{k: v for k, v in summary.items() if k not in ("ops", "gpu_ns", "attributed_gpu_ns",
+                                                                        "attributed_share")}}
+        return Report(self.name, tables=tables, findings=findings, summary=summary, details={"per op": ops})
+
+
+GPU_COLUMNS = ("self_gpu_ns", "gpu_ns", "kernels", "kernels_per_call", "dominant_kernel", "launch_delay_ns",
+               "max_launch_delay_ns", "backward_gpu_ns")
+
+
+def _without_gpu(t: pa.Table) -> pa.Table:
+    """``t`` with its GPU columns (``GPU_COLUMNS``) all null, of the same types."""
+    for c in GPU_COLUMNS:
+        if c in t.column_names:
+            i = t.schema.get_field_index(c)
+            t = t.set_column(i, t.schema.field(i), pa.nulls(t.num_rows, t.schema.field(i).type))
+    return t
 
 
 def _attribute(con: duckdb.DuckDBPyConnection, op: pa.Table) -> dict[str, np.ndarray]:

@@ -129,7 +129,7 @@ def _steps(r: Report, ctx: Context, page: Page) -> str:
     first = steps[0].get("rank", 0)
     mine = [s for s in steps if s.get("rank", 0) == first][:200]
     keys = [k for k in ("compute_ns", "communication_ns", "memory_ns", "other_gpu_ns", "host_wait_ns",
-                        "kernel_wait_ns", "other_idle_ns") if k in mine[0]]
+                        "kernel_wait_ns", "other_idle_ns") if any(s.get(k) is not None for s in mine)]
     if keys:
         cats = [esc(s.get("label") or s.get("step")) for s in mine]
         spec = charts.stacked("where each step's time went" + (f" (rank {first})" if len(steps) > len(mine) else ""),
@@ -140,6 +140,8 @@ def _steps(r: Report, ctx: Context, page: Page) -> str:
 
 def _top(table: pa.Table | None, name_col: str, value_col: str) -> tuple[list[Any], list[float]]:
     if table is None or not table.num_rows or name_col not in table.column_names or value_col not in table.column_names:
+        return [], []
+    if table[value_col].null_count == table.num_rows:  # no values (a CPU-only run's GPU times): no chart
         return [], []
     rows = sorted(table.select([name_col, value_col]).to_pylist(), key=lambda r: -(r[value_col] or 0))
     return [r[name_col] for r in rows], [r[value_col] or 0 for r in rows]
@@ -160,7 +162,8 @@ def _ops(r: Report, ctx: Context, page: Page) -> str:
     if names:
         out.append(page.chart(charts.hbar("CPU time per op (inclusive, top 20)", names, vals)))
     mods = r.tables.get("modules")
-    if mods is not None and mods.num_rows and {"module", "gpu_ns"} <= set(mods.column_names):
+    if mods is not None and mods.num_rows and {"module", "gpu_ns"} <= set(mods.column_names) \
+            and mods["gpu_ns"].null_count < mods.num_rows:
         out.append(page.chart(charts.treemap("GPU time per module", mods["module"].to_pylist(), mods["gpu_ns"].to_pylist()),
                               "Each box is a module path; its area is its GPU time (its own ops plus its children's). "
                               "Click a box to zoom in."))
