@@ -332,6 +332,10 @@ def info(path: Path, ranks: str | None) -> None:
             console.print(ms("  versions: " + ", ".join(f"{k}={v}" for k, v in m["versions"].items())), soft_wrap=True)
         if m.get("unknown_categories"):
             console.print(ms(f"  unknown categories (skipped): {m['unknown_categories']}"), soft_wrap=True)
+        from pastaprof.report.run_info import run_lines
+
+        for line in run_lines(m):
+            console.print(ms(f"  {line}"), soft_wrap=True)
         notes = m.get("notes") if run.path is not None else None  # a trace's notes went to stderr as it was read
         for line in notes if isinstance(notes, list) else []:
             console.print(ms(f"  note: {line}"), soft_wrap=True)
