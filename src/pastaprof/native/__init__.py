@@ -57,7 +57,7 @@ def _build(name: str, sources: list[Path], args: list[str], cpp: bool, suffix: s
     its path.  ``command`` replaces the default ``cc -O2 -shared -fPIC`` (e.g. nvcc for the
     sanitizer patches).  Raises RuntimeError with the compiler's last lines on failure."""
     h = hashlib.sha256()
-    for s in sources:
+    for s in [*sources, *sorted(HERE.glob("*.h"))]:  # a header's change rebuilds too
         h.update(s.read_bytes())
     h.update(" ".join(args).encode())
     h.update(" ".join(command or [_compiler(cpp)]).encode())

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "cupti_drain.h"
+#include "pp_spinlock.h"
 
 typedef CUptiResult (*subscribe_fn_t)(CUpti_SubscriberHandle*, CUpti_CallbackFunc, void*);
 typedef CUptiResult (*unsubscribe_fn_t)(CUpti_SubscriberHandle);
@@ -76,17 +77,8 @@ static const int CB_COLS[CB_TABLES] = {2, 7, 5};
 static Table g_cb[CB_TABLES], g_cb_spare[CB_TABLES];
 static volatile int g_lock;
 
-static inline void lock(void) {
-  for (int spins = 0; __atomic_test_and_set(&g_lock, __ATOMIC_ACQUIRE); ++spins) {
-    if (spins < 64) continue;
-    if (spins < 128) sched_yield();
-    else {
-      struct timespec ts = {0, 50000};
-      nanosleep(&ts, NULL);
-    }
-  }
-}
-static inline void unlock(void) { __atomic_clear(&g_lock, __ATOMIC_RELEASE); }
+static inline void lock(void) { pp_spin_lock(&g_lock); }
+static inline void unlock(void) { pp_spin_unlock(&g_lock); }
 
 CUptiResult CUPTIAPI pp_tls_push(CUpti_ExternalCorrelationKind kind, uint64_t id) {
   if (t_depth < DEPTH) t_ext[t_depth] = id;

@@ -40,6 +40,7 @@
 
 #include "inject.h"
 #include "inject_state.h"
+#include "pp_spinlock.h"
 
 char g_api_mechanism[300];
 static int g_mech; /* 1 callbacks, 0 activity (or not decided) */
@@ -148,18 +149,9 @@ static int g_nchunks, g_nfree;
 static int64_t g_dropped;
 static volatile int g_lock;
 
-static inline void lock(void) {
-  for (int spins = 0; __atomic_test_and_set(&g_lock, __ATOMIC_ACQUIRE); ++spins) {
-    if (spins < 64) continue;
-    if (spins < 128) sched_yield();
-    else {
-      struct timespec ts = {0, 50000};
-      nanosleep(&ts, NULL);
-    }
-  }
-}
-static inline int trylock(void) { return !__atomic_test_and_set(&g_lock, __ATOMIC_ACQUIRE); }
-static inline void unlock(void) { __atomic_clear(&g_lock, __ATOMIC_RELEASE); }
+static inline void lock(void) { pp_spin_lock(&g_lock); }
+static inline int trylock(void) { return pp_spin_trylock(&g_lock); }
+static inline void unlock(void) { pp_spin_unlock(&g_lock); }
 
 static void put(const CbRow* r) {
   lock();
