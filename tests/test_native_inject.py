@@ -605,3 +605,23 @@ def test_rank_not_selected_records_nothing(lib, programs, tmp_path):
     assert (r.returncode, r.stderr) == (3, "")
     meta, t, status = _one(tmp_path)
     assert t == {} and meta["rank"] == 2 and "not selected" in status["native"]
+
+
+def test_a_header_change_rebuilds_the_library(tmp_path, monkeypatch):
+    """The cache key covers the headers the sources include: a changed record layout in a
+    header must never reuse a library built against the old one."""
+    from pastaprof import native
+
+    src = tmp_path / "lib.c"
+    src.write_text('#include "lib.h"\nint pp_value(void) { return VALUE; }\n')
+    (tmp_path / "lib.h").write_text("#define VALUE 1\n")
+    monkeypatch.setattr(native, "HERE", tmp_path)
+    monkeypatch.setenv("PASTAPROF_CACHE", str(tmp_path / "cache"))
+    first = native._build("pp_header_test", [src], [f"-I{tmp_path}"], cpp=False)
+    assert native._build("pp_header_test", [src], [f"-I{tmp_path}"], cpp=False) == first
+    (tmp_path / "lib.h").write_text("#define VALUE 2\n")
+    second = native._build("pp_header_test", [src], [f"-I{tmp_path}"], cpp=False)
+    assert second != first
+    import ctypes
+
+    assert ctypes.CDLL(str(first)).pp_value() == 1 and ctypes.CDLL(str(second)).pp_value() == 2
