@@ -10,7 +10,7 @@ from pathlib import Path
 from pastaprof.errors import InputError
 from pastaprof.events.schema import KINDS, conform
 from pastaprof.importers import iter_ranks, manifest_for
-from pastaprof.processor.link import link_rank
+from pastaprof.processor.link import RankLinker
 from pastaprof.processor.pipeline import Processor
 from pastaprof.store.run import Run, open_run_dir
 from pastaprof.store.safe_read import readable_trace
@@ -40,9 +40,10 @@ def load(path: str | Path, ranks: Sequence[int] | None = None, progress: Progres
         return open_run_dir(path, rank_list)
     per_kind: dict[str, list] = {k: [] for k in KINDS}
     metas = []
+    link = RankLinker()  # a rank's later capture files: op ids after the earlier files'
     with readable_trace(path) as src:
-        for _rank, tables, meta in iter_ranks(src, rank_list, progress):
-            linked = link_rank(tables)
+        for rank, tables, meta in iter_ranks(src, rank_list, progress):
+            linked = link(rank, tables)
             for kind in KINDS:
                 if kind in linked:
                     per_kind[kind].append(conform(kind, linked[kind]))

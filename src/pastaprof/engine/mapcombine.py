@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from pastaprof.errors import InputError
 from pastaprof.events.schema import KINDS, conform, schema
-from pastaprof.processor.link import link_rank
+from pastaprof.processor.link import RankLinker
 from pastaprof.processor.pipeline import BATCH_ROWS
 from pastaprof.tools.base import PerRankTool, Report, RunInfo, Tool
 
@@ -72,11 +72,15 @@ class RankResult:
 
 
 def linked_tables(parts: list[dict[str, pa.Table]], linked: bool = False) -> dict[str, pa.Table]:
-    """One rank's tables, normalized: each file's tables linked on its own (consecutive
-    captures of one process share no ids), then concatenated per kind."""
+    """One rank's tables, normalized: each file's tables linked on its own (an op's parent and
+    a kernel's op are of its own file), then concatenated per kind.  Each later file's op ids
+    follow the earlier files' (processor/link.py ``RankLinker``): numbered from 0 each, the
+    consecutive captures of one process (a profiler ``schedule``: one file per cycle) gave
+    every id of the rank twice.  ``linked``: the tables are a stored rank's, already numbered."""
     per_kind: dict[str, list[pa.Table]] = {}
+    link = RankLinker()
     for raw in parts:
-        tables = raw if linked else link_rank(raw)
+        tables = raw if linked else link(0, raw)
         for kind in KINDS:
             if kind in tables:
                 per_kind.setdefault(kind, []).append(conform(kind, tables[kind]))

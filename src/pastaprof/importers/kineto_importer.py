@@ -171,8 +171,9 @@ class KinetoImporter(Importer):
     def import_ranks(self, path: Path, ranks: list[int] | None = None, *, progress: Progress | None = None,
                      kinds: set[str] | None = None, note: Note | None = None) -> Iterator[RankTables]:
         """Yield (rank, raw tables, metadata) per trace file, by rank and, within a rank,
-        in time order (several files of one rank: consecutive captures; each is linked
-        on its own).  Ranks: see importers/ranks.py."""
+        in time order (several files of one rank: consecutive captures; each is linked on
+        its own, its op ids after the earlier files': processor/link.py ``RankLinker``).
+        Ranks: see importers/ranks.py."""
         note = note or stderr_note
         files, sniffs, skipped = scan(path)
         attach = _companions(path, skipped) if path.is_dir() else {}

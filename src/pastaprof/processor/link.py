@@ -4,6 +4,8 @@ vectorized (NumPy + Arrow); the processor calls them before fan-out.
 
 Links computed:
 * ``op.id`` (0..n-1 within a rank), ``op.parent_id`` / ``op.depth`` (nesting per thread);
+  a rank read from several capture files (a profiler ``schedule`` writes one per cycle) is
+  linked file by file, each later file's ids following the earlier files' (:class:`RankLinker`);
 * ``api.op_id``: the op whose external id the call carries, else the innermost op
   on the same thread whose interval contains the call;
 * ``kernel|memcpy|memset.op_id``: the op of the API call with the same
@@ -93,13 +95,13 @@ def _thread_groups(*tables: pa.Table) -> list[np.ndarray]:
     return [np.searchsorted(distinct, u)[i].astype(np.int64) for u, i in zip(uniq, inv)]
 
 
-def link_ops(op: pa.Table) -> pa.Table:
-    """Assign ids, parents and depths to ops."""
+def link_ops(op: pa.Table, first_id: int = 0) -> pa.Table:
+    """Assign ids (``first_id``, ``first_id`` + 1, ...), parents and depths to ops."""
     n = op.num_rows
-    op = _set(op, "id", pa.array(np.arange(n, dtype=np.int64)))
+    op = _set(op, "id", pa.array(np.arange(first_id, first_id + n, dtype=np.int64)))
     (g,) = _thread_groups(op)
     parent, depth = parents(g, _np(op["start_ns"]), _np(op["end_ns"]))
-    op = _set(op, "parent_id", _ids_to_arrow(parent))
+    op = _set(op, "parent_id", _ids_to_arrow(np.where(parent >= 0, parent + first_id, -1)))
     op = _set(op, "depth", pa.array(depth, pa.int32()))
     return op
 
@@ -207,8 +209,10 @@ def place_ops(op: pa.Table, frame: pa.Table) -> pa.Table:
     return op
 
 
-def link_rank(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
-    """Link one rank's tables (see module docstring); returns new tables.
+def link_rank(tables: dict[str, pa.Table], first_id: int = 0) -> dict[str, pa.Table]:
+    """Link one rank's tables (see module docstring); returns new tables.  Op ids start at
+    ``first_id`` (every op_id and parent_id refers to them): a later capture file of a rank
+    starts after the earlier files' ids (:class:`RankLinker`).
 
     Total over partial input: any subset of kinds, any of them empty, columns
     missing (they read as null).  Without ``op`` (an import of only some kinds)
@@ -217,7 +221,7 @@ def link_rank(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
     t = dict(tables)
     if "op" not in t:
         return t
-    op = link_ops(conform("op", t["op"]))
+    op = link_ops(conform("op", t["op"]), first_id)
     op = place_ops(op, conform("frame", t["frame"]) if "frame" in t else empty("frame"))
     api = link_api(t["api"] if "api" in t else empty("api"), op)
     for kind in ("kernel", "memcpy", "memset"):
@@ -231,3 +235,22 @@ def link_rank(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
     if "api" in t:
         t["api"] = api
     return t
+
+
+class RankLinker:
+    """Links the capture files of ranks as they come, one file at a time (an import yields a
+    rank's files one after another; a profiler ``schedule`` writes one per cycle).  Each file is
+    linked on its own -- an op's parent, a kernel's op are of its own file -- and numbered after
+    the files of its rank linked before it, so that op ids (and the parent_id / op_id that refer
+    to them) stay unique in the rank once its files are joined.  The one place import, analyze
+    and load of a foreign trace number a rank's ops (live captures number theirs at the source, per process)."""
+
+    def __init__(self) -> None:
+        self._next: dict[int, int] = {}
+
+    def __call__(self, rank: int, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        first = self._next.get(rank, 0)
+        out = link_rank(tables, first)
+        if "op" in out:
+            self._next[rank] = first + out["op"].num_rows
+        return out

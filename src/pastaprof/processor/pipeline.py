@@ -16,7 +16,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from pastaprof.events.schema import KINDS, conform
-from pastaprof.processor.link import link_rank
+from pastaprof.processor.link import RankLinker
 from pastaprof.tools.base import Report, RunInfo, Tool
 
 BATCH_ROWS = 1 << 17
@@ -38,6 +38,7 @@ class Processor:
             for kind in tool.consumes:
                 self._subscribers.setdefault(kind, []).append(tool)
         self._started = False
+        self._link = RankLinker()  # ingest_rank: a rank's files, numbered one after another
 
     def _start(self) -> None:
         if not self._started:
@@ -50,9 +51,11 @@ class Processor:
         return self.sink is not None or bool(self._subscribers.get(kind))
 
     def ingest_rank(self, rank: int, tables: dict[str, pa.Table], linked: bool = False) -> None:
-        """Offline path: a whole rank's tables (raw importer output unless ``linked``)."""
+        """Offline path: a whole rank's tables (raw importer output unless ``linked``), or one
+        capture file of it: a rank's files come one after another, each later file's op ids
+        following the earlier files' (processor/link.py ``RankLinker``)."""
         if not linked:
-            tables = link_rank(tables)
+            tables = self._link(rank, tables)
         for kind in KINDS:
             if kind in tables and self.wants(kind):
                 self.submit(kind, conform(kind, tables[kind]), rank)
