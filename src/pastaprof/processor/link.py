@@ -6,6 +6,9 @@ Links computed:
 * ``op.id`` (0..n-1 within a rank), ``op.parent_id`` / ``op.depth`` (nesting per thread);
   a rank read from several capture files (a profiler ``schedule`` writes one per cycle) is
   linked file by file, each later file's ids following the earlier files' (:class:`RankLinker`);
+  a live rank's processes (a forked DataLoader worker, a spawned child) number their own ops,
+  so at compaction each later process's ids are shifted past the earlier ones'
+  (:meth:`RankLinker.process_shifts`, :func:`shift_op_ids`);
 * ``api.op_id``: the op whose external id the call carries, else the innermost op
   on the same thread whose interval contains the call;
 * ``kernel|memcpy|memset.op_id``: the op of the API call with the same
@@ -254,3 +257,65 @@ class RankLinker:
         if "op" in out:
             self._next[rank] = first + out["op"].num_rows
         return out
+
+    @staticmethod
+    def process_shifts(ops: dict[int, list[pa.Table]]) -> dict[int, int]:
+        """A live rank's processes, each with ids of its own numbering (one counter per process:
+        a forked child goes on from the parent's count at the fork, as the parent does; a spawned
+        child starts at 1 again): per pid, what to add to its op ids (:func:`shift_op_ids`) so
+        that they follow those of the processes before it -- processes in the order of their
+        first op (then pid), the first never shifted, nor one whose ids already start past the
+        earlier ones'.  ``ops``: per pid, its op tables (``id``, ``start_ns``).  Pids without an
+        op id are left out; a rank of one process gets ``{}``."""
+        spans = []
+        for pid, tables in ops.items():
+            ids = [_np(t["id"], 0)[~np.asarray(pc.is_null(t["id"]))] for t in tables
+                   if "id" in t.column_names and t.num_rows]
+            ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+            if not len(ids):
+                continue
+            starts = [pc.min(t["start_ns"]).as_py() for t in tables if "start_ns" in t.column_names and t.num_rows]
+            first = min((s for s in starts if s is not None), default=None)
+            spans.append((first is None, first or 0, pid, int(ids.min()), int(ids.max())))
+        if len(spans) < 2:
+            return {}
+        spans.sort()
+        shifts: dict[int, int] = {}
+        top = spans[0][4]
+        for _, _, pid, lo, hi in spans[1:]:
+            shift = max(0, top + 1 - lo)
+            if shift:
+                shifts[pid] = shift
+            top = max(top, hi + shift)
+        return shifts
+
+
+#: Per kind, the columns that hold op ids (``op.external_id`` too where it equals the op's id,
+#: as live captures store it).
+OP_ID_COLUMNS = {"op": ("id", "parent_id"), "api": ("op_id",), "kernel": ("op_id",), "memcpy": ("op_id",),
+                 "memset": ("op_id",), "collective": ("op_id",)}
+
+
+def shift_op_ids(kind: str, t: pa.Table, shift: int) -> pa.Table:
+    """``t`` (of one process) with ``shift`` added to every op id it holds (:data:`OP_ID_COLUMNS`;
+    nulls stay null).  A shift of 0, a kind without op ids: ``t`` itself."""
+    cols = OP_ID_COLUMNS.get(kind, ())
+    if not shift or not t.num_rows or not any(c in t.column_names for c in cols):
+        return t
+    by = pa.scalar(int(shift), pa.int64())
+
+    def put(t: pa.Table, name: str, values) -> pa.Table:  # the column's field (type, nullability) kept
+        i = t.schema.get_field_index(name)
+        field = t.schema.field(i)
+        return t.set_column(i, field, values.cast(field.type))
+
+    def col(name: str):
+        return t[name].cast(pa.int64())
+
+    if kind == "op" and "external_id" in t.column_names and "id" in t.column_names:
+        same = pc.fill_null(pc.equal(col("external_id"), col("id")), False)
+        t = put(t, "external_id", pc.if_else(same, pc.add(col("external_id"), by), col("external_id")))
+    for c in cols:
+        if c in t.column_names:
+            t = put(t, c, pc.add(col(c), by))
+    return t

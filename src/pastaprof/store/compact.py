@@ -6,7 +6,12 @@ While a program runs, every process writes Parquet *parts*
 rank into ``<kind>/rank-R.parquet`` (sorted by time) when there are more than
 ``KEEP_PARTS`` of them or they need re-linking -- a few parts are left as they
 are: readers take every ``rank-*.parquet``, and merging cost a short run more
-than its capture -- and the per-process JSONs into ``run.json``.  Parts of a
+than its capture -- and the per-process JSONs into ``run.json``.  Each process
+numbers its own ops, so where several processes of a rank recorded ops (a forked
+DataLoader worker goes on from its parent's count, a spawned child starts again at 1)
+their ids collide: the later processes' op ids -- and every op id that refers to
+them -- are shifted past the earlier ones' (``RankLinker.process_shifts``), and that
+rank's parts are merged, so no reader sees the parts' own numbering.  Parts of a
 process killed mid-write are never half-read: they are renamed into place only
 when complete.
 """
@@ -61,8 +66,9 @@ LINKED = ("kernel", "memcpy", "memset", "api")
 KEEP_PARTS = 8  # per kind and rank: up to this many parts are kept, more are merged into one file
 
 
-def _external(run_dir: Path) -> dict[int, pa.Table]:
-    """Per rank: all (pid, correlation, external_id) records of the live capture."""
+def _external(run_dir: Path, shifts: dict[int, dict[int, int]]) -> dict[int, pa.Table]:
+    """Per rank: all (pid, correlation, external_id) records of the live capture (the external
+    id is an op id of the process: shifted as its ops are, ``shifts``)."""
     out: dict[int, list[pa.Table]] = {}
     d = run_dir / EXTERNAL
     if d.is_dir():
@@ -70,10 +76,52 @@ def _external(run_dir: Path) -> dict[int, pa.Table]:
             m = _PART_RE.match(p.name)
             if m:
                 try:
-                    out.setdefault(int(m.group(1)), []).append(read_part(p, None, run_dir))
+                    t = read_part(p, None, run_dir)
                 except InputError:
                     continue
+                shift = shifts.get(int(m.group(1)), {}).get(int(m.group(2)), 0)
+                if shift and "external_id" in t.column_names and t.num_rows:
+                    import pyarrow.compute as pc
+
+                    i = t.schema.get_field_index("external_id")
+                    t = t.set_column(i, "external_id", pc.add(t["external_id"].cast(pa.int64()), shift))
+                out.setdefault(int(m.group(1)), []).append(t)
     return {r: pa.concat_tables(ts) for r, ts in out.items()}
+
+
+def _op_shifts(run_dir: Path, cache: dict[Path, pa.Table]) -> dict[int, dict[int, int]]:
+    """Per rank whose processes' op ids collide: per pid, what its op ids get added
+    (``RankLinker.process_shifts``).  The op parts of such ranks are read here once and kept in
+    ``cache`` for their merge; a rank of one process reads nothing."""
+    by_rank: dict[int, dict[int, list[Path]]] = {}
+    d = run_dir / "op"
+    if d.is_dir():
+        for p in d.iterdir():
+            m = _PART_RE.match(p.name)
+            if m:
+                by_rank.setdefault(int(m.group(1)), {}).setdefault(int(m.group(2)), []).append(p)
+    out: dict[int, dict[int, int]] = {}
+    for rank, pids in by_rank.items():
+        if len(pids) < 2:
+            continue
+        from pastaprof.processor.link import RankLinker
+
+        ops: dict[int, list[pa.Table]] = {}
+        for pid, parts in pids.items():
+            for p in parts:
+                try:
+                    cache[p] = read_part(p, "op", run_dir)
+                except InputError:
+                    continue
+                ops.setdefault(pid, []).append(cache[p])
+        shifts = RankLinker.process_shifts(ops)
+        if shifts:
+            out[rank] = shifts
+        else:  # kept as they are: not merged, not read again
+            for parts in pids.values():
+                for p in parts:
+                    cache.pop(p, None)
+    return out
 
 
 def _link(t: pa.Table, ext: pa.Table | None) -> pa.Table:
@@ -134,8 +182,10 @@ def _read_metas(run_dir: Path) -> list[dict[str, Any]]:
     return metas
 
 
-def _compact_kind(d: Path, kind: str, external: dict[int, Any], ranks: set[int], rows: dict[str, int]) -> None:
-    """One kind's parts into one file per rank (re-linked where ``external`` has the rank)."""
+def _compact_kind(d: Path, kind: str, external: dict[int, Any], ranks: set[int], rows: dict[str, int],
+                  shifts: dict[int, dict[int, int]], cache: dict[Path, pa.Table]) -> None:
+    """One kind's parts into one file per rank (re-linked where ``external`` has the rank; op
+    ids of the rank's later processes shifted where ``shifts`` has it, ``cache``: parts read)."""
     by_rank: dict[int, list[Path]] = {}
     for p in d.iterdir():
         m = _PART_RE.match(p.name)
@@ -145,7 +195,7 @@ def _compact_kind(d: Path, kind: str, external: dict[int, Any], ranks: set[int],
             p.unlink(missing_ok=True)  # a part whose writer died before the rename
     for rank, parts in sorted(by_rank.items()):
         ranks.add(rank)
-        if len(parts) <= KEEP_PARTS and not (kind in LINKED and rank in external):
+        if len(parts) <= KEEP_PARTS and not (kind in LINKED and rank in external) and rank not in shifts:
             # a few parts stay as they are (readers take every rank-*.parquet): merging
             # them was most of a short run's store time (20,000 tiny kernels: 67 ms);
             # one that cannot be read is dropped, as merging would skip it
@@ -162,9 +212,16 @@ def _compact_kind(d: Path, kind: str, external: dict[int, Any], ranks: set[int],
         tables = []
         for p in sorted(parts):
             try:
-                tables.append(read_part(p, kind, d.parent))
+                t = cache.pop(p) if p in cache else read_part(p, kind, d.parent)
             except InputError:
                 continue
+            m = _PART_RE.match(p.name)
+            shift = shifts.get(rank, {}).get(int(m.group(2)), 0) if m else 0
+            if shift:
+                from pastaprof.processor.link import shift_op_ids
+
+                t = shift_op_ids(kind, t, shift)
+            tables.append(t)
         if tables:
             t = pa.concat_tables(tables).sort_by([("start_ns", "ascending")])
             t = _link(t, external.get(rank))
@@ -221,11 +278,14 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
     # Re-linking reads every GPU-activity part again; it is needed only where a process saw a
     # correlation record after it had stored the kernel it belongs to, or died before saying.
     relink = not metas or any(m.get("relink_needed", True) for m in metas)
-    external = _external(run_dir) if relink else {}
+    cache: dict[Path, pa.Table] = {}
+    shifts = _op_shifts(run_dir, cache)  # a rank's processes each number their ops: made unique
+    external = _external(run_dir, shifts) if relink else {}
     for kind in KINDS:
         d = run_dir / kind
         if d.is_dir():
-            _compact_kind(d, kind, external, ranks, rows)
+            _compact_kind(d, kind, external, ranks, rows, shifts, cache)
+    cache.clear()
     manifest = _manifest(metas, ranks, rows, command, exit_code, wall_seconds)
     manifest["capture_overhead"]["compact_seconds"] = round(time.perf_counter() - t0, 6)
     (run_dir / MANIFEST).write_bytes(_dumps(manifest))
