@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 # A suite started in the background by a shell without job control inherits SIGINT and SIGQUIT
-# ignored (POSIX), and every program a test starts would too: the signal tests compare with what
-# a program started from a terminal does, so the suite's processes start from the defaults.
-for _sig, _default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQUIT, signal.SIG_DFL)):
+# ignored (POSIX), one started under nohup SIGHUP, and every program a test starts would too: the
+# signal tests compare with what a program started from a terminal does, so the suite's processes
+# start from the defaults.
+for _sig, _default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQUIT, signal.SIG_DFL),
+                       (signal.SIGHUP, signal.SIG_DFL)):
     if signal.getsignal(_sig) == signal.SIG_IGN:
         signal.signal(_sig, _default)
 
