@@ -9,8 +9,10 @@ become columns in cupti_records.py, off the application's thread.  Timestamps
 are CUPTI ns, which share ``time.time_ns()``'s clock (verified on the H200 to
 ~2 us).
 
-Launch-call rows are kept only for launch, copy, memset and synchronize calls
-(what correlation and the timeline need) -- see docs/benchmarks.md.
+Launch-call rows are kept only for launch, copy, memset, synchronize and stream-wait calls
+(what correlation and the timeline need) -- see docs/benchmarks.md.  With the launch callbacks,
+the synchronize and stream-wait calls' rows also give the sync rows (``sync_type``; the native
+injection library maps names the same way in C, inject_callbacks.c's ``pp_sync_type``).
 """
 
 from __future__ import annotations
