@@ -65,6 +65,14 @@ def example_run():
     return pastaprof.load(pastaprof.example_path())
 
 
+def libcupti_file() -> str | None:
+    """The system libcupti the injection library would load, where that file exists."""
+    from pastaprof import native
+
+    path = native.system_libcupti()
+    return path if path and Path(path).exists() else None
+
+
 def selftest_driver(tmp_path_factory, name: str, source: str) -> tuple[Path, Path]:
     """A C driver of the injection library's selftest entry points (``source``), built beside a
     fresh build of the library: (driver, library)."""

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import injection_env, selftest_driver
+from conftest import injection_env, libcupti_file, selftest_driver
 
 from pastaprof import native
 from pastaprof.handlers import native_program as npg
@@ -80,18 +80,13 @@ int main(int argc, char** argv) {
 """
 
 
-def _libcupti() -> str | None:
-    path = native.system_libcupti()
-    return path if path and Path(path).exists() else None
-
-
 @pytest.fixture(scope="module")
 def prog(tmp_path_factory) -> tuple[Path, Path]:
     return selftest_driver(tmp_path_factory, "callbacks", PROG)
 
 
 def _run(prog, out: Path, how: str, **extra: str) -> subprocess.CompletedProcess:
-    cupti = _libcupti()
+    cupti = libcupti_file()
     if cupti is None:
         pytest.skip("no libcupti on this machine (CUPTI's cbid names)")
     env = injection_env(out, PASTAPROF_NATIVE_CUPTI=cupti, **extra)
@@ -194,7 +189,7 @@ def test_mechanism_said_in_the_header_and_the_run(prog, tmp_path):
         assert "cuptiSubscribe" in status["native_note"]
     # through `pastaprof run`: run.json's process says which mechanism recorded its API calls
     out = tmp_path / "run"
-    env = injection_env(tmp_path, PASTAPROF_NATIVE_CUPTI=_libcupti())
+    env = injection_env(tmp_path, PASTAPROF_NATIVE_CUPTI=libcupti_file())
     env.pop("PASTAPROF_OUT")
     r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "--out", str(out), "--", str(prog[0]),
                         str(prog[1]), "exit"], capture_output=True, text=True, env=env, timeout=120)

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import injection_env, selftest_driver
+from conftest import injection_env, libcupti_file, selftest_driver
 
 from pastaprof import native
 
@@ -35,11 +35,6 @@ int main(int argc, char** argv) {
 
 ALL = {"PASTAPROF_NATIVE_ZEROED": "1", "PASTAPROF_NATIVE_PINNED": "1", "PASTAPROF_NATIVE_DEVBUF_MB": "32",
        "PASTAPROF_NATIVE_DEVBUF_PRE": "4", "PASTAPROF_NATIVE_PERTHREAD": "0"}
-
-
-def _libcupti() -> str | None:
-    path = native.system_libcupti()
-    return path if path and Path(path).exists() else None
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +68,9 @@ def test_zeroed_buffers_fresh_and_reused(prog, tmp_path):
     assert meta["stats"]["written"] == 25  # records unchanged by the knob
 
 
-@pytest.mark.skipif(_libcupti() is None, reason="needs a libcupti")
+@pytest.mark.skipif(libcupti_file() is None, reason="needs a libcupti")
 def test_each_knob_reaches_cuptiActivitySetAttribute(prog, tmp_path):
-    out, meta = _run(prog, tmp_path, PASTAPROF_NATIVE_CUPTI=_libcupti(), **ALL)
+    out, meta = _run(prog, tmp_path, PASTAPROF_NATIVE_CUPTI=libcupti_file(), **ALL)
     assert out == "selftest 0 buffers 0"
     said = meta["knobs"].split("; ")
     assert [s.split(" ")[0] for s in said] == [f"{k}={v}" for k, v in ALL.items()]
