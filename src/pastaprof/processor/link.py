@@ -291,9 +291,10 @@ class RankLinker:
 
 
 #: Per kind, the columns that hold op ids (``op.external_id`` too where it equals the op's id,
-#: as live captures store it).
+#: as live captures store it; ``external``: a live capture's external-correlation records, whose
+#: external id is the op's id).
 OP_ID_COLUMNS = {"op": ("id", "parent_id"), "api": ("op_id",), "kernel": ("op_id",), "memcpy": ("op_id",),
-                 "memset": ("op_id",), "collective": ("op_id",)}
+                 "memset": ("op_id",), "collective": ("op_id",), "external": ("external_id",)}
 
 
 def shift_op_ids(kind: str, t: pa.Table, shift: int) -> pa.Table:

@@ -80,11 +80,10 @@ def _external(run_dir: Path, shifts: dict[int, dict[int, int]]) -> dict[int, pa.
                 except InputError:
                     continue
                 shift = shifts.get(int(m.group(1)), {}).get(int(m.group(2)), 0)
-                if shift and "external_id" in t.column_names and t.num_rows:
-                    import pyarrow.compute as pc
+                if shift:
+                    from pastaprof.processor.link import shift_op_ids
 
-                    i = t.schema.get_field_index("external_id")
-                    t = t.set_column(i, "external_id", pc.add(t["external_id"].cast(pa.int64()), shift))
+                    t = shift_op_ids("external", t, shift)
                 out.setdefault(int(m.group(1)), []).append(t)
     return {r: pa.concat_tables(ts) for r, ts in out.items()}
 
