@@ -16,7 +16,10 @@ shows in wall but not in CPU is waiting, not work); the report gives the median 
 ratio to bare.  For pastaprof variants the exit cost is the wall time from the script's last
 step to `pastaprof run` returning with the run stored, less the same span of the bare process
 (interpreter teardown), and per 100,000 stored events.  ``--budget-s`` starts no round that
-would not end within it (the device tool's 10-minute command limit).
+would not end within it (the device tool's 10-minute command limit).  ``--pin gpu`` (the default)
+runs every process on the GPU's NUMA-local CPUs (bench/host_cpus.py), so that where the scheduler
+puts a fresh process is not part of the comparison; each process also records the host's steal
+time while it ran (a VM's noisy neighbours), reported per variant.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from host_cpus import gpu_local_cpus, steal_jiffies  # noqa: E402
+
 PP_FLAGS = {"pastaprof": [], "pastaprof_all": ["--shapes", "all"], "pastaprof_none": ["--no-shapes"],
             "pastaprof_noflush": [], "pastaprof_nomodules": [], "pastaprof_nosites": ["--no-call-sites"],
             "pastaprof_noops": [], "pastaprof_nocupti": [], "pastaprof_nothing": [], "pastaprof_idle": [],
@@ -87,14 +93,17 @@ def one(workload: str, variant: str, out: Path, steps: int, warmup: int) -> dict
     if variant in PP_FLAGS:
         run_dir = out / f"run-{workload}-{variant}-{time.time_ns()}"
         cmd = [sys.executable, "-m", "pastaprof.cli", "run", "-o", str(run_dir), *PP_FLAGS[variant], "--", *cmd]
+    steal0 = steal_jiffies()
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **PP_ENV.get(variant, {})})
     t_return = time.time()
+    steal = steal_jiffies() - steal0
     if r.returncode != 0:
         raise RuntimeError(f"{workload} {variant} failed ({r.returncode}): {r.stderr[-1500:]}")
     res = json.loads(js.read_text())
     rec = {"step_s": statistics.median(res["steps"]), "exit_s": t_return - res["t_end"], "stop_s": res["stop_s"],
            "cpu_step_s": statistics.median(res.get("cpu_steps") or [0.0]), "steps": res["steps"],
-           "cpu_steps": res.get("cpu_steps")}
+           "cpu_steps": res.get("cpu_steps"), "steal_jiffies": steal,
+           "threads_cpu_s": res.get("threads_cpu_s")}
     if run_dir is not None:
         m = json.loads((run_dir / "run.json").read_text())
         rec["events"] = sum(m.get("rows", {}).values())
@@ -124,7 +133,9 @@ def summarize(rounds: list[dict], variants: list[str]) -> dict:
         cpu = statistics.median(r[v]["cpu_step_s"] for r in rounds)
         s[v] = {"step_ms": round(1e3 * step, 2), "x": round(step / bare, 3),
                 "per_round_x": [round(r[v]["step_s"] / r["bare"]["step_s"], 3) for r in rounds],
-                "cpu_ms": round(1e3 * cpu, 2), "cpu_x": round(cpu / bare_cpu, 3) if bare_cpu else None}
+                "cpu_ms": round(1e3 * cpu, 2), "cpu_x": round(cpu / bare_cpu, 3) if bare_cpu else None,
+                "min_x": round(statistics.median(min(r[v]["steps"]) / min(r["bare"]["steps"]) for r in rounds), 3),
+                "steal_jiffies": [r[v].get("steal_jiffies") for r in rounds]}
         if v in PP_FLAGS:
             exit_s = statistics.median(r[v]["exit_s"] for r in rounds) - bare_exit
             events = statistics.median(r[v]["events"] for r in rounds)
@@ -149,7 +160,14 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=0, help="start no round past this many seconds")
     ap.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp())
+    ap.add_argument("--pin", choices=["gpu", "none"], default="gpu",
+                    help="gpu: run every process on the GPU's NUMA-local CPUs; none: wherever the scheduler puts it")
     a = ap.parse_args()
+    if a.pin == "gpu":
+        cpus = gpu_local_cpus()
+        if cpus:
+            os.sched_setaffinity(0, cpus)  # the processes started below inherit it
+        print(f"pinned to CPUs {sorted(cpus)}" if cpus else "not pinned: the GPU's local CPUs are unknown", flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0, summary = time.time(), {}

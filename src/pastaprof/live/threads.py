@@ -38,6 +38,7 @@ class HiddenThread:
         self.ident = _thread.get_ident()
         native = threading.get_native_id()
         _running[native] = self.name
+        _name_os_thread(self.name)
         try:
             self._target(*self._args)
         except BaseException:  # noqa: BLE001 -- a capture failure never reaches the program's hooks
@@ -52,6 +53,19 @@ class HiddenThread:
     def join(self, timeout: float | None = None) -> None:
         if self._pid == os.getpid():  # a forked child has none of its parent's threads
             self._done.wait(timeout)
+
+
+def _name_os_thread(name: str) -> None:
+    """Give the running thread an OS name ("pastaprof-flush" -> "pp-flush": 15 bytes at most),
+    so that ``top -H``, ``ps -L`` and /proc/PID/task/*/comm tell the capture's threads from the
+    program's."""
+    try:
+        import ctypes
+
+        short = "pp-" + name.removeprefix("pastaprof-")
+        ctypes.CDLL(None).prctl(15, short.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 def start(target: Callable[..., Any], name: str, args: tuple = ()) -> HiddenThread:

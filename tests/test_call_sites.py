@@ -1,0 +1,76 @@
+"""Call sites of ops: the innermost frame outside torch and pastaprof, read from the
+interpreter's own frame records (native/torch_inputs.cpp), in the shapes Python code takes:
+a script's top level, a function, a generator, a method of a user's module, code reached
+through functools and contextlib, and ops run from inside torch.nn modules."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+
+import pytest
+
+import pastaprof
+
+torch = pytest.importorskip("torch")
+
+APP = textwrap.dedent('''\
+    import contextlib, functools, torch
+    x = torch.ones(4)
+    y = torch.neg(x)                                    # line 3: top level
+    def helper(t):
+        return torch.sin(t)                             # line 5: a function
+    def gen(t):
+        for _ in range(2):
+            yield torch.cos(t)                          # line 8: a generator
+    class Mine(torch.nn.Module):
+        def forward(self, t):
+            return torch.tanh(t) + 1                    # line 11: a user's module
+    mine, relu = Mine(), torch.nn.ReLU()
+    helper(x)
+    list(gen(x))
+    mine(x)
+    functools.partial(helper, x)()                      # through functools: still line 5
+    @contextlib.contextmanager
+    def ctx():
+        yield torch.exp(x)                              # line 19: inside a context manager
+    with ctx():
+        pass
+    seq = torch.nn.Sequential(torch.nn.Sequential(relu))
+    for _ in range(3):
+        seq(x)                                          # line 24: ops inside torch.nn modules
+    print("ok")
+''')
+
+
+def test_call_sites_are_the_innermost_user_frame(tmp_path):
+    app = tmp_path / "sites_app.py"
+    app.write_text(APP)
+    env = dict(os.environ, PASTAPROF_FLUSH_MS="200")
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(tmp_path / "run"), "--", sys.executable,
+                        str(app)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "ok\n"
+    ops = pastaprof.load(tmp_path / "run").table("op").to_pylist()
+    if pastaprof.load(tmp_path / "run").manifest["processes"][0]["handlers"]["torch"]["mechanism"] != "native":
+        pytest.skip("the native op observer is not built here")
+    top = Counter((o["name"], o["call_site"]) for o in ops if o["parent_id"] is None)
+    site = f"{app}({{}}): {{}}".format
+    assert top[("aten::neg", site(3, "<module>"))] == 1
+    assert top[("aten::sin", site(5, "helper"))] == 2  # called directly and through functools.partial
+    assert top[("aten::cos", site(8, "gen"))] == 2
+    assert top[("aten::tanh", site(11, "forward"))] == 1
+    assert top[("aten::add", site(11, "forward"))] == 1
+    assert top[("aten::exp", site(19, "ctx"))] == 1
+    assert top[("aten::relu", site(24, "<module>"))] == 3
+    # nested ops take their top-level op's site
+    by_id = {o["id"]: o for o in ops}
+    for o in ops:
+        if o["parent_id"] is not None:
+            root = o
+            while root["parent_id"] is not None:
+                root = by_id[root["parent_id"]]
+            assert o["call_site"] == root["call_site"], (o["name"], root["name"])
