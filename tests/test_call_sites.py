@@ -74,3 +74,48 @@ def test_call_sites_are_the_innermost_user_frame(tmp_path):
             while root["parent_id"] is not None:
                 root = by_id[root["parent_id"]]
             assert o["call_site"] == root["call_site"], (o["name"], root["name"])
+
+
+MODULES_APP = textwrap.dedent('''\
+    import torch
+    from torch.nn.modules import module as nn_module
+    class A(torch.nn.Module):
+        def forward(self, x):
+            return torch.sin(x)
+    class B(A):
+        pass
+    x = torch.ones(2)
+    for i in range(40):
+        (A if i % 2 else B)()(x)                        # a temporary module each time
+    shared = torch.nn.Tanh()
+    outer = torch.nn.Sequential(torch.nn.Sequential(shared), torch.nn.Sequential(torch.nn.ReLU(), shared))
+    outer(x)
+    hooks = len(nn_module._global_forward_pre_hooks) + len(nn_module._global_forward_hooks)
+    print("ok", hooks)
+''')
+
+
+def test_module_paths_read_from_frames_register_no_hook(tmp_path):
+    """On CPython 3.11-3.13 the native observer reads module paths from the frames of torch's
+    Module._call_impl: no global hook is registered (module calls keep torch's fast path), a
+    module shared by two parents has one path under each, and a dead module's address reused by
+    a new module does not lend it the dead one's name."""
+    app = tmp_path / "modules_app.py"
+    app.write_text(MODULES_APP)
+    env = dict(os.environ, PASTAPROF_FLUSH_MS="200")
+    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(tmp_path / "run"), "--", sys.executable,
+                        str(app)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    run = pastaprof.load(tmp_path / "run")
+    torch_stats = run.manifest["processes"][0]["handlers"]["torch"]
+    if torch_stats["mechanism"] != "native" or not (3, 11) <= sys.version_info[:2] <= (3, 13):
+        pytest.skip("module paths come from hooks here")
+    assert torch_stats["module_paths"] == "frames"
+    assert r.stdout == "ok 0\n"
+    ops = run.table("op").to_pylist()
+    sins = [o["module"] for o in ops if o["name"] == "aten::sin"]
+    assert len(sins) == 40 and len(set(sins)) == 40  # each temporary module its own name
+    assert [m.rsplit("_", 1)[0] for m in sins] == ["A" if i % 2 else "B" for i in range(40)]
+    assert sorted(o["module"] for o in ops if o["name"] == "aten::tanh") == [
+        "Sequential_0/Sequential_1/Tanh_0", "Sequential_0/Sequential_2/Tanh_0"]
+    assert [o["module"] for o in ops if o["name"] == "aten::relu"] == ["Sequential_0/Sequential_2/ReLU_0"]

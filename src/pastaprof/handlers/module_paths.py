@@ -1,7 +1,13 @@
 """Module paths of ops ("Sequential_0/Bottleneck_3/Conv2d_7"), kept per thread around
 every ``nn.Module`` call.
 
-The bookkeeping runs from PyTorch's own global module hooks
+With the native observer on CPython 3.11-3.13 the paths are read, not kept: at each top-level
+op the observer walks the interpreter's frames (native/torch_frames.cpp, the walk that finds the
+call site) and takes the module of every ``Module._call_impl`` frame on the way.  No hook is
+registered, so module calls keep torch's fast path; ``_new_path`` names each new (parent path,
+module) pair when the walk first meets it, and ``_forget`` tells the library when a module died.
+
+Otherwise the bookkeeping runs from PyTorch's own global module hooks
 (``register_module_forward_pre_hook`` / ``register_module_forward_hook(always_call=True)``):
 ``nn.Module.__call__`` stays torch's own function, so whatever introspects it (torch.profiler's
 stack tracer, torch.compile, FSDP, ``inspect.signature``, pickling by qualified name, identity
@@ -59,12 +65,18 @@ class ModulePaths:
         self._post_kw: dict[str, bool] = {}
         self._handles: list[Any] = []
         self._ours: set[int] = set()  # ids of the registered hooks (the compile warning skips them)
+        self.from_frames = False  # paths read by the native observer's frame walk (no hooks)
+        self.mechanism = "off"  # how paths were kept: "frames" or "hooks", once installed
 
     def install(self, torch: Any) -> list[Any]:
         """Register the global forward pre/post hooks; returns handles (``.remove()``) that
         unregister them and restore the quieted compile warning (``_quiet_compile_warning``)."""
         from torch.nn.modules import module as nn_module
 
+        if self._read_from_frames(nn_module):
+            self.mechanism = "frames"
+            return [_FramesOff(self)]
+        self.mechanism = "hooks"
         compiler = getattr(torch, "compiler", None)
         compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
         self._nn, self._hook_pair = nn_module, self.hooks(compiling)
@@ -72,6 +84,20 @@ class ModulePaths:
             self._post_kw = {"always_call": True}
         self._register()
         return [_Unregister(self), *_quiet_compile_warning(nn_module, self._ours)]
+
+    def _read_from_frames(self, nn_module: Any) -> bool:
+        """Hand module paths to the native observer's frame walk, where it can read frames."""
+        code = getattr(getattr(nn_module.Module, "_call_impl", None), "__code__", None)
+        if self.native is None or code is None or "self" not in code.co_varnames[:1]:
+            return False
+
+        def name(parent: int, module: Any) -> int:
+            key = (parent, id(module))
+            path = self._paths.get(key)
+            return path if path is not None else self._new_path(key, module)
+
+        self.from_frames = bool(self.native.module_frames(code, name))
+        return self.from_frames
 
     def set_gate(self, open_: bool) -> None:
         """The session's gate at the source: closed, the hooks record nothing, and are
@@ -198,6 +224,8 @@ class ModulePaths:
         for key in keys:
             self._paths.pop(key, None)
         self._names.pop(mid, None)
+        if self.from_frames:
+            self.native.forget_module(mid)
 
 
 def _dynamo_traced() -> bool:
@@ -216,6 +244,16 @@ class _Unregister:
     def remove(self) -> None:
         self.paths._unregister()
         self.paths._nn = None  # a later set_gate registers nothing
+
+
+class _FramesOff:
+    def __init__(self, paths: ModulePaths) -> None:
+        self.paths = paths
+
+    def remove(self) -> None:
+        if self.paths.from_frames:
+            self.paths.native.module_frames(None, None)
+            self.paths.from_frames = False
 
 
 class _Restore:

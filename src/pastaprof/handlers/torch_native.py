@@ -102,6 +102,15 @@ class NativeOps:
             i = self._path_ids[text] = self.lib.pp_obs_intern(text.encode("utf-8", "replace"))
         return i
 
+    def module_frames(self, call_code: Any, namer: Any) -> bool:
+        """Module paths read from the frames of ``call_code`` (torch's ``Module._call_impl``)
+        at each top-level op, new (parent path, module) pairs named by ``namer``; None, None
+        turns it off.  False where the library cannot read frames (the hooks stay)."""
+        return self.lib.pp_obs_module_frames(call_code, namer) == 0
+
+    def forget_module(self, module_id: int) -> None:
+        self.lib.pp_obs_forget_module(module_id)
+
     def module_cell(self) -> ctypes.c_int32:
         """The calling thread's current module path id, as a writable ctypes cell."""
         return ctypes.c_int32.from_address(self.lib.pp_obs_module_cell())

@@ -361,7 +361,8 @@ class TorchHandler(Handler, Gated):
         return {"tensors": err} if err else {}
 
     def stats(self) -> dict[str, Any]:
-        return {**super().stats(), "gate_changes": self.gate_changes, "shapes": self.shapes_summary}
+        return {**super().stats(), "gate_changes": self.gate_changes, "shapes": self.shapes_summary,
+                "module_paths": self._modules.mechanism}
 
     def stop(self) -> None:
         self._installed = False

@@ -10,8 +10,8 @@ pybind11 and a short build):
 * ``inject.c``: the injection library for native CUDA programs (``CUDA_INJECTION64_PATH``),
   which writes CUPTI's records to raw files that handlers/native_program.py reads.
 * ``torch_observer.cpp`` (op rows), ``torch_sampling.cpp`` (which ops' inputs are boxed),
-  ``torch_inputs.cpp`` (shapes, dtypes, input pointers,
-  call sites) and ``torch_memory.cpp`` (with CUDA, a caching-allocator trace tracker): one
+  ``torch_inputs.cpp`` (shapes, dtypes, input pointers), ``torch_frames.cpp`` (call sites and
+  module paths) and ``torch_memory.cpp`` (with CUDA, a caching-allocator trace tracker): one
   library, a global RecordFunction observer for PyTorch ops.  Built against the installed torch.
 
 Builds go to ``$PASTAPROF_CACHE`` (default ``~/.cache/pastaprof``), one directory per
@@ -183,8 +183,8 @@ def _torch_args() -> tuple[list[str], bool]:
 
 def build_torch() -> tuple[Path, bool]:
     args, cuda = _torch_args()
-    sources = [HERE / "torch_observer.cpp", HERE / "torch_inputs.cpp", HERE / "torch_memory.cpp",
-               HERE / "torch_sampling.cpp"]
+    sources = [HERE / "torch_observer.cpp", HERE / "torch_inputs.cpp", HERE / "torch_frames.cpp",
+               HERE / "torch_memory.cpp", HERE / "torch_sampling.cpp"]
     # the shared header's hash in the flags: the build cache is keyed by sources and flags
     args = [*args, f"-DPP_OBS_HASH={_hash(HERE / 'torch_observer.h')}"]
     return _build("pastaprof_torch", sources, args, cpp=True), cuda

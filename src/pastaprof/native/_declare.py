@@ -20,6 +20,10 @@ def declare_torch(lib: Any) -> None:
     lib.pp_obs_pause.argtypes = [c.c_int]
     lib.pp_obs_pause.restype = None
     lib.pp_obs_module_cell.restype = c.c_void_p
+    lib.pp_obs_module_frames.argtypes = [c.py_object, c.py_object]
+    lib.pp_obs_module_frames.restype = c.c_int
+    lib.pp_obs_forget_module.argtypes = [c.c_void_p]
+    lib.pp_obs_forget_module.restype = None
     lib.pp_obs_dropped.restype = c.c_int64
     lib.pp_obs_take.restype = c.c_int64
     lib.pp_obs_pending.restype = c.c_int64

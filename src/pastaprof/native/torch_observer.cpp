@@ -345,11 +345,11 @@ std::unique_ptr<at::ObserverContext> on_enter_impl(const at::RecordFunction& fn)
     fr.module = hit ? s.module : -1;
     fr.site = hit ? s.site : -1;
   } else if (parent) {
-    fr.module = parent->bwd ? parent->module : ts.module;
+    fr.module = parent->bwd || modules_from_frames() ? parent->module : ts.module;
     fr.site = parent->site;
   } else {
     fr.module = ts.module;
-    fr.site = g_sites ? call_site() : -1;
+    where_from(g_sites, &fr.site, &fr.module);
   }
   if (g_inputs && function) sampler_signature(fr.name, fr.site, boxed);
   if (!fr.bwd && fr.seq >= 0) {

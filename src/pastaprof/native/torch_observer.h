@@ -1,5 +1,5 @@
 // Shared by the pastaprof_torch library's parts: torch_observer.cpp (the op rows, the
-// interned strings), torch_inputs.cpp (what an op was called with and from where),
+// interned strings), torch_inputs.cpp (what an op was called with), torch_frames.cpp (from where),
 // torch_memory.cpp (allocator events) and torch_sampling.cpp (which ops' inputs are boxed).
 #pragma once
 
@@ -22,8 +22,12 @@ inline int64_t now_ns() {
 // torch_observer.cpp: the id of `s` in the library's string table (thread-safe).
 int32_t intern(const std::string& s);
 
-// torch_inputs.cpp.  The call site's string id, or -1 (takes the GIL; top-level ops only).
-int32_t call_site();
+// torch_frames.cpp (top-level ops only; takes the GIL).  The call site's string id, or -1 (when
+// `sites`), and, while module paths come from frames, the module path's id into *module
+// (left as it is otherwise: the global module hooks' path).
+void where_from(bool sites, int32_t* site, int32_t* module);
+bool modules_from_frames();
+// torch_inputs.cpp.
 // The ids of the op's input shapes and dtypes strings (cached per signature and thread).
 void inputs_of(const at::RecordFunction& fn, int32_t* shapes, int32_t* dtypes);
 // Appends the data pointer of each input (0 for non-tensors) to `out`.
