@@ -5,8 +5,8 @@
 // every module call down torch's slow path (~2 us a call; bench/module_hooks.py).
 #include <Python.h>
 #include <frameobject.h>
-// CPython 3.11-3.13: the interpreter's own frame records (see where_from_frames)
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(PP_SLOW_FRAMES)
+// CPython 3.11-3.13 with the GIL: the interpreter's own frame records (see where_from_frames)
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED) && !defined(PP_SLOW_FRAMES)
 #define PP_FAST_FRAMES 1
 #define Py_BUILD_CORE
 #include <internal/pycore_frame.h>
