@@ -14,7 +14,11 @@ Variants, interleaved ``--repeat`` times, median per variant:
   hooks recording and with them gated.
 
 Prints microseconds per module call (``*_us``, minus bare) and step milliseconds.  With
-``--native`` the hooks write the native observer's module cell (needs the C++ build).
+``--native`` the hooks write the native observer's module cell (needs the C++ build), and three
+more steps run with the native op observer recording (default sampled shapes, call sites):
+``step_observer`` without module paths, ``step_observer_hooks`` with the hooks keeping them, and
+``step_observer_frames`` with the observer reading them from the interpreter's frames (CPython
+3.11-3.13; handlers/module_paths.py).
 """
 
 from __future__ import annotations
@@ -72,6 +76,35 @@ def _wrapper(paths: ModulePaths) -> object:
     return call
 
 
+def _hooked(native: object) -> ModulePaths:
+    """ModulePaths that keep paths with the global hooks even where frames could be read."""
+    paths = ModulePaths(native)
+    paths._read_from_frames = lambda _nn_module: False
+    return paths
+
+
+def _observed_steps(native, name: str, net, xs, opt) -> float:
+    """Steps with the native op observer recording, module paths per ``name``."""
+    from pastaprof.handlers.torch_native import SAMPLE_CHASE, SAMPLE_PERIOD, SAMPLE_WINDOW
+
+    lib = native.lib
+    lib.pp_obs_sampling(2, 1, SAMPLE_PERIOD, SAMPLE_WINDOW, SAMPLE_CHASE)
+    lib.pp_obs_start(None, None, 0, 3, 1)
+    handles = []
+    if name != "step_observer":
+        paths = _hooked(native) if name.endswith("hooks") else ModulePaths(native)
+        handles = paths.install(torch)
+        if name.endswith("frames") and paths.mechanism != "frames":
+            raise SystemExit("module paths cannot be read from frames on this Python")
+    try:
+        return _steps(net, xs, opt)
+    finally:
+        for h in handles:
+            h.remove()
+        native.drain()
+        lib.pp_obs_stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=7)
@@ -92,7 +125,7 @@ def main() -> None:
     for _ in range(a.repeat):
         res.setdefault("bare", []).append(_calls(m, x, a.calls))
         res.setdefault("step_bare", []).append(_steps(net, xs, opt))
-        paths = ModulePaths(native)
+        paths = _hooked(native)
         handles = paths.install(torch)
         res.setdefault("hooks_open", []).append(_calls(m, x, a.calls))
         res.setdefault("step_hooks_open", []).append(_steps(net, xs, opt))
@@ -104,17 +137,22 @@ def main() -> None:
         res.setdefault("step_hooks_removed", []).append(_steps(net, xs, opt))
         for h in handles:
             h.remove()
-        torch.nn.Module.__call__ = _wrapper(ModulePaths(native))
+        torch.nn.Module.__call__ = _wrapper(_hooked(native))
         try:
             res.setdefault("wrapper", []).append(_calls(m, x, a.calls))
             res.setdefault("step_wrapper", []).append(_steps(net, xs, opt))
         finally:
             torch.nn.Module.__call__ = original
+        if native is not None:
+            for name in ("step_observer", "step_observer_hooks", "step_observer_frames"):
+                res.setdefault(name, []).append(_observed_steps(native, name, net, xs, opt))
     med = {k: statistics.median(v) for k, v in res.items()}
     out = {"bare_call_us": round(med["bare"], 3)}
     for k in ("hooks_open", "hooks_gated", "hooks_removed", "wrapper"):
         out[f"{k}_us"] = round(med[k] - med["bare"], 3)
-    for k in ("step_bare", "step_hooks_open", "step_hooks_gated", "step_hooks_removed", "step_wrapper"):
+    steps = ("step_bare", "step_hooks_open", "step_hooks_gated", "step_hooks_removed", "step_wrapper",
+             "step_observer", "step_observer_hooks", "step_observer_frames")
+    for k in (k for k in steps if k in med):
         out[f"{k}_ms"] = round(med[k], 3)
         out[f"{k}_x"] = round(med[k] / med["step_bare"], 3)
     print(json.dumps(out))
