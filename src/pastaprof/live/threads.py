@@ -58,17 +58,34 @@ class HiddenThread:
 def _name_os_thread(name: str) -> None:
     """Give the running thread an OS name ("pastaprof-flush" -> "pp-flush": 15 bytes at most),
     so that ``top -H``, ``ps -L`` and /proc/PID/task/*/comm tell the capture's threads from the
-    program's."""
+    program's.  Calls only a function found by ``start`` on the starting thread: a new thread
+    imports nothing while the program's thread may be importing."""
+    if _prctl:
+        short = "pp-" + name.removeprefix("pastaprof-")
+        try:
+            _prctl[0](15, short.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+        except Exception:  # noqa: BLE001 -- only a name
+            pass
+
+
+_prctl: list[Any] = []  # libc's prctl, once found (empty where there is none)
+_prctl_looked = False
+
+
+def _find_prctl() -> None:
+    global _prctl_looked
+    _prctl_looked = True
     try:
         import ctypes
 
-        short = "pp-" + name.removeprefix("pastaprof-")
-        ctypes.CDLL(None).prctl(15, short.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+        _prctl.append(ctypes.CDLL(None).prctl)
     except (OSError, AttributeError):
         pass
 
 
 def start(target: Callable[..., Any], name: str, args: tuple = ()) -> HiddenThread:
+    if not _prctl_looked:
+        _find_prctl()
     th = HiddenThread(target, name, args)
     th.start()
     return th

@@ -225,7 +225,17 @@ void where_from_frames(PyThreadState*, bool, int32_t* site, int32_t*) {
 // Takes the GIL (the program's thread holds it already, as its Python code called the op);
 // a thread that never ran Python has neither a site nor a module call.
 void where_from_python(bool sites, int32_t* site, int32_t* module) {
-  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return;
+  if (!Py_IsInitialized()) return;
+  PyThreadState* mine = PyGILState_GetThisThreadState();
+  if (mine == nullptr) return;
+#if PP_FAST_FRAMES
+  // A thread that runs no Python code now -- the autograd engine's device threads, which keep
+  // a thread state for their Python hooks, run every backward op so -- has no site and no
+  // module call: said without taking the GIL, which such a thread would otherwise wait for
+  // once per top-level op while the program's thread (or a flush) runs Python.  Read without
+  // the GIL: only this thread changes its own frames, and it is inside an op.
+  if (innermost_frame(mine) == nullptr) return;
+#endif
 #if PY_VERSION_HEX >= 0x030D0000
   if (Py_IsFinalizing()) return;
 #else
