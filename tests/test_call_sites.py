@@ -46,16 +46,24 @@ APP = textwrap.dedent('''\
 ''')
 
 
-def test_call_sites_are_the_innermost_user_frame(tmp_path):
-    app = tmp_path / "sites_app.py"
-    app.write_text(APP)
+def _captured(tmp_path, source: str) -> tuple[subprocess.CompletedProcess, pastaprof.Run, dict]:
+    """``source`` run under ``pastaprof run``: the finished process, its run and its torch handler's stats."""
+    app = tmp_path / "app.py"
+    app.write_text(source)
     env = dict(os.environ, PASTAPROF_FLUSH_MS="200")
     r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(tmp_path / "run"), "--", sys.executable,
                         str(app)], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
+    run = pastaprof.load(tmp_path / "run")
+    return r, run, run.manifest["processes"][0]["handlers"]["torch"]
+
+
+def test_call_sites_are_the_innermost_user_frame(tmp_path):
+    r, run, torch_stats = _captured(tmp_path, APP)
+    app = tmp_path / "app.py"
     assert r.stdout == "ok\n"
-    ops = pastaprof.load(tmp_path / "run").table("op").to_pylist()
-    if pastaprof.load(tmp_path / "run").manifest["processes"][0]["handlers"]["torch"]["mechanism"] != "native":
+    ops = run.table("op").to_pylist()
+    if torch_stats["mechanism"] != "native":
         pytest.skip("the native op observer is not built here")
     top = Counter((o["name"], o["call_site"]) for o in ops if o["parent_id"] is None)
     site = f"{app}({{}}): {{}}".format
@@ -100,14 +108,7 @@ def test_module_paths_read_from_frames_register_no_hook(tmp_path):
     Module._call_impl: no global hook is registered (module calls keep torch's fast path), a
     module shared by two parents has one path under each, and a dead module's address reused by
     a new module does not lend it the dead one's name."""
-    app = tmp_path / "modules_app.py"
-    app.write_text(MODULES_APP)
-    env = dict(os.environ, PASTAPROF_FLUSH_MS="200")
-    r = subprocess.run([sys.executable, "-m", "pastaprof.cli", "run", "-o", str(tmp_path / "run"), "--", sys.executable,
-                        str(app)], capture_output=True, text=True, env=env)
-    assert r.returncode == 0, r.stderr
-    run = pastaprof.load(tmp_path / "run")
-    torch_stats = run.manifest["processes"][0]["handlers"]["torch"]
+    r, run, torch_stats = _captured(tmp_path, MODULES_APP)
     if torch_stats["mechanism"] != "native" or not (3, 11) <= sys.version_info[:2] <= (3, 13):
         pytest.skip("module paths come from hooks here")
     assert torch_stats["module_paths"] == "frames"
