@@ -147,8 +147,6 @@ inline bool skipped(_PyInterpreterFrame* f) {  // a C shim or a frame not yet st
   return _PyFrame_IsIncomplete(f);
 }
 
-thread_local std::vector<PyObject*> t_chain;            // module calls of one walk, innermost first
-
 int32_t path_of(int32_t parent, PyObject* module) {
   auto it = g_paths.find(PathKey{parent, module});
   if (it != g_paths.end()) return it->second;
@@ -173,14 +171,25 @@ PyObject* module_of(_PyInterpreterFrame* f) {
 // while module paths come from frames, the path of the module calls around it.
 void where_from_frames(PyThreadState* ts, bool sites, int32_t* site, int32_t* module) {
   const PyObject* call_code = g_call_code;
-  std::vector<PyObject*>& chain = t_chain;
-  chain.clear();
+  // The module calls met, innermost first: on this stack (a naming call into Python may reach
+  // an op, and so this function, again), on the heap past 64 levels.
+  constexpr size_t kLevels = 64;
+  PyObject* shallow[kLevels];
+  size_t n = 0;
+  std::vector<PyObject*> deep;
   for (_PyInterpreterFrame* f = innermost_frame(ts); f != nullptr; f = f->previous) {
     if (skipped(f)) continue;
     PyCodeObject* code = frame_code(f);
     if (code == nullptr) continue;
     if (reinterpret_cast<PyObject*>(code) == call_code) {
-      if (PyObject* m = module_of(f)) chain.push_back(m);
+      if (PyObject* m = module_of(f)) {
+        if (n < kLevels) {
+          shallow[n++] = m;
+        } else {
+          if (deep.empty()) deep.assign(shallow, shallow + kLevels);
+          deep.push_back(m);
+        }
+      }
       continue;
     }
     if (sites && *site < 0 && !is_library(code)) {
@@ -189,8 +198,10 @@ void where_from_frames(PyThreadState* ts, bool sites, int32_t* site, int32_t* mo
     }
   }
   if (call_code == nullptr) return;
+  PyObject* const* chain = deep.empty() ? shallow : deep.data();
+  size_t levels = deep.empty() ? n : deep.size();
   int32_t path = -1;
-  for (size_t i = chain.size(); i-- > 0;) path = path_of(path, chain[i]);
+  for (size_t i = levels; i-- > 0;) path = path_of(path, chain[i]);
   *module = path;
 }
 #else
