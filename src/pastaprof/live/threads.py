@@ -63,29 +63,27 @@ def _name_os_thread(name: str) -> None:
     if _prctl:
         short = "pp-" + name.removeprefix("pastaprof-")
         try:
-            _prctl[0](15, short.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+            _prctl(15, short.encode()[:15], 0, 0, 0)  # PR_SET_NAME
         except Exception:  # noqa: BLE001 -- only a name
             pass
 
 
-_prctl: list[Any] = []  # libc's prctl, once found (empty where there is none)
-_prctl_looked = False
+_prctl: Any = False  # libc's prctl once looked up (None where there is none)
 
 
-def _find_prctl() -> None:
-    global _prctl_looked
-    _prctl_looked = True
+def _find_prctl() -> Any:
     try:
         import ctypes
 
-        _prctl.append(ctypes.CDLL(None).prctl)
+        return ctypes.CDLL(None).prctl
     except (OSError, AttributeError):
-        pass
+        return None
 
 
 def start(target: Callable[..., Any], name: str, args: tuple = ()) -> HiddenThread:
-    if not _prctl_looked:
-        _find_prctl()
+    global _prctl
+    if _prctl is False:
+        _prctl = _find_prctl()
     th = HiddenThread(target, name, args)
     th.start()
     return th

@@ -279,11 +279,13 @@ int pp_obs_module_frames(PyObject* call_code, PyObject* namer) {
   PyGILState_STATE g = PyGILState_Ensure();
   if (call_code == Py_None) call_code = nullptr;  // ctypes passes None, not NULL
   if (namer == Py_None) namer = nullptr;
+  if (call_code == nullptr || namer == nullptr) call_code = namer = nullptr;  // both, or off
   PyObject *old_code = g_call_code, *old_namer = g_namer;
   Py_XINCREF(call_code);
   Py_XINCREF(namer);
-  g_namer = call_code ? namer : nullptr;
-  g_call_code = call_code && namer ? call_code : nullptr;
+  g_call_code = call_code;
+  g_namer = namer;
+  g_paths.clear();  // ids the previous namer gave: a new one names from its own table
   Py_XDECREF(old_code);
   Py_XDECREF(old_namer);
   PyGILState_Release(g);
