@@ -190,6 +190,9 @@ LOOP_VARIANTS: dict[str, dict[str, str]] = {
     # the activity mechanism (API calls as RUNTIME/DRIVER activity records, every kind enabled at
     # start: the library's behaviour where the CUPTI subscriber is taken), against the callbacks
     "default+activity": {KN + "API_MECHANISM": "activity"},
+    # launch calls as per-cbid activity records, syncs and the lazy kinds by callbacks on their cbids
+    "default+hybrid": {KN + "API_MECHANISM": "hybrid"},
+    "kernel+api+hybrid": {KN + "KINDS": "kernel,api", KN + "API_MECHANISM": "hybrid"},
     "kernel+api+activity": {KN + "KINDS": "kernel,api", KN + "API_MECHANISM": "activity"},
     **{f"kernel+{k}+activity": {KN + "KINDS": f"kernel,{k}", KN + "API_MECHANISM": "activity"}
        for k in ("sync", "memcpy", "memset", "memory", "marker")},
@@ -408,6 +411,8 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--parts", default="build,vecadd,libs,loop,exits,procs,sanitizer,uvm,python")
     ap.add_argument("--loop-rounds", type=int, default=3, help="rounds of part loop (each runs every variant once)")
+    ap.add_argument("--pin", action="store_true",
+                    help="run every program on the GPU's NUMA-local CPUs (bench/host_cpus.py), as launchers bind ranks")
     ap.add_argument("--loop-variants", default="",
                     help=f"comma-separated, of: {', '.join(LOOP_VARIANTS)} (default: {','.join(DEFAULT_LOOP)})")
     a = ap.parse_args()
@@ -417,6 +422,15 @@ def main() -> int:
         print(f"gpu_native_check: unknown loop variants {unknown} or --loop-rounds < 1", file=sys.stderr)
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.pin:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from host_cpus import gpu_local_cpus
+
+        cpus = gpu_local_cpus()
+        if cpus:
+            os.sched_setaffinity(0, cpus)  # the programs and pastaprof run inherit it
+        RESULTS["pinned_cpus"] = sorted(cpus)
+        print(f"pinned to {len(cpus)} GPU-local CPUs" if cpus else "--pin: the GPU's local CPUs unknown; not pinned")
     parts = a.parts.split(",")
     exe = build(Path("/tmp/pastaprof-native-build"), parts)
     runs = Path("/tmp/pastaprof-native-runs")  # the runs stay on the machine; results.json comes back

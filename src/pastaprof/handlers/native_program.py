@@ -60,8 +60,8 @@ def _kinds(value: str) -> None:
 
 
 def _api_mechanism(value: str) -> None:
-    if value not in ("callbacks", "activity"):
-        raise ValueError("expected callbacks or activity")
+    if value not in ("callbacks", "activity", "hybrid"):
+        raise ValueError("expected callbacks, activity or hybrid")
 
 
 def _library(value: str) -> None:
@@ -89,7 +89,8 @@ class NativeProgram(Handler):
                                 "default all)", _kinds),
         Setting("NATIVE_BUFFER", "CUPTI buffer bytes in native programs (default 8 MiB)", integer(4096)),
         Setting("NATIVE_API_MECHANISM", "how native programs' API calls and syncs are recorded: callbacks "
-                                        "(default) or activity (CUPTI activity records, every kind enabled at start)",
+                                        "(default), activity (CUPTI activity records, every kind enabled at start) "
+                                        "or hybrid (launch calls as activity records, the rest by callbacks)",
                 _api_mechanism),
     )
     mechanism = "cuda injection (native/inject.c)"

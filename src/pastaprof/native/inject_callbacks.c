@@ -44,6 +44,7 @@
 
 char g_api_mechanism[300];
 static int g_mech; /* 1 callbacks, 0 activity (or not decided) */
+static int g_launch_records; /* hybrid: launch calls as per-cbid activity records, not callbacks */
 static volatile int g_live; /* callbacks write rows (0 before the start and in a forked child) */
 static unsigned char g_class[2][PP_MAX_CBID]; /* [driver][cbid]: PP_CB_* bits */
 static CUpti_SubscriberHandle g_sub;
@@ -81,7 +82,8 @@ static int memory_call(const char* name) {
 int pp_cb_class(const char* name) {
   if (!name) return 0;
   int c = 0, pt = 0, sync = pp_sync_type(name, &pt);
-  if (!g_off_api && pp_kind_wanted("api") && pp_api_kept(name)) c |= PP_CB_API;
+  if (!g_off_api && pp_kind_wanted("api") && pp_api_kept(name) && !(g_launch_records && strstr(name, "Launch")))
+    c |= PP_CB_API;
   if (sync && pp_kind_wanted("sync")) c |= sync << 1 | (pt ? PP_CB_PT : 0);
   if (strstr(name, "Memcpy") && pp_kind_wanted("memcpy")) c |= PP_CB_MEMCPY;
   if (strstr(name, "Memset") && pp_kind_wanted("memset")) c |= PP_CB_MEMSET;
@@ -345,8 +347,10 @@ int pp_cb_start(void) {
   const char* m = getenv("PASTAPROF_NATIVE_API_MECHANISM");
   if (m && strcmp(m, "activity") == 0) return use_activity("PASTAPROF_NATIVE_API_MECHANISM=activity");
   if (!p_subscribe || !p_enable_cb || !p_cb_name) return use_activity("this libcupti lacks the callback API");
+  g_launch_records = m && strcmp(m, "hybrid") == 0 && p_enable_rt && p_enable_drv;
   int want = classify_all();
   if (want == 0) { /* PASTAPROF_NATIVE_KINDS=kernel: no callback at all */
+    g_launch_records = 0;
     go_live("callbacks (none needed: no API, sync, memcpy, memset or memory kind asked for)");
     return 1;
   }
@@ -382,9 +386,11 @@ int pp_cb_start(void) {
   if (refused)
     snprintf(line, sizeof line, "callbacks (%d of %d cbids refused: %.80s (%d))", refused, want,
              pp_cupti_error((CUptiResult)first), first);
-  go_live(refused ? line : "callbacks");
+  go_live(refused ? line : g_launch_records ? "hybrid" : "callbacks");
   return 1;
 }
+
+int pp_cb_launch_records(void) { return g_mech == 1 && g_launch_records; }
 
 void pp_cb_meta(FILE* f) {
   if (!g_api_mechanism[0]) return;

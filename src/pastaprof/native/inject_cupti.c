@@ -81,10 +81,10 @@ int pp_api_kept(const char* name) {
  * others: PyTorch-style programs make many calls per launch that nothing here uses).  Where
  * that is not possible (an old libcupti, PASTAPROF_NATIVE_API=all), both kinds are enabled
  * whole and decode() drops the rest. */
-static int enable_api(void) {
+static int enable_api(int launches_only) {
   int n = 0;
   const char* all = getenv("PASTAPROF_NATIVE_API");
-  if (!p_enable_rt || !p_enable_drv || !p_cb_name || (all && strcmp(all, "all") == 0)) {
+  if (!launches_only && (!p_enable_rt || !p_enable_drv || !p_cb_name || (all && strcmp(all, "all") == 0))) {
     return (p_enable(CUPTI_ACTIVITY_KIND_RUNTIME) == CUPTI_SUCCESS) + (p_enable(CUPTI_ACTIVITY_KIND_DRIVER) == 0);
   }
   for (int driver = 0; driver < 2; ++driver) {
@@ -92,14 +92,14 @@ static int enable_api(void) {
     for (int cbid = 1; cbid < size; ++cbid) {
       const char* name = NULL;
       if (p_cb_name(driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, (uint32_t)cbid, &name) !=
-              CUPTI_SUCCESS || !name || !pp_api_kept(name))
+              CUPTI_SUCCESS || !name || !pp_api_kept(name) || (launches_only && !strstr(name, "Launch")))
         continue;
       n += (driver ? p_enable_drv : p_enable_rt)((CUpti_CallbackId)cbid, 1) == CUPTI_SUCCESS;
     }
   }
-  if (n == 0) /* refused one by one: the whole kinds, filtered in decode() */
+  if (n == 0 && !launches_only) /* refused one by one: the whole kinds, filtered in decode() */
     n = (p_enable(CUPTI_ACTIVITY_KIND_RUNTIME) == CUPTI_SUCCESS) + (p_enable(CUPTI_ACTIVITY_KIND_DRIVER) == 0);
-  g_stat[PP_STAT_API_ENABLED] = n;
+  g_stat[PP_STAT_API_ENABLED] += n;
   return n;
 }
 
@@ -145,7 +145,7 @@ int pp_start_cupti(CUpti_BuffersCallbackRequestFunc requested, CUpti_BuffersCall
       return -1;
     }
   }
-  if (!callbacks && !g_off_api && pp_kind_wanted("api")) enable_api();
+  if (!g_off_api && pp_kind_wanted("api") && (!callbacks || pp_cb_launch_records())) enable_api(callbacks);
   if (g_uvm) pp_start_uvm();
   if (p_flush_period && g_flush_ms > 0) p_flush_period((uint32_t)g_flush_ms);
   return 0;

@@ -91,6 +91,7 @@ int pp_cb_start(void); /* 1: the callbacks take API calls, syncs, memcpy/memset/
 int pp_cb_subscribe(void); /* the process's one CUPTI subscriber (also UVM's): 0 or CUPTI's error */
 int pp_cb_enable_resource(CUpti_CallbackId cbid);
 int pp_cb_live(void);
+int pp_cb_launch_records(void); /* 1: launch calls are per-cbid activity records (the hybrid mechanism) */
 void pp_cb_nvtx(void); /* the first NVTX call: MARKER enabled (callbacks mechanism) */
 void pp_cb_drain(int wait); /* callback rows into the stage (under inject.c's lock); wait 0: only if free */
 void pp_cb_fork(int phase); /* 0 prepare, 1 parent, 2 child (inside inject.c's fork handlers) */
