@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import pastaprof
 from pastaprof import native
 from pastaprof.handlers import native_program as npg
 
@@ -548,6 +549,21 @@ def test_pastaprof_run_child_processes_and_ranks(lib, programs, tmp_path):
     manifest = json.loads((tmp_path / "run" / "run.json").read_text())
     assert manifest["ranks"] == [0, 1] and manifest["rows"]["kernel"] == 12
     assert sorted(p["rank"] for p in manifest["processes"]) == [0, 1]
+
+
+def test_two_native_processes_of_one_rank_keep_their_own_launches(lib, programs, tmp_path):
+    """Two programs of one rank, each numbering its launches from 1 as CUPTI does: in the stored
+    run every kernel joins (on rank, correlation, as the tools join) the launch call of its own
+    process."""
+    exe, so = programs["selftest"], lib
+    r = _run(tmp_path, "sh", "-c", f"{exe} {so} exit 5; {exe} {so} exit 7")
+    assert r.returncode == 5 and r.stdout == "selftest 0\nselftest 0\n", r.stderr
+    run = pastaprof.load(tmp_path / "run")
+    kernel, api = run.table("kernel").to_pylist(), run.table("api").to_pylist()
+    assert len(kernel) == 12 and len(api) == 12 and len({r["pid"] for r in kernel}) == 2
+    assert len({r["correlation"] for r in kernel}) == 12
+    call = {(r["rank"], r["correlation"]): r["pid"] for r in api}
+    assert [call[(r["rank"], r["correlation"])] for r in kernel] == [r["pid"] for r in kernel]
 
 
 def test_pastaprof_run_killed_native_process_says_what_was_lost(lib, programs, tmp_path):

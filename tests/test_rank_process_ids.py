@@ -176,3 +176,47 @@ def test_process_shifts_on_odd_input():
     assert shift_op_ids("tensor", pa.table({"x": [1]}), 5).equals(pa.table({"x": [1]}))
     t = shift_op_ids("kernel", pa.table({"op_id": pa.array([None, 3], pa.int64())}), 10)
     assert t["op_id"].to_pylist() == [None, 13]
+
+
+def _gpu(pid: int, kind: str, corrs: list[int], t0: int, op_ids: list[int | None] | None = None) -> pa.Table:
+    n = len(corrs)
+    cols = {"start_ns": pa.array([t0 + 10 * i for i in range(n)], pa.int64()),
+            "end_ns": pa.array([t0 + 10 * i + 5 for i in range(n)], pa.int64()),
+            "rank": pa.array([0] * n, pa.int32()), "pid": pa.array([pid] * n, pa.int64()),
+            "correlation": pa.array(corrs, pa.int64()),
+            "name": pa.array(["cudaLaunchKernel" if kind == "api" else "k"] * n)}
+    if op_ids is not None:
+        cols["op_id"] = pa.array(op_ids, pa.int64())
+    return pa.table(cols)
+
+
+def test_compaction_makes_correlation_ids_of_a_ranks_processes_unique(tmp_path):
+    """Two CUDA processes of one rank (a shell script's two programs, a launcher's children without
+    RANK): CUPTI numbers each one's launches from 1, and every tool joins a kernel to its launch
+    call on (rank, correlation).  The later process's correlation ids -- of its calls, kernels,
+    syncs and external-correlation records alike -- follow the earlier one's, so each kernel
+    joins its own process's call; the earlier process keeps its ids.  Before, the 3 kernels of
+    pid 200 joined pid 100's calls."""
+    d = tmp_path / "run"
+    d.mkdir()
+    write_part(d / "op" / "rank-0-pid-200-part-00000.parquet", _ops(200, [1, 2], [None, None], 2_000))
+    for pid, t0 in ((100, 1_000), (200, 2_000)):
+        write_part(d / "api" / f"rank-0-pid-{pid}-part-00000.parquet", _gpu(pid, "api", [1, 2, 3], t0))
+        write_part(d / "kernel" / f"rank-0-pid-{pid}-part-00000.parquet",
+                   _gpu(pid, "kernel", [1, 2, 3], t0 + 3, [None, None, None]))
+        write_part(d / "sync" / f"rank-0-pid-{pid}-part-00000.parquet", _gpu(pid, "sync", [3], t0 + 50))
+    # pid 200's launch correlation -> op records (kernels 1 and 3 ran under its ops 1 and 2)
+    write_part(d / "_external" / "rank-0-pid-200-part-00000.parquet",
+               pa.table({"pid": pa.array([200, 200], pa.int64()), "correlation": pa.array([1, 3], pa.int64()),
+                         "external_id": pa.array([1, 2], pa.int64())}))
+    compact(d)
+    run = pastaprof.load(d)
+    got = {k: sorted((r["pid"], r["correlation"]) for r in run.table(k).select(["pid", "correlation"]).to_pylist())
+           for k in ("api", "kernel", "sync")}
+    assert got["api"] == got["kernel"] == [(100, 1), (100, 2), (100, 3), (200, 4), (200, 5), (200, 6)]
+    assert got["sync"] == [(100, 3), (200, 6)]
+    k = {r["correlation"]: r["op_id"] for r in run.table("kernel").select(["correlation", "op_id"]).to_pylist()}
+    assert k == {1: None, 2: None, 3: None, 4: 1, 5: None, 6: 2}
+    # the join every tool makes: each kernel's call is of its own process
+    api = {(r["rank"], r["correlation"]): r["pid"] for r in run.table("api").to_pylist()}
+    assert all(api[(r["rank"], r["correlation"])] == r["pid"] for r in run.table("kernel").to_pylist())

@@ -8,7 +8,8 @@ Links computed:
   linked file by file, each later file's ids following the earlier files' (:class:`RankLinker`);
   a live rank's processes (a forked DataLoader worker, a spawned child) number their own ops,
   so at compaction each later process's ids are shifted past the earlier ones'
-  (:meth:`RankLinker.process_shifts`, :func:`shift_op_ids`);
+  (:meth:`RankLinker.process_shifts`, :func:`shift_op_ids`), and their CUPTI correlation ids,
+  which each process also numbers from 1, likewise (:func:`shift_correlation`);
 * ``api.op_id``: the op whose external id the call carries, else the innermost op
   on the same thread whose interval contains the call;
 * ``kernel|memcpy|memset.op_id``: the op of the API call with the same
@@ -267,7 +268,7 @@ class RankLinker:
         first op (then pid), the first never shifted, nor one whose ids already start past the
         earlier ones'.  ``ops``: per pid, its op tables (``id``, ``start_ns``).  Pids without an
         op id are left out; a rank of one process gets ``{}``."""
-        spans = []
+        spans = {}
         for pid, tables in ops.items():
             ids = [_np(t["id"], 0)[~np.asarray(pc.is_null(t["id"]))] for t in tables
                    if "id" in t.column_names and t.num_rows]
@@ -275,19 +276,26 @@ class RankLinker:
             if not len(ids):
                 continue
             starts = [pc.min(t["start_ns"]).as_py() for t in tables if "start_ns" in t.column_names and t.num_rows]
-            first = min((s for s in starts if s is not None), default=None)
-            spans.append((first is None, first or 0, pid, int(ids.min()), int(ids.max())))
-        if len(spans) < 2:
-            return {}
-        spans.sort()
-        shifts: dict[int, int] = {}
-        top = spans[0][4]
-        for _, _, pid, lo, hi in spans[1:]:
-            shift = max(0, top + 1 - lo)
-            if shift:
-                shifts[pid] = shift
-            top = max(top, hi + shift)
-        return shifts
+            spans[pid] = (min((s for s in starts if s is not None), default=None), int(ids.min()), int(ids.max()))
+        return shifts_past(spans)
+
+
+def shifts_past(spans: dict[int, tuple[int | None, int, int]]) -> dict[int, int]:
+    """Per process (pid -> (first time or None, lowest id, highest id) of ids it numbered on its
+    own: op ids, CUPTI correlation ids), what to add to its ids so that they follow those of the
+    processes before it -- in the order of their first time (then pid), the first never shifted,
+    nor one whose ids already start past the earlier ones'.  Fewer than two processes: ``{}``."""
+    if len(spans) < 2:
+        return {}
+    order = sorted((first is None, first or 0, pid, lo, hi) for pid, (first, lo, hi) in spans.items())
+    shifts: dict[int, int] = {}
+    top = order[0][4]
+    for _, _, pid, lo, hi in order[1:]:
+        shift = max(0, top + 1 - lo)
+        if shift:
+            shifts[pid] = shift
+        top = max(top, hi + shift)
+    return shifts
 
 
 #: Per kind, the columns that hold op ids (``op.external_id`` too where it equals the op's id,
@@ -295,6 +303,19 @@ class RankLinker:
 #: external id is the op's id).
 OP_ID_COLUMNS = {"op": ("id", "parent_id"), "api": ("op_id",), "kernel": ("op_id",), "memcpy": ("op_id",),
                  "memset": ("op_id",), "collective": ("op_id",), "external": ("external_id",)}
+
+
+def shift_correlation(t: pa.Table, shift: int) -> pa.Table:
+    """``t`` (of one process) with ``shift`` added to its correlation ids (nulls stay null): CUPTI
+    numbers each process's launches from 1, so two CUDA processes of one rank (a shell script's
+    two programs, a launcher's children without RANK) would join each other's calls and kernels
+    on (rank, correlation).  A shift of 0, a table without the column: ``t`` itself."""
+    i = t.schema.get_field_index("correlation")
+    if not shift or i < 0 or not t.num_rows:
+        return t
+    field = t.schema.field(i)
+    return t.set_column(i, field, pc.add(t["correlation"].cast(pa.int64()), pa.scalar(int(shift), pa.int64()))
+                        .cast(field.type))
 
 
 def shift_op_ids(kind: str, t: pa.Table, shift: int) -> pa.Table:

@@ -11,7 +11,9 @@ numbers its own ops, so where several processes of a rank recorded ops (a forked
 DataLoader worker goes on from its parent's count, a spawned child starts again at 1)
 their ids collide: the later processes' op ids -- and every op id that refers to
 them -- are shifted past the earlier ones' (``RankLinker.process_shifts``), and that
-rank's parts are merged, so no reader sees the parts' own numbering.  Parts of a
+rank's parts are merged, so no reader sees the parts' own numbering.  CUPTI's
+correlation ids, numbered by each process from 1 too, are shifted the same way where
+several processes of a rank recorded GPU work.  Parts of a
 process killed mid-write are never half-read: they are renamed into place only
 when complete.
 """
@@ -29,11 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pastaprof.errors import InputError
 from pastaprof.events.schema import KINDS, SCHEMA_VERSION
-from pastaprof.store.safe_read import load_json, part_rows, read_part
+from pastaprof.store.safe_read import load_json, part_columns, part_rows, read_part
 from pastaprof.store.writer import MANIFEST, dictionary_columns
 
 _PART_RE = re.compile(r"^rank-(\d+)-pid-(\d+)-part-(\d+)\.parquet$")
@@ -63,12 +66,15 @@ def _gpus() -> list[dict[str, Any]]:
 
 EXTERNAL = "_external"
 LINKED = ("kernel", "memcpy", "memset", "api")
+CUPTI_NUMBERED = ("api", "kernel", "memcpy", "memset", "sync", "alloc", "free")  # correlation ids from CUPTI
 KEEP_PARTS = 8  # per kind and rank: up to this many parts are kept, more are merged into one file
 
 
-def _external(run_dir: Path, shifts: dict[int, dict[int, int]]) -> dict[int, pa.Table]:
+def _external(run_dir: Path, shifts: dict[int, dict[int, int]],
+              corr_shifts: dict[int, dict[int, int]]) -> dict[int, pa.Table]:
     """Per rank: all (pid, correlation, external_id) records of the live capture (the external
-    id is an op id of the process: shifted as its ops are, ``shifts``)."""
+    id is an op id of the process: shifted as its ops are, ``shifts``; the correlation as the
+    process's GPU work's, ``corr_shifts``)."""
     out: dict[int, list[pa.Table]] = {}
     d = run_dir / EXTERNAL
     if d.is_dir():
@@ -79,11 +85,16 @@ def _external(run_dir: Path, shifts: dict[int, dict[int, int]]) -> dict[int, pa.
                     t = read_part(p, None, run_dir)
                 except InputError:
                     continue
-                shift = shifts.get(int(m.group(1)), {}).get(int(m.group(2)), 0)
+                rank, pid = int(m.group(1)), int(m.group(2))
+                shift = shifts.get(rank, {}).get(pid, 0)
                 if shift:
                     from pastaprof.processor.link import shift_op_ids
 
                     t = shift_op_ids("external", t, shift)
+                if corr_shifts.get(rank, {}).get(pid):
+                    from pastaprof.processor.link import shift_correlation
+
+                    t = shift_correlation(t, corr_shifts[rank][pid])
                 out.setdefault(int(m.group(1)), []).append(t)
     return {r: pa.concat_tables(ts) for r, ts in out.items()}
 
@@ -120,6 +131,49 @@ def _op_shifts(run_dir: Path, cache: dict[Path, pa.Table]) -> dict[int, dict[int
             for parts in pids.values():
                 for p in parts:
                     cache.pop(p, None)
+    return out
+
+
+def _correlation_shifts(run_dir: Path) -> dict[int, dict[int, int]]:
+    """Per rank where several processes recorded CUPTI work (each numbers its correlation ids
+    from 1): per pid, what its correlation ids get added (``shifts_past``), so that a rank's
+    (correlation) joins of API calls to kernels never pair one process's call with another's
+    kernel.  Only the correlation and time columns of such ranks' parts are read."""
+    parts: dict[int, dict[int, list[Path]]] = {}
+    for kind in CUPTI_NUMBERED:
+        d = run_dir / kind
+        if d.is_dir():
+            for p in d.iterdir():
+                m = _PART_RE.match(p.name)
+                if m:
+                    parts.setdefault(int(m.group(1)), {}).setdefault(int(m.group(2)), []).append(p)
+    out: dict[int, dict[int, int]] = {}
+    for rank, pids in parts.items():
+        if len(pids) < 2:
+            continue
+        spans: dict[int, tuple[int | None, int, int]] = {}
+        for pid, paths in pids.items():
+            first, lo, hi = None, None, None
+            for p in paths:
+                try:
+                    t = part_columns(p, ["start_ns", "correlation"], run_dir)
+                except InputError:
+                    continue
+                if "correlation" not in t.column_names or t["correlation"].null_count == t.num_rows:
+                    continue
+                c = pc.min_max(t["correlation"])
+                lo = c["min"].as_py() if lo is None else min(lo, c["min"].as_py())
+                hi = c["max"].as_py() if hi is None else max(hi, c["max"].as_py())
+                if "start_ns" in t.column_names and t.num_rows:
+                    start = pc.min(t["start_ns"]).as_py()
+                    first = start if first is None or (start is not None and start < first) else first
+            if lo is not None:
+                spans[pid] = (first, int(lo), int(hi))
+        from pastaprof.processor.link import shifts_past
+
+        shifts = shifts_past(spans)
+        if shifts:
+            out[rank] = shifts
     return out
 
 
@@ -182,9 +236,11 @@ def _read_metas(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _compact_kind(d: Path, kind: str, external: dict[int, Any], ranks: set[int], rows: dict[str, int],
-                  shifts: dict[int, dict[int, int]], cache: dict[Path, pa.Table]) -> None:
+                  shifts: dict[int, dict[int, int]], cache: dict[Path, pa.Table],
+                  corr_shifts: dict[int, dict[int, int]]) -> None:
     """One kind's parts into one file per rank (re-linked where ``external`` has the rank; op
-    ids of the rank's later processes shifted where ``shifts`` has it, ``cache``: parts read)."""
+    ids of the rank's later processes shifted where ``shifts`` has it, their correlation ids
+    where ``corr_shifts`` has it; ``cache``: parts read)."""
     by_rank: dict[int, list[Path]] = {}
     for p in d.iterdir():
         m = _PART_RE.match(p.name)
@@ -194,7 +250,8 @@ def _compact_kind(d: Path, kind: str, external: dict[int, Any], ranks: set[int],
             p.unlink(missing_ok=True)  # a part whose writer died before the rename
     for rank, parts in sorted(by_rank.items()):
         ranks.add(rank)
-        if len(parts) <= KEEP_PARTS and not (kind in LINKED and rank in external) and rank not in shifts:
+        if (len(parts) <= KEEP_PARTS and not (kind in LINKED and rank in external) and rank not in shifts
+                and rank not in corr_shifts):
             # a few parts stay as they are (readers take every rank-*.parquet): merging
             # them was most of a short run's store time (20,000 tiny kernels: 67 ms);
             # one that cannot be read is dropped, as merging would skip it
@@ -215,11 +272,15 @@ def _compact_kind(d: Path, kind: str, external: dict[int, Any], ranks: set[int],
             except InputError:
                 continue
             m = _PART_RE.match(p.name)
-            shift = shifts.get(rank, {}).get(int(m.group(2)), 0) if m else 0
-            if shift:
+            pid = int(m.group(2)) if m else -1
+            if shifts.get(rank, {}).get(pid):
                 from pastaprof.processor.link import shift_op_ids
 
-                t = shift_op_ids(kind, t, shift)
+                t = shift_op_ids(kind, t, shifts[rank][pid])
+            if corr_shifts.get(rank, {}).get(pid):
+                from pastaprof.processor.link import shift_correlation
+
+                t = shift_correlation(t, corr_shifts[rank][pid])
             tables.append(t)
         if tables:
             t = pa.concat_tables(tables).sort_by([("start_ns", "ascending")])
@@ -279,11 +340,12 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
     relink = not metas or any(m.get("relink_needed", True) for m in metas)
     cache: dict[Path, pa.Table] = {}
     shifts = _op_shifts(run_dir, cache)  # a rank's processes each number their ops: made unique
-    external = _external(run_dir, shifts) if relink else {}
+    corr_shifts = _correlation_shifts(run_dir)  # ... and their CUPTI correlation ids
+    external = _external(run_dir, shifts, corr_shifts) if relink else {}
     for kind in KINDS:
         d = run_dir / kind
         if d.is_dir():
-            _compact_kind(d, kind, external, ranks, rows, shifts, cache)
+            _compact_kind(d, kind, external, ranks, rows, shifts, cache, corr_shifts)
     cache.clear()
     manifest = _manifest(metas, ranks, rows, command, exit_code, wall_seconds)
     manifest["capture_overhead"]["compact_seconds"] = round(time.perf_counter() - t0, 6)

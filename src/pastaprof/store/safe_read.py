@@ -379,6 +379,18 @@ def part_rows(path: Path, kind: str | None, root: Path | None = None) -> int:
         return _check_footer(path, kind, pf)
 
 
+def part_columns(path: Path, columns: list[str], root: Path | None = None) -> pa.Table:
+    """Only ``columns`` of a part (those it has), checked as :func:`read_part` checks a part."""
+    with _parquet(path, root) as pf:
+        _check_footer(path, None, pf)
+        t = pf.read(columns=[c for c in columns if c in pf.schema_arrow.names])
+        try:
+            t.validate(full=True)
+        except pa.ArrowInvalid as e:
+            raise InputError(path, f"corrupt Parquet data ({one_line(e, 200)})") from None
+        return t
+
+
 def read_part(path: Path, kind: str | None, root: Path | None = None) -> pa.Table:
     """A part's events, checked (see ``part_rows``) and, with ``kind``, conformed to its schema."""
     from pastaprof.events.limits import check_sizes, check_time_range
