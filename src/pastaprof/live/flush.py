@@ -313,7 +313,9 @@ class FlushScheduler:
 
     def _after_exec(self) -> None:
         """A session of this pid wrote before (this process image came by exec, or an exec
-        failed): keep its shard, continue its part numbers."""
+        failed): keep its shard, continue its part numbers.  This image numbers its ops and
+        CUPTI its launches from 1 again: compaction shifts them past the earlier image's, which
+        wrote the parts before ``first_part``."""
         shards = self.out / "shards"
         stem = f"rank-{self.rank}-pid-{self.pid}"
         if not (shards / f"{stem}.json").exists():
@@ -329,6 +331,7 @@ class FlushScheduler:
                     with contextlib.suppress(ValueError):
                         last = max(last, int(p.stem.rsplit("-", 1)[1]))
         self._part = last + 1
+        self.first_part = self._part  # compaction tells this image's parts from the earlier one's by it
 
     def _deadline_due(self, rows: int) -> bool:
         b = self.bounds()

@@ -76,7 +76,8 @@ class Manifests:
             self.status["dropped"] = f"{dropped} events dropped: the capture buffers were full ({by}{why})"
         summaries = {h.name: _summary(h) for h in list(self.handlers) if isinstance(h, Summarized)}
         meta = {
-            "schema_version": SCHEMA_VERSION, "rank": self.rank, "pid": self.pid, "host": socket.gethostname(),
+            "schema_version": SCHEMA_VERSION, "rank": self.rank, "pid": self.pid, "first_part": self.first_part,
+            "host": socket.gethostname(),
             "argv": sys.argv, "started_ns": self.started_ns, "updated_ns": time.time_ns(),
             "status": self.status, "events": self.events, "filtered_out": self.filtered_out,
             "filtered_by_kind": self.filtered_by_kind,

@@ -97,6 +97,7 @@ class Session(Wiring, Gates, Manifests, Linking, FlushScheduler):
         self._source_armed = False
         self._source_lock = threading.Lock()
         self._part = 0
+        self.first_part = 0  # of this process image (exec: after the earlier image's parts)
         self._ext: pa.Table | None = None
         # Correlation ids of stored GPU work that had no op yet; if their correlation record
         # shows up later, compaction must re-link (else it can skip re-reading the parts).

@@ -13,13 +13,16 @@ their ids collide: the later processes' op ids -- and every op id that refers to
 them -- are shifted past the earlier ones' (``RankLinker.process_shifts``), and that
 rank's parts are merged, so no reader sees the parts' own numbering.  CUPTI's
 correlation ids, numbered by each process from 1 too, are shifted the same way where
-several processes of a rank recorded GPU work.  Parts of a
+several processes of a rank recorded GPU work.  A process that exec'd keeps its pid, and its new
+image numbers both from 1 again: its parts after the earlier image's are taken as another
+process's.  Parts of a
 process killed mid-write are never half-read: they are renamed into place only
 when complete.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import os
@@ -70,8 +73,28 @@ CUPTI_NUMBERED = ("api", "kernel", "memcpy", "memset", "sync", "alloc", "free") 
 KEEP_PARTS = 8  # per kind and rank: up to this many parts are kept, more are merged into one file
 
 
-def _external(run_dir: Path, shifts: dict[int, dict[int, int]],
-              corr_shifts: dict[int, dict[int, int]]) -> dict[int, pa.Table]:
+def _images(metas: list[dict[str, Any]]) -> dict[tuple[int, int], list[int]]:
+    """(rank, pid) -> the first parts of its later process images: a session started in a
+    process that an exec gave a new image continues the earlier image's part numbers
+    (``first_part`` of its shard), and numbers its ops and launches from 1 again."""
+    out: dict[tuple[int, int], set[int]] = {}
+    for m in metas:
+        first, rank, pid = m.get("first_part"), m.get("rank"), m.get("pid")
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in (first, rank, pid)) and first > 0:
+            out.setdefault((rank, pid), set()).add(first)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _process(m: re.Match, images: dict[tuple[int, int], list[int]]) -> int:
+    """The process a part (``_PART_RE`` match) is of, as ids are numbered: its pid, or for the
+    n-th later image of an exec'd process, pid + n * 2**32 (a key only, never stored)."""
+    rank, pid = int(m.group(1)), int(m.group(2))
+    starts = images.get((rank, pid))
+    return pid + (bisect.bisect_right(starts, int(m.group(3))) << 32) if starts else pid
+
+
+def _external(run_dir: Path, shifts: dict[int, dict[int, int]], corr_shifts: dict[int, dict[int, int]],
+              images: dict[tuple[int, int], list[int]]) -> dict[int, pa.Table]:
     """Per rank: all (pid, correlation, external_id) records of the live capture (the external
     id is an op id of the process: shifted as its ops are, ``shifts``; the correlation as the
     process's GPU work's, ``corr_shifts``)."""
@@ -85,7 +108,7 @@ def _external(run_dir: Path, shifts: dict[int, dict[int, int]],
                     t = read_part(p, None, run_dir)
                 except InputError:
                     continue
-                rank, pid = int(m.group(1)), int(m.group(2))
+                rank, pid = int(m.group(1)), _process(m, images)
                 shift = shifts.get(rank, {}).get(pid, 0)
                 if shift:
                     from pastaprof.processor.link import shift_op_ids
@@ -99,7 +122,8 @@ def _external(run_dir: Path, shifts: dict[int, dict[int, int]],
     return {r: pa.concat_tables(ts) for r, ts in out.items()}
 
 
-def _op_shifts(run_dir: Path, cache: dict[Path, pa.Table]) -> dict[int, dict[int, int]]:
+def _op_shifts(run_dir: Path, cache: dict[Path, pa.Table],
+               images: dict[tuple[int, int], list[int]]) -> dict[int, dict[int, int]]:
     """Per rank whose processes' op ids collide: per pid, what its op ids get added
     (``RankLinker.process_shifts``).  The op parts of such ranks are read here once and kept in
     ``cache`` for their merge; a rank of one process reads nothing."""
@@ -109,7 +133,7 @@ def _op_shifts(run_dir: Path, cache: dict[Path, pa.Table]) -> dict[int, dict[int
         for p in d.iterdir():
             m = _PART_RE.match(p.name)
             if m:
-                by_rank.setdefault(int(m.group(1)), {}).setdefault(int(m.group(2)), []).append(p)
+                by_rank.setdefault(int(m.group(1)), {}).setdefault(_process(m, images), []).append(p)
     out: dict[int, dict[int, int]] = {}
     for rank, pids in by_rank.items():
         if len(pids) < 2:
@@ -134,7 +158,7 @@ def _op_shifts(run_dir: Path, cache: dict[Path, pa.Table]) -> dict[int, dict[int
     return out
 
 
-def _correlation_shifts(run_dir: Path) -> dict[int, dict[int, int]]:
+def _correlation_shifts(run_dir: Path, images: dict[tuple[int, int], list[int]]) -> dict[int, dict[int, int]]:
     """Per rank where several processes recorded CUPTI work (each numbers its correlation ids
     from 1): per pid, what its correlation ids get added (``shifts_past``), so that a rank's
     (correlation) joins of API calls to kernels never pair one process's call with another's
@@ -146,7 +170,7 @@ def _correlation_shifts(run_dir: Path) -> dict[int, dict[int, int]]:
             for p in d.iterdir():
                 m = _PART_RE.match(p.name)
                 if m:
-                    parts.setdefault(int(m.group(1)), {}).setdefault(int(m.group(2)), []).append(p)
+                    parts.setdefault(int(m.group(1)), {}).setdefault(_process(m, images), []).append(p)
     out: dict[int, dict[int, int]] = {}
     for rank, pids in parts.items():
         if len(pids) < 2:
@@ -237,7 +261,7 @@ def _read_metas(run_dir: Path) -> list[dict[str, Any]]:
 
 def _compact_kind(d: Path, kind: str, external: dict[int, Any], ranks: set[int], rows: dict[str, int],
                   shifts: dict[int, dict[int, int]], cache: dict[Path, pa.Table],
-                  corr_shifts: dict[int, dict[int, int]]) -> None:
+                  corr_shifts: dict[int, dict[int, int]], images: dict[tuple[int, int], list[int]]) -> None:
     """One kind's parts into one file per rank (re-linked where ``external`` has the rank; op
     ids of the rank's later processes shifted where ``shifts`` has it, their correlation ids
     where ``corr_shifts`` has it; ``cache``: parts read)."""
@@ -272,7 +296,7 @@ def _compact_kind(d: Path, kind: str, external: dict[int, Any], ranks: set[int],
             except InputError:
                 continue
             m = _PART_RE.match(p.name)
-            pid = int(m.group(2)) if m else -1
+            pid = _process(m, images) if m else -1
             if shifts.get(rank, {}).get(pid):
                 from pastaprof.processor.link import shift_op_ids
 
@@ -339,13 +363,14 @@ def compact(run_dir: Path, command: list[str] | None = None, exit_code: int | No
     # correlation record after it had stored the kernel it belongs to, or died before saying.
     relink = not metas or any(m.get("relink_needed", True) for m in metas)
     cache: dict[Path, pa.Table] = {}
-    shifts = _op_shifts(run_dir, cache)  # a rank's processes each number their ops: made unique
-    corr_shifts = _correlation_shifts(run_dir)  # ... and their CUPTI correlation ids
-    external = _external(run_dir, shifts, corr_shifts) if relink else {}
+    images = _images(metas)
+    shifts = _op_shifts(run_dir, cache, images)  # a rank's processes each number their ops: made unique
+    corr_shifts = _correlation_shifts(run_dir, images)  # ... and their CUPTI correlation ids
+    external = _external(run_dir, shifts, corr_shifts, images) if relink else {}
     for kind in KINDS:
         d = run_dir / kind
         if d.is_dir():
-            _compact_kind(d, kind, external, ranks, rows, shifts, cache, corr_shifts)
+            _compact_kind(d, kind, external, ranks, rows, shifts, cache, corr_shifts, images)
     cache.clear()
     manifest = _manifest(metas, ranks, rows, command, exit_code, wall_seconds)
     manifest["capture_overhead"]["compact_seconds"] = round(time.perf_counter() - t0, 6)
