@@ -57,6 +57,11 @@ int main(int argc, char** argv) {
   if (!strcmp(how, "term") || !strcmp(how, "own")) raise(SIGTERM);
   if (!strcmp(how, "kill")) raise(SIGKILL);
   if (!strcmp(how, "child")) { if (fork() == 0) _exit(0); }
+  if (!strcmp(how, "exec")) {  /* a new image of the same pid: 7 kernels more */
+    char* again[] = {argv[0], argv[1], "exit", "7", NULL};
+    execv(argv[0], again);
+    return 8;
+  }
   return 5;
 }
 """
@@ -564,6 +569,21 @@ def test_two_native_processes_of_one_rank_keep_their_own_launches(lib, programs,
     assert len({r["correlation"] for r in kernel}) == 12
     call = {(r["rank"], r["correlation"]): r["pid"] for r in api}
     assert [call[(r["rank"], r["correlation"])] for r in kernel] == [r["pid"] for r in kernel]
+
+
+def test_a_native_process_that_execs_keeps_both_images(lib, programs, tmp_path):
+    """A native program that execs another (the same pid; CUPTI numbers the new image's launches
+    from 1 again): the new image writes files of its own beside the earlier image's (before, it
+    truncated them: 7 of 12 kernels stored), and the stored run's correlation ids are unique, so
+    each kernel joins one launch call."""
+    r = _run(tmp_path, str(programs["selftest"]), str(lib), "exec", "5")
+    assert r.returncode == 5 and r.stdout == "selftest 0\nselftest 0\n", r.stderr
+    run = pastaprof.load(tmp_path / "run")
+    kernel, api = run.table("kernel").to_pylist(), run.table("api").to_pylist()
+    assert len(kernel) == 12 and len(api) == 12 and len({r["pid"] for r in kernel}) == 1
+    assert sorted(r["correlation"] for r in kernel) == sorted(r["correlation"] for r in api)
+    assert len({r["correlation"] for r in kernel}) == 12
+    assert len(run.manifest["processes"]) == 2
 
 
 def test_pastaprof_run_killed_native_process_says_what_was_lost(lib, programs, tmp_path):

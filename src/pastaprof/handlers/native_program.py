@@ -47,7 +47,9 @@ WORDS = 16
 MAX_STRING = 4096
 MAX_STRING_IDS = 1 << 17  # the library's string table (inject_util.c: STR_SLOTS / 2): a larger id is damage
 K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_API, K_MEMORY, K_MARKER, K_UVM = range(1, 9)
-_FILE_RE = re.compile(r"^rank-(\d+)-pid-(\d+)\.json$")
+# a process's files; -exec-N: the N-th later image of a process that exec'd (same pid)
+_FILE_RE = re.compile(r"^rank-(\d+)-pid-(\d+)(?:-exec-(\d+))?\.json$")
+_PART_RE = re.compile(r"^rank-(\d+)-pid-(\d+)-part-(\d+)\.parquet$")
 _PYTHON_RE = re.compile(r"^(python|pypy)[0-9.]*(-dbg)?$")
 MARKER_INSTANT, MARKER_START, MARKER_END = 1, 2, 4
 
@@ -203,10 +205,10 @@ def convert(run_dir: Path, kernels: str | None = None, config: Any = None) -> di
     rows: dict[str, int] = {}
     if not d.is_dir() or d.is_symlink():
         return rows
-    for meta_path in sorted(d.iterdir()):
-        m = _FILE_RE.match(meta_path.name)
-        if not m:
-            continue
+    found = [(m, p) for p in d.iterdir() if (m := _FILE_RE.match(p.name))]
+    found.sort(key=lambda e: (int(e[0][1]), int(e[0][2]), int(e[0][3] or 0)))  # a pid's images in exec order
+    next_part = _next_parts(run_dir)
+    for m, meta_path in found:
         base = meta_path.with_suffix("")
         meta, tables, status = read_process(base, kernels)
         tables, windowed_out = native_windows.gate(tables, config)  # --ranges: by NVTX range, at store time
@@ -219,15 +221,32 @@ def convert(run_dir: Path, kernels: str | None = None, config: Any = None) -> di
             if trouble:
                 status["sanitizer"] = trouble
         events: dict[str, int] = {}
+        # after the parts of this pid's earlier images (an exec'd process; a Python session
+        # that exec'd this program): compaction tells the images apart by their first part
+        part = next_part.get((rank, pid), 0)
+        next_part[(rank, pid)] = part + 1
         for kind, t in tables.items():
             if not t.num_rows:  # e.g. every copy outside the --ranges windows
                 continue
-            write_part(run_dir / kind / f"rank-{rank}-pid-{pid}-part-{0:05d}.parquet", t)
+            write_part(run_dir / kind / f"rank-{rank}-pid-{pid}-part-{part:05d}.parquet", t)
             events[kind] = t.num_rows
             rows[kind] = rows.get(kind, 0) + t.num_rows
-        _write_shard(run_dir, rank, pid, meta, events, status, windowed_out)
+        _write_shard(run_dir, rank, pid, meta, events, status, windowed_out, first_part=part)
     shutil.rmtree(d, ignore_errors=True)
     return rows
+
+
+def _next_parts(run_dir: Path) -> dict[tuple[int, int], int]:
+    """(rank, pid) -> the part number after the highest one already in the run (of any kind)."""
+    out: dict[tuple[int, int], int] = {}
+    for d in run_dir.iterdir():
+        if d.is_dir() and not d.is_symlink() and d.name not in (NATIVE, "shards"):
+            for p in d.iterdir():
+                m = _PART_RE.match(p.name)
+                if m:
+                    key = (int(m[1]), int(m[2]))
+                    out[key] = max(out.get(key, 0), int(m[3]) + 1)
+    return out
 
 
 def _int(v: Any, default: int) -> int:
@@ -235,11 +254,11 @@ def _int(v: Any, default: int) -> int:
 
 
 def _write_shard(run_dir: Path, rank: int, pid: int, meta: dict[str, Any], events: dict[str, int],
-                 status: dict[str, str], windowed_out: dict[str, int] | None = None) -> None:
+                 status: dict[str, str], windowed_out: dict[str, int] | None = None, first_part: int = 0) -> None:
     stats = meta.get("stats") if isinstance(meta.get("stats"), dict) else {}
     stat = {k: _int(v, 0) for k, v in stats.items()}
     shard = {
-        "schema_version": SCHEMA_VERSION, "rank": rank, "pid": pid,
+        "schema_version": SCHEMA_VERSION, "rank": rank, "pid": pid, "first_part": first_part,
         "argv": [a for a in meta.get("argv", []) if isinstance(a, str)] if isinstance(meta.get("argv"), list)
         else None,
         "started_ns": _int(meta.get("started_ns"), 0) if isinstance(meta.get("started_ns"), int) else None,
@@ -262,9 +281,14 @@ def _write_shard(run_dir: Path, rank: int, pid: int, meta: dict[str, Any], event
 
 def write_shard(run_dir: Path, rank: int, pid: int, shard: dict[str, Any]) -> None:
     """A process's shard header, written whole or not at all (compaction reads every one), for a
-    process whose events the launcher stores (native programs, probed ones)."""
+    process whose events the launcher stores (native programs, probed ones); beside, never over,
+    the shard of an earlier image of the same pid (-exec-N)."""
     (run_dir / "shards").mkdir(parents=True, exist_ok=True)
     path = run_dir / "shards" / f"rank-{rank}-pid-{pid}.json"
+    n = 0
+    while path.exists():
+        n += 1
+        path = path.with_name(f"rank-{rank}-pid-{pid}-exec-{n}.json")
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(shard), encoding="utf-8")
     os.replace(tmp, path)

@@ -117,6 +117,12 @@ int pp_open_files(void) {
   }
   snprintf(g_base, sizeof g_base, "%s/rank-%d-pid-%d", g_dir, g_rank, (int)getpid());
   char path[4300];
+  /* a process that exec'd keeps its pid: the earlier image's files stay, this one's are -exec-N */
+  snprintf(path, sizeof path, "%s.rec", g_base);
+  for (int n = 1; access(path, F_OK) == 0 && n < 10000; ++n) {
+    snprintf(g_base, sizeof g_base, "%s/rank-%d-pid-%d-exec-%d", g_dir, g_rank, (int)getpid(), n);
+    snprintf(path, sizeof path, "%s.rec", g_base);
+  }
   snprintf(path, sizeof path, "%s.rec", g_base);
   g_rec_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0666);
   snprintf(path, sizeof path, "%s.str", g_base);
