@@ -310,6 +310,11 @@ def part_procs(exe: dict[str, Path], out: Path) -> None:
     k = rows(out / "procs", "kernel")
     ranks = json.loads((out / "procs" / "run.json").read_text()).get("ranks") if r.returncode == 0 else None
     check("child processes: one shard each", k == 30 and ranks == [0, 1], f"{k} kernels of 10+20, ranks {ranks}")
+    # two programs of one rank, each numbering its launches from 1
+    r = pastaprof_run(out / "procs", ["sh", "-c", f"{exe['vecadd']} 10 && {exe['vecadd']} 20"])
+    check("two programs of one rank: each kernel joins its own launch call",
+          r.returncode == 0 and _joins_own_calls(out / "procs"), f"{rows(out / 'procs', 'kernel')} kernels of 30; "
+          f"{r.stderr[-200:]!r}")
     mpirun = shutil.which("mpirun")
     if mpirun:
         r = pastaprof_run(out / "mpi", [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2",
@@ -319,6 +324,21 @@ def part_procs(exe: dict[str, Path], out: Path) -> None:
         check("mpirun -np 2", k == 20 and ranks == [0, 1], f"{k} kernels, ranks {ranks}; {r.stderr[-200:]!r}")
     else:
         RESULTS["mpirun"] = "not on this machine"
+
+
+def _joins_own_calls(run: Path) -> bool:
+    """Every kernel has exactly one launch call of its (rank, correlation), of its own pid."""
+    import duckdb
+
+    k = [str(f) for f in (run / "kernel").glob("*.parquet")]
+    a = [str(f) for f in (run / "api").glob("*.parquet")]
+    if not k or not a:
+        return False
+    q = (f"select count(*), count(*) filter (where calls = 1 and same = 1) from (select k.rank, k.correlation, "
+         f"count(a.pid) as calls, bool_and(a.pid = k.pid)::int as same from read_parquet({k!r}) k left join "
+         f"read_parquet({a!r}) a on a.rank = k.rank and a.correlation = k.correlation group by all)")
+    n, ok = duckdb.connect().execute(q).fetchone()
+    return n > 0 and n == ok
 
 
 def part_sanitizer(exe: dict[str, Path], out: Path) -> None:
