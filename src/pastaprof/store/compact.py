@@ -122,20 +122,27 @@ def _external(run_dir: Path, shifts: dict[int, dict[int, int]], corr_shifts: dic
     return {r: pa.concat_tables(ts) for r, ts in out.items()}
 
 
+def _parts_by_process(run_dir: Path, kinds: tuple[str, ...],
+                      images: dict[tuple[int, int], list[int]]) -> dict[int, dict[int, list[Path]]]:
+    """rank -> process (``_process``) -> the parts of ``kinds`` it wrote."""
+    out: dict[int, dict[int, list[Path]]] = {}
+    for kind in kinds:
+        d = run_dir / kind
+        if d.is_dir():
+            for p in d.iterdir():
+                m = _PART_RE.match(p.name)
+                if m:
+                    out.setdefault(int(m.group(1)), {}).setdefault(_process(m, images), []).append(p)
+    return out
+
+
 def _op_shifts(run_dir: Path, cache: dict[Path, pa.Table],
                images: dict[tuple[int, int], list[int]]) -> dict[int, dict[int, int]]:
     """Per rank whose processes' op ids collide: per pid, what its op ids get added
     (``RankLinker.process_shifts``).  The op parts of such ranks are read here once and kept in
     ``cache`` for their merge; a rank of one process reads nothing."""
-    by_rank: dict[int, dict[int, list[Path]]] = {}
-    d = run_dir / "op"
-    if d.is_dir():
-        for p in d.iterdir():
-            m = _PART_RE.match(p.name)
-            if m:
-                by_rank.setdefault(int(m.group(1)), {}).setdefault(_process(m, images), []).append(p)
     out: dict[int, dict[int, int]] = {}
-    for rank, pids in by_rank.items():
+    for rank, pids in _parts_by_process(run_dir, ("op",), images).items():
         if len(pids) < 2:
             continue
         from pastaprof.processor.link import RankLinker
@@ -163,16 +170,8 @@ def _correlation_shifts(run_dir: Path, images: dict[tuple[int, int], list[int]])
     from 1): per pid, what its correlation ids get added (``shifts_past``), so that a rank's
     (correlation) joins of API calls to kernels never pair one process's call with another's
     kernel.  Only the correlation and time columns of such ranks' parts are read."""
-    parts: dict[int, dict[int, list[Path]]] = {}
-    for kind in CUPTI_NUMBERED:
-        d = run_dir / kind
-        if d.is_dir():
-            for p in d.iterdir():
-                m = _PART_RE.match(p.name)
-                if m:
-                    parts.setdefault(int(m.group(1)), {}).setdefault(_process(m, images), []).append(p)
     out: dict[int, dict[int, int]] = {}
-    for rank, pids in parts.items():
+    for rank, pids in _parts_by_process(run_dir, CUPTI_NUMBERED, images).items():
         if len(pids) < 2:
             continue
         spans: dict[int, tuple[int | None, int, int]] = {}
