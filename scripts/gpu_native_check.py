@@ -192,9 +192,6 @@ LOOP_VARIANTS: dict[str, dict[str, str]] = {
     "default+activity": {KN + "API_MECHANISM": "activity"},
     # launch calls as per-cbid activity records, syncs and the lazy kinds by callbacks on their cbids
     "default+hybrid": {KN + "API_MECHANISM": "hybrid"},
-    # kernel records enabled at start (before the program's context exists), not at the first launch
-    "default+kernel-at-start": {KN + "KERNEL_AT": "start"},
-    "kernel-at-start": {KN + "KINDS": "kernel", KN + "KERNEL_AT": "start"},
     "kernel+api+hybrid": {KN + "KINDS": "kernel,api", KN + "API_MECHANISM": "hybrid"},
     "kernel+api+activity": {KN + "KINDS": "kernel,api", KN + "API_MECHANISM": "activity"},
     **{f"kernel+{k}+activity": {KN + "KINDS": f"kernel,{k}", KN + "API_MECHANISM": "activity"}

@@ -125,9 +125,8 @@ def _check_rows(meta, t) -> None:
     assert y["start_ns"] == a["start_ns"][3:9] and y["end_ns"] == a["end_ns"][3:9]
     assert meta["stats"]["callback_rows"] == 11 and meta["stats"]["callback_dropped"] == 0
     assert meta["api_mechanism"] == "callbacks"
-    # the lazily enabled kinds: each once, at its first call (CUPTI refuses without a driver: said);
-    # the kernel kind at the first launch
-    assert [k.split()[0] for k in meta["lazy_kinds"].split("; ")] == ["memcpy", "memory", "kernel"]
+    # the lazily enabled kinds: each once, at its first call (CUPTI refuses without a driver: said)
+    assert [k.split()[0] for k in meta["lazy_kinds"].split("; ")] == ["memcpy", "memory"]
 
 
 def test_callback_rows_become_api_and_sync_rows(prog, tmp_path):
@@ -166,11 +165,7 @@ def test_kinds_switch_the_rows(prog, tmp_path):
     assert meta["stats"]["callback_rows"] == 6
     r = _run(prog, tmp_path / "b", "exit", PASTAPROF_NATIVE_KINDS="kernel,api")
     meta, t, _ = _one(tmp_path / "b")
-    assert "sync" not in t and t["api"].num_rows == 11 and meta["lazy_kinds"].split()[0] == "kernel"
-    # the kernel kind at start (as before it waited for the first launch): not among the lazy ones
-    r = _run(prog, tmp_path / "c", "exit", PASTAPROF_NATIVE_KINDS="kernel,api", PASTAPROF_NATIVE_KERNEL_AT="start")
-    meta, t, _ = _one(tmp_path / "c")
-    assert t["api"].num_rows == 11 and meta["lazy_kinds"] == ""
+    assert "sync" not in t and t["api"].num_rows == 11 and meta["lazy_kinds"] == ""
 
 
 def test_mechanism_said_in_the_header_and_the_run(prog, tmp_path):
@@ -179,8 +174,8 @@ def test_mechanism_said_in_the_header_and_the_run(prog, tmp_path):
     meta, _, status = _one(tmp_path / "a")
     assert meta["api_mechanism"] == "activity (PASTAPROF_NATIVE_API_MECHANISM=activity)"
     assert "activity records: PASTAPROF_NATIVE_API_MECHANISM=activity" in status["native_note"]
-    # nothing asked of the callbacks (kernel records from the start): no subscriber at all
-    r = _run(prog, tmp_path / "b", "start", PASTAPROF_NATIVE_KINDS="kernel", PASTAPROF_NATIVE_KERNEL_AT="start")
+    # nothing asked of the callbacks: no subscriber at all
+    r = _run(prog, tmp_path / "b", "start", PASTAPROF_NATIVE_KINDS="kernel")
     assert r.stdout == "start 1\n", r.stderr
     meta, _, status = _one(tmp_path / "b")
     assert meta["api_mechanism"].startswith("callbacks (none needed") and "native_note" not in status
@@ -202,7 +197,6 @@ def test_mechanism_said_in_the_header_and_the_run(prog, tmp_path):
     manifest = json.loads((out / "run.json").read_text())
     native_h = manifest["processes"][0]["handlers"]["native"]
     assert native_h["api_mechanism"] == "callbacks" and native_h["lazy_kinds"].split()[0] == "memcpy"
-    assert "kernel" in native_h["lazy_kinds"]
     assert manifest["rows"]["api"] == 11 and manifest["rows"]["sync"] == 6
 
 

@@ -66,11 +66,6 @@ def _api_mechanism(value: str) -> None:
         raise ValueError("expected callbacks, activity or hybrid")
 
 
-def _kernel_at(value: str) -> None:
-    if value not in ("start", "launch"):
-        raise ValueError("expected start or launch")
-
-
 def _library(value: str) -> None:
     if not os.path.isfile(value):
         raise ValueError("no such file")
@@ -99,8 +94,6 @@ class NativeProgram(Handler):
                                         "(default), activity (CUPTI activity records, every kind enabled at start) "
                                         "or hybrid (launch calls as activity records, the rest by callbacks)",
                 _api_mechanism),
-        Setting("NATIVE_KERNEL_AT", "when native programs' kernel records are enabled: launch (the first launch "
-                                    "call, default; cheaper launches) or start", _kernel_at),
     )
     mechanism = "cuda injection (native/inject.c)"
 

@@ -12,11 +12,9 @@
  *     row (start, end, thread, correlation id, cbid) goes into an in-memory table;
  *   - synchronizations come from the same callbacks (pp_sync_type: the SYNCHRONIZATION kind's
  *     types), with the stream from cuptiGetStreamIdEx for stream syncs and stream waits;
- *   - CONCURRENT_KERNEL, MEMCPY, MEMSET and MEMORY2 are enabled at the ENTER of the first call
- *     that can make one (a launch, a copy, ...; its own record is still taken: the kind is on
- *     before the work is issued), MARKER at the first NVTX call (InitializeInjectionNvtx2,
- *     inject.c).  The kernel kind waits because enabled before the program's CUDA context
- *     existed it made every launch dearer (inject_cupti.c).
+ *   - MEMCPY, MEMSET and MEMORY2 are enabled at the ENTER of the first call that can make one
+ *     (its own record is still taken: the kind is on before the work is issued), MARKER at the
+ *     first NVTX call (InitializeInjectionNvtx2, inject.c).
  * Times are CLOCK_REALTIME ns (pp_now_ns), the clock of CUPTI's activity timestamps.  Program
  * threads only take a spinlock for a row's copy; the rows become PP_API / PP_SYNC records
  * (pp_cb_drain, under inject.c's lock) where activity records are written: each completed
@@ -47,9 +45,8 @@
 char g_api_mechanism[300];
 static int g_mech; /* 1 callbacks, 0 activity (or not decided) */
 static int g_launch_records; /* hybrid: launch calls as per-cbid activity records, not callbacks */
-static int g_kernel_lazy;    /* the CONCURRENT_KERNEL kind enabled at the first launch, not at start */
 static volatile int g_live; /* callbacks write rows (0 before the start and in a forked child) */
-static uint16_t g_class[2][PP_MAX_CBID]; /* [driver][cbid]: PP_CB_* bits */
+static unsigned char g_class[2][PP_MAX_CBID]; /* [driver][cbid]: PP_CB_* bits */
 static CUpti_SubscriberHandle g_sub;
 static int g_sub_result = -1; /* cuptiSubscribe's answer, once */
 static int g_tid_system;      /* CUPTI's thread ids are gettid()'s, else pthread_self()'s */
@@ -91,7 +88,6 @@ int pp_cb_class(const char* name) {
   if (strstr(name, "Memcpy") && pp_kind_wanted("memcpy")) c |= PP_CB_MEMCPY;
   if (strstr(name, "Memset") && pp_kind_wanted("memset")) c |= PP_CB_MEMSET;
   if (memory_call(name) && !g_off_memory && pp_kind_wanted("memory")) c |= PP_CB_MEMORY;
-  if (g_kernel_lazy && strstr(name, "Launch") && !g_off_kernels && pp_kind_wanted("kernel")) c |= PP_CB_KERNEL;
   return c;
 }
 
@@ -104,16 +100,15 @@ static int classify_all(void) {
   memset(g_class, 0, sizeof g_class);
   for (int driver = 0; driver < 2; ++driver)
     for (int cbid = 1; cbid < CB_SIZE(driver) && cbid < PP_MAX_CBID; ++cbid)
-      n += (g_class[driver][cbid] = (uint16_t)pp_cb_class(pp_cb_name(driver, (uint32_t)cbid))) != 0;
+      n += (g_class[driver][cbid] = (unsigned char)pp_cb_class(pp_cb_name(driver, (uint32_t)cbid))) != 0;
   return n;
 }
 
 /* ---- the kinds enabled at their first call ---------------------------------------------------- */
-enum { LAZY_MEMCPY, LAZY_MEMSET, LAZY_MEMORY, LAZY_MARKER, LAZY_KERNEL, NLAZY };
+enum { LAZY_MEMCPY, LAZY_MEMSET, LAZY_MEMORY, LAZY_MARKER, NLAZY };
 static const CUpti_ActivityKind LAZY_KIND[NLAZY] = {CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
-                                                    CUPTI_ACTIVITY_KIND_MEMORY2, CUPTI_ACTIVITY_KIND_MARKER,
-                                                    CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL};
-static const char* LAZY_NAME[NLAZY] = {"memcpy", "memset", "memory", "marker", "kernel"};
+                                                    CUPTI_ACTIVITY_KIND_MEMORY2, CUPTI_ACTIVITY_KIND_MARKER};
+static const char* LAZY_NAME[NLAZY] = {"memcpy", "memset", "memory", "marker"};
 static int g_lazy[NLAZY];        /* 0 not yet, 1 being enabled, 2 done */
 static int g_lazy_result[NLAZY]; /* cuptiActivityEnable's answer */
 static __thread int t_enabling;  /* this thread is inside cuptiActivityEnable */
@@ -277,7 +272,6 @@ static void CUPTIAPI on_callback(void* user, CUpti_CallbackDomain domain, CUpti_
     if (cls & PP_CB_MEMCPY) lazy_enable(LAZY_MEMCPY);
     if (cls & PP_CB_MEMSET) lazy_enable(LAZY_MEMSET);
     if (cls & PP_CB_MEMORY) lazy_enable(LAZY_MEMORY);
-    if (cls & PP_CB_KERNEL) lazy_enable(LAZY_KERNEL);
     if (rows) *d->correlationData = t_depth++ ? 0 : (uint64_t)pp_now_ns();
     return;
   }
@@ -331,7 +325,6 @@ int pp_cb_live(void) { return g_live; }
 static int use_activity(const char* why) {
   memset(g_class, 0, sizeof g_class);
   g_mech = 0;
-  g_kernel_lazy = 0;
   snprintf(g_api_mechanism, sizeof g_api_mechanism, "activity (%.250s)", why);
   size_t used = strlen(g_note);
   if (used + 3 < sizeof g_note)
@@ -346,20 +339,18 @@ static void go_live(const char* mechanism) {
   __atomic_store_n(&g_live, 1, __ATOMIC_RELEASE);
 }
 
-/* Before any kind is enabled (pp_start_cupti): 1 when the callbacks take API calls,
- * synchronizations and the lazily enabled kinds (the kernel kind too, unless
- * PASTAPROF_NATIVE_KERNEL_AT=start), 0 when activity records must (everything enabled now). */
+/* After the kernel kind is enabled (pp_start_cupti): 1 when the callbacks take API calls,
+ * synchronizations and the lazily enabled kinds, 0 when activity records must (everything
+ * enabled now, as before). */
 int pp_cb_start(void) {
   bind();
   const char* m = getenv("PASTAPROF_NATIVE_API_MECHANISM");
   if (m && strcmp(m, "activity") == 0) return use_activity("PASTAPROF_NATIVE_API_MECHANISM=activity");
   if (!p_subscribe || !p_enable_cb || !p_cb_name) return use_activity("this libcupti lacks the callback API");
   g_launch_records = m && strcmp(m, "hybrid") == 0 && p_enable_rt && p_enable_drv;
-  const char* at = getenv("PASTAPROF_NATIVE_KERNEL_AT");
-  g_kernel_lazy = !(at && strcmp(at, "start") == 0);
   int want = classify_all();
-  if (want == 0) { /* nothing for the callbacks (no kernel, API, sync, copy ... kind): none at all */
-    g_launch_records = g_kernel_lazy = 0;
+  if (want == 0) { /* PASTAPROF_NATIVE_KINDS=kernel: no callback at all */
+    g_launch_records = 0;
     go_live("callbacks (none needed: no API, sync, memcpy, memset or memory kind asked for)");
     return 1;
   }
@@ -401,8 +392,6 @@ int pp_cb_start(void) {
 
 int pp_cb_launch_records(void) { return g_mech == 1 && g_launch_records; }
 
-int pp_cb_kernel_lazy(void) { return g_mech == 1 && g_kernel_lazy; }
-
 void pp_cb_meta(FILE* f) {
   if (!g_api_mechanism[0]) return;
   fputs(", \"api_mechanism\": ", f);
@@ -430,8 +419,6 @@ static CUptiResult CUPTIAPI test_stream_id(CUcontext ctx, CUstream s, uint8_t pe
 /* Classes by the bound libcupti's names, callbacks live: how many cbids have a class, -1 without names. */
 int pp_cb_test_live(void) {
   if (!p_cb_name) return -1;
-  const char* at = getenv("PASTAPROF_NATIVE_KERNEL_AT");
-  g_kernel_lazy = !(at && strcmp(at, "start") == 0);
   int n = classify_all();
   p_stream_id = test_stream_id;
   go_live("callbacks");

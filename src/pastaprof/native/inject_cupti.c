@@ -128,18 +128,16 @@ int pp_start_cupti(CUpti_BuffersCallbackRequestFunc requested, CUpti_BuffersCall
   } kinds[] = {{CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, "kernel"}, {CUPTI_ACTIVITY_KIND_MEMCPY, "memcpy"},
                {CUPTI_ACTIVITY_KIND_MEMSET, "memset"},           {CUPTI_ACTIVITY_KIND_SYNCHRONIZATION, "sync"},
                {CUPTI_ACTIVITY_KIND_MEMORY2, "memory"},          {CUPTI_ACTIVITY_KIND_MARKER, "marker"}};
-  /* The callback API (inject_callbacks.c) takes API calls and synchronizations, and enables
-   * the kernel, copy, memset, allocation and marker kinds at their first call, so none of those
-   * is enabled now.  The kernel kind too: enabled before the program's first CUDA context
-   * exists, CUPTI made each launch of an H100's launch-bound loop ~2 us dearer (1.5-1.6x of a
-   * 4 us launch); enabled once the context exists, at the first launch, ~0.45 us (1.12x;
-   * docs/benchmarks.md, twenty-first session).  PASTAPROF_NATIVE_KERNEL_AT=start: at start.  Without it (another CUPTI client holds the
+  /* After the kernels: the callback API (inject_callbacks.c) takes API calls and
+   * synchronizations, and enables the copy, memset, allocation and marker kinds at their first
+   * call, so none of those is enabled now.  Without it (another CUPTI client holds the
    * subscriber slot, PASTAPROF_NATIVE_API_MECHANISM=activity) every kind is, as before, and API
    * calls are activity records. */
-  int callbacks = pp_cb_start();
+  int callbacks = 0;
   for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; ++i) {
+    if (i == 1) callbacks = pp_cb_start();
     if ((g_off_kernels && i == 0) || (g_off_memory && kinds[i].kind == CUPTI_ACTIVITY_KIND_MEMORY2) ||
-        !pp_kind_wanted(kinds[i].name) || (callbacks && i > 0) || (i == 0 && pp_cb_kernel_lazy()))
+        !pp_kind_wanted(kinds[i].name) || (callbacks && i > 0))
       continue;
     r = p_enable(kinds[i].kind);
     if (r != CUPTI_SUCCESS && i == 0) {

@@ -83,7 +83,6 @@ enum {
   PP_CB_MEMCPY = 1 << 5, /* its first call enables the MEMCPY kind */
   PP_CB_MEMSET = 1 << 6, /* ... MEMSET */
   PP_CB_MEMORY = 1 << 7, /* ... MEMORY2 */
-  PP_CB_KERNEL = 1 << 8, /* a launch: its first call enables the CONCURRENT_KERNEL kind */
 };
 extern char g_api_mechanism[300]; /* "callbacks" or "activity (why)", for the header */
 int pp_sync_type(const char* name, int* per_thread);
@@ -93,7 +92,6 @@ int pp_cb_subscribe(void); /* the process's one CUPTI subscriber (also UVM's): 0
 int pp_cb_enable_resource(CUpti_CallbackId cbid);
 int pp_cb_live(void);
 int pp_cb_launch_records(void); /* 1: launch calls are per-cbid activity records (the hybrid mechanism) */
-int pp_cb_kernel_lazy(void); /* 1: the kernel kind waits for the first launch (callbacks live) */
 void pp_cb_nvtx(void); /* the first NVTX call: MARKER enabled (callbacks mechanism) */
 void pp_cb_drain(int wait); /* callback rows into the stage (under inject.c's lock); wait 0: only if free */
 void pp_cb_fork(int phase); /* 0 prepare, 1 parent, 2 child (inside inject.c's fork handlers) */
