@@ -8,6 +8,15 @@
 // took to issue the N launches (before the synchronize): where issue and loop are equal the
 // loop is host-bound, where issue is shorter the GPU was behind.
 //
+// What it does not measure (H100, 2026-12-06): the kinds it enables after the context exists
+// cost less here (kernel records 1.09-1.12x) than in fresh processes under `pastaprof run`
+// (1.3-1.6x), but its bare loop is not a fresh process's either: after CUPTI's set-up and the
+// first round, "bare" ran 3.84 us a launch against 3.06-3.67 us in a plain process, and each
+// mode's ratio fell round by round (kernel records 1.35x in round 1, 0.82x in round 6).  Enabling
+// launch calls as per-cbid activity records mid-process (k+rtact, k+act) made no record at all.
+// So read it for differences between callback modes, and take the fresh-process numbers
+// (scripts/gpu_native_check.py, bench/native_loop.py) for what a program pays.
+//
 //   nvcc -O2 -arch=sm_90 -o cupti_launch_cost bench/cupti_launch_cost.cu \
 //        -I/usr/local/cuda/include -L/usr/local/cuda/lib64 -lcupti
 //   ./cupti_launch_cost [N=50000] [ROUNDS=9] [MODES=all|comma list]
