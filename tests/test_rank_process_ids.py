@@ -250,3 +250,26 @@ def test_an_exec_d_process_image_gets_ids_after_the_earlier_images(tmp_path):
         if o["parent_id"] is not None:
             p = by_id[o["parent_id"]]
             assert p["start_ns"] <= o["start_ns"] and o["end_ns"] <= p["end_ns"], (p["name"], o["name"])
+
+
+def test_correlation_shifts_survive_damaged_and_foreign_parts(tmp_path):
+    """Parts a hostile run directory may hold beside good ones: correlation ids as text, out of
+    CUPTI's range, external-correlation records with other columns or types.  Compaction raises
+    nothing, and the good processes' ids are still made unique."""
+    d = tmp_path / "run"
+    d.mkdir()
+    for pid, t0 in ((100, 1_000), (200, 2_000)):
+        write_part(d / "api" / f"rank-0-pid-{pid}-part-00000.parquet", _gpu(pid, "api", [1, 2, 3], t0))
+        write_part(d / "kernel" / f"rank-0-pid-{pid}-part-00000.parquet", _gpu(pid, "kernel", [1, 2, 3], t0 + 3))
+    text = _gpu(300, "kernel", [1], 3_000).set_column(4, "correlation", pa.array(["x"]))
+    write_part(d / "kernel" / "rank-0-pid-300-part-00000.parquet", text)
+    write_part(d / "api" / "rank-0-pid-400-part-00000.parquet", _gpu(400, "api", [1 << 62], 4_000))
+    write_part(d / "_external" / "rank-0-pid-200-part-00001.parquet",
+               pa.table({"pid": pa.array(["200"]), "correlation": pa.array([1]), "external_id": pa.array([1])}))
+    write_part(d / "_external" / "rank-0-pid-200-part-00002.parquet",
+               pa.table({"pid": pa.array([200], pa.int32()), "correlation": pa.array([2], pa.uint64()),
+                         "external_id": pa.array([9]), "extra": pa.array([0.5])}))
+    compact(d)
+    run = pastaprof.load(d)
+    k = sorted((r["pid"], r["correlation"]) for r in run.table("kernel").select(["pid", "correlation"]).to_pylist())
+    assert [x for x in k if x[0] in (100, 200)] == [(100, 1), (100, 2), (100, 3), (200, 4), (200, 5), (200, 6)]

@@ -69,6 +69,7 @@ def _gpus() -> list[dict[str, Any]]:
 
 EXTERNAL = "_external"
 LINKED = ("kernel", "memcpy", "memset", "api")
+EXTERNAL_COLUMNS = ("pid", "correlation", "external_id")
 CUPTI_NUMBERED = ("api", "kernel", "memcpy", "memset", "sync", "alloc", "free")  # correlation ids from CUPTI
 KEEP_PARTS = 8  # per kind and rank: up to this many parts are kept, more are merged into one file
 
@@ -108,6 +109,9 @@ def _external(run_dir: Path, shifts: dict[int, dict[int, int]], corr_shifts: dic
                     t = read_part(p, None, run_dir)
                 except InputError:
                     continue
+                if not all(c in t.column_names and pa.types.is_integer(t.schema.field(c).type) for c in EXTERNAL_COLUMNS):
+                    continue  # not one of ours (a foreign or damaged part): no links from it
+                t = pa.table({c: t[c].cast(pa.int64(), safe=False) for c in EXTERNAL_COLUMNS})
                 rank, pid = int(m.group(1)), _process(m, images)
                 shift = shifts.get(rank, {}).get(pid, 0)
                 if shift:
@@ -165,6 +169,16 @@ def _op_shifts(run_dir: Path, cache: dict[Path, pa.Table],
     return out
 
 
+def _int_span(t: pa.Table, column: str, limit: int) -> tuple[int, int] | None:
+    """(min, max) of an integer column whose values lie in [0, limit); None for a column that is
+    missing, all null, not integers or out of that range (a foreign or damaged part)."""
+    if column not in t.column_names or not pa.types.is_integer(t.schema.field(column).type):
+        return None
+    c = pc.min_max(t[column])
+    lo, hi = c["min"].as_py(), c["max"].as_py()
+    return (int(lo), int(hi)) if lo is not None and 0 <= lo and hi < limit else None
+
+
 def _correlation_shifts(run_dir: Path, images: dict[tuple[int, int], list[int]]) -> dict[int, dict[int, int]]:
     """Per rank where several processes recorded CUPTI work (each numbers its correlation ids
     from 1): per pid, what its correlation ids get added (``shifts_past``), so that a rank's
@@ -182,14 +196,13 @@ def _correlation_shifts(run_dir: Path, images: dict[tuple[int, int], list[int]])
                     t = part_columns(p, ["start_ns", "correlation"], run_dir)
                 except InputError:
                     continue
-                if "correlation" not in t.column_names or t["correlation"].null_count == t.num_rows:
+                span = _int_span(t, "correlation", 1 << 40)  # CUPTI's ids are 32-bit: other values are damage
+                if span is None:
                     continue
-                c = pc.min_max(t["correlation"])
-                lo = c["min"].as_py() if lo is None else min(lo, c["min"].as_py())
-                hi = c["max"].as_py() if hi is None else max(hi, c["max"].as_py())
-                if "start_ns" in t.column_names and t.num_rows:
-                    start = pc.min(t["start_ns"]).as_py()
-                    first = start if first is None or (start is not None and start < first) else first
+                lo, hi = (span if lo is None else (min(lo, span[0]), max(hi, span[1])))
+                start = _int_span(t, "start_ns", 1 << 62)
+                if start is not None and (first is None or start[0] < first):
+                    first = start[0]
             if lo is not None:
                 spans[pid] = (first, int(lo), int(hi))
         from pastaprof.processor.link import shifts_past
