@@ -273,3 +273,16 @@ def test_correlation_shifts_survive_damaged_and_foreign_parts(tmp_path):
     run = pastaprof.load(d)
     k = sorted((r["pid"], r["correlation"]) for r in run.table("kernel").select(["pid", "correlation"]).to_pylist())
     assert [x for x in k if x[0] in (100, 200)] == [(100, 1), (100, 2), (100, 3), (200, 4), (200, 5), (200, 6)]
+
+
+def test_a_sanitizer_only_process_gets_correlation_ids_of_its_own(tmp_path):
+    """A process of the rank whose only GPU rows are the sanitizer's (its launches numbered from 1
+    too): its access rows follow the CUPTI process's ids, so no access joins another's kernel."""
+    d = tmp_path / "run"
+    d.mkdir()
+    write_part(d / "kernel" / "rank-0-pid-100-part-00000.parquet", _gpu(100, "kernel", [1, 2, 3], 1_000))
+    write_part(d / "access_launch" / "rank-0-pid-200-part-00000.parquet", _gpu(200, "access_launch", [1, 2], 2_000))
+    compact(d)
+    run = pastaprof.load(d)
+    assert sorted(run.table("access_launch")["correlation"].to_pylist()) == [4, 5]
+    assert sorted(run.table("kernel")["correlation"].to_pylist()) == [1, 2, 3]

@@ -70,7 +70,8 @@ def _gpus() -> list[dict[str, Any]]:
 EXTERNAL = "_external"
 LINKED = ("kernel", "memcpy", "memset", "api")
 EXTERNAL_COLUMNS = ("pid", "correlation", "external_id")
-CUPTI_NUMBERED = ("api", "kernel", "memcpy", "memset", "sync", "alloc", "free")  # correlation ids from CUPTI
+# kinds whose correlation ids a process numbers itself (CUPTI from 1; the sanitizer its launches)
+NUMBERED_BY_PROCESS = ("api", "kernel", "memcpy", "memset", "sync", "alloc", "free", "access_launch")
 KEEP_PARTS = 8  # per kind and rank: up to this many parts are kept, more are merged into one file
 
 
@@ -180,12 +181,13 @@ def _int_span(t: pa.Table, column: str, limit: int) -> tuple[int, int] | None:
 
 
 def _correlation_shifts(run_dir: Path, images: dict[tuple[int, int], list[int]]) -> dict[int, dict[int, int]]:
-    """Per rank where several processes recorded CUPTI work (each numbers its correlation ids
-    from 1): per pid, what its correlation ids get added (``shifts_past``), so that a rank's
-    (correlation) joins of API calls to kernels never pair one process's call with another's
-    kernel.  Only the correlation and time columns of such ranks' parts are read."""
+    """Per rank where several processes recorded GPU work (each numbers its correlation ids from
+    1: CUPTI its launches, the sanitizer its instrumented launches): per process, what its
+    correlation ids get added (``shifts_past``), so that a rank's (correlation) joins of API
+    calls and accesses to kernels never pair one process's rows with another's.  Only the
+    correlation and time columns of such ranks' parts are read."""
     out: dict[int, dict[int, int]] = {}
-    for rank, pids in _parts_by_process(run_dir, CUPTI_NUMBERED, images).items():
+    for rank, pids in _parts_by_process(run_dir, NUMBERED_BY_PROCESS, images).items():
         if len(pids) < 2:
             continue
         spans: dict[int, tuple[int | None, int, int]] = {}
