@@ -13,11 +13,10 @@ their ids collide: the later processes' op ids -- and every op id that refers to
 them -- are shifted past the earlier ones' (``RankLinker.process_shifts``), and that
 rank's parts are merged, so no reader sees the parts' own numbering.  CUPTI's
 correlation ids, numbered by each process from 1 too, are shifted the same way where
-several processes of a rank recorded GPU work.  A process that exec'd keeps its pid, and its new
-image numbers both from 1 again: its parts after the earlier image's are taken as another
-process's.  Parts of a
-process killed mid-write are never half-read: they are renamed into place only
-when complete.
+several processes of a rank recorded GPU work.  A process that exec'd keeps its pid,
+and its new image numbers both from 1 again: its parts after the earlier image's are
+taken as another process's.  Parts of a process killed mid-write are never half-read:
+they are renamed into place only when complete.
 """
 
 from __future__ import annotations
