@@ -168,6 +168,16 @@ def test_kinds_switch_the_rows(prog, tmp_path):
     assert "sync" not in t and t["api"].num_rows == 11 and meta["lazy_kinds"] == ""
 
 
+def test_hybrid_leaves_launch_calls_to_activity_records(prog, tmp_path):
+    """PASTAPROF_NATIVE_API_MECHANISM=hybrid: launch calls are CUPTI's per-call activity records,
+    so the callbacks make no row for them; syncs, copies and the lazy kinds are as before."""
+    r = _run(prog, tmp_path, "exit", PASTAPROF_NATIVE_API_MECHANISM="hybrid")
+    assert r.returncode == 5 and r.stdout == "live 1\ncalls 0 pending 8\n", r.stderr
+    meta, t, _ = _one(tmp_path)
+    assert meta["api_mechanism"] == "hybrid"
+    assert t["api"]["correlation"].to_pylist() == API_CORR[3:] and t["sync"].num_rows == 6
+
+
 def test_mechanism_said_in_the_header_and_the_run(prog, tmp_path):
     r = _run(prog, tmp_path / "a", "start", PASTAPROF_NATIVE_API_MECHANISM="activity")
     assert r.stdout == "start 0\n", r.stderr

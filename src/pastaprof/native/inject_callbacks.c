@@ -419,9 +419,11 @@ static CUptiResult CUPTIAPI test_stream_id(CUcontext ctx, CUstream s, uint8_t pe
 /* Classes by the bound libcupti's names, callbacks live: how many cbids have a class, -1 without names. */
 int pp_cb_test_live(void) {
   if (!p_cb_name) return -1;
+  const char* m = getenv("PASTAPROF_NATIVE_API_MECHANISM");
+  g_launch_records = m && strcmp(m, "hybrid") == 0 && p_enable_rt && p_enable_drv;
   int n = classify_all();
   p_stream_id = test_stream_id;
-  go_live("callbacks");
+  go_live(g_launch_records ? "hybrid" : "callbacks");
   return n;
 }
 
