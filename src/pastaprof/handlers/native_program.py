@@ -49,7 +49,6 @@ MAX_STRING_IDS = 1 << 17  # the library's string table (inject_util.c: STR_SLOTS
 K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_API, K_MEMORY, K_MARKER, K_UVM = range(1, 9)
 # a process's files; -exec-N: the N-th later image of a process that exec'd (same pid)
 _FILE_RE = re.compile(r"^rank-(\d+)-pid-(\d+)(?:-exec-(\d+))?\.json$")
-_PART_RE = re.compile(r"^rank-(\d+)-pid-(\d+)-part-(\d+)\.parquet$")
 _PYTHON_RE = re.compile(r"^(python|pypy)[0-9.]*(-dbg)?$")
 MARKER_INSTANT, MARKER_START, MARKER_END = 1, 2, 4
 
@@ -197,7 +196,7 @@ def convert(run_dir: Path, kernels: str | None = None, config: Any = None) -> di
     (default: ``config.kernels``): the PASTAPROF_KERNELS regex, applied here where the library's
     POSIX regex could not take it; ``config``: the run's CaptureConfig, for the instruction-level
     tables.  Returns rows per kind."""
-    from pastaprof.store.parts import write_part
+    from pastaprof.store.parts import next_part_numbers, write_part
 
     if kernels is None and config is not None:
         kernels = config.kernels
@@ -207,7 +206,7 @@ def convert(run_dir: Path, kernels: str | None = None, config: Any = None) -> di
         return rows
     found = [(m, p) for p in d.iterdir() if (m := _FILE_RE.match(p.name))]
     found.sort(key=lambda e: (int(e[0][1]), int(e[0][2]), int(e[0][3] or 0)))  # a pid's images in exec order
-    next_part = _next_parts(run_dir)
+    next_part = next_part_numbers(run_dir)
     for m, meta_path in found:
         base = meta_path.with_suffix("")
         meta, tables, status = read_process(base, kernels)
@@ -234,19 +233,6 @@ def convert(run_dir: Path, kernels: str | None = None, config: Any = None) -> di
         _write_shard(run_dir, rank, pid, meta, events, status, windowed_out, first_part=part)
     shutil.rmtree(d, ignore_errors=True)
     return rows
-
-
-def _next_parts(run_dir: Path) -> dict[tuple[int, int], int]:
-    """(rank, pid) -> the part number after the highest one already in the run (of any kind)."""
-    out: dict[tuple[int, int], int] = {}
-    for d in run_dir.iterdir():
-        if d.is_dir() and not d.is_symlink() and d.name not in (NATIVE, "shards"):
-            for p in d.iterdir():
-                m = _PART_RE.match(p.name)
-                if m:
-                    key = (int(m[1]), int(m[2]))
-                    out[key] = max(out.get(key, 0), int(m[3]) + 1)
-    return out
 
 
 def _int(v: Any, default: int) -> int:
@@ -283,12 +269,10 @@ def write_shard(run_dir: Path, rank: int, pid: int, shard: dict[str, Any]) -> No
     """A process's shard header, written whole or not at all (compaction reads every one), for a
     process whose events the launcher stores (native programs, probed ones); beside, never over,
     the shard of an earlier image of the same pid (-exec-N)."""
+    from pastaprof.store.parts import free_shard
+
     (run_dir / "shards").mkdir(parents=True, exist_ok=True)
-    path = run_dir / "shards" / f"rank-{rank}-pid-{pid}.json"
-    n = 0
-    while path.exists():
-        n += 1
-        path = path.with_name(f"rank-{rank}-pid-{pid}-exec-{n}.json")
+    path = free_shard(run_dir, rank, pid)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(shard), encoding="utf-8")
     os.replace(tmp, path)

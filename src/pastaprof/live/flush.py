@@ -67,7 +67,7 @@ from typing import Any
 
 from pastaprof.live import threads
 from pastaprof.live.messages import stopped as _stopped
-from pastaprof.store.parts import warm_up
+from pastaprof.store.parts import free_shard, next_part_numbers, warm_up
 
 ROW_BYTES = 128  # an op row in the observer's buffer: 14 columns + ~2 input pointers (torch_observer.cpp: kRowBytes)
 CAP_BUFFERS = 16  # the observer keeps at most this many buffers' rows (torch_observer.cpp: kCapBuffers)
@@ -316,21 +316,11 @@ class FlushScheduler:
         failed): keep its shard, continue its part numbers.  This image numbers its ops and
         CUPTI its launches from 1 again: compaction shifts them past the earlier image's, which
         wrote the parts before ``first_part``."""
-        shards = self.out / "shards"
-        stem = f"rank-{self.rank}-pid-{self.pid}"
-        if not (shards / f"{stem}.json").exists():
+        shard = free_shard(self.out, self.rank, self.pid)
+        if shard.name == f"rank-{self.rank}-pid-{self.pid}.json":  # no earlier session of this pid
             return
-        n = 1
-        while (shards / f"{stem}-exec-{n}.json").exists():
-            n += 1
-        self._meta_name = f"{stem}-exec-{n}.json"
-        last = -1
-        for d in self.out.iterdir():
-            if d.is_dir() and d.name != "shards":
-                for p in d.glob(f"{stem}-part-*.parquet"):
-                    with contextlib.suppress(ValueError):
-                        last = max(last, int(p.stem.rsplit("-", 1)[1]))
-        self._part = last + 1
+        self._meta_name = shard.name
+        self._part = next_part_numbers(self.out).get((self.rank, self.pid), 0)
         self.first_part = self._part  # compaction tells this image's parts from the earlier one's by it
 
     def _deadline_due(self, rows: int) -> bool:

@@ -321,6 +321,12 @@ int pp_cb_enable_resource(CUpti_CallbackId cbid) {
 
 int pp_cb_live(void) { return g_live; }
 
+/* PASTAPROF_NATIVE_API_MECHANISM=hybrid, and this libcupti enables API records one call at a time */
+static int hybrid_asked(void) {
+  const char* m = getenv("PASTAPROF_NATIVE_API_MECHANISM");
+  return m && strcmp(m, "hybrid") == 0 && p_enable_rt && p_enable_drv;
+}
+
 /* API calls as activity records, and why (in the run's status too: it costs more) */
 static int use_activity(const char* why) {
   memset(g_class, 0, sizeof g_class);
@@ -347,7 +353,7 @@ int pp_cb_start(void) {
   const char* m = getenv("PASTAPROF_NATIVE_API_MECHANISM");
   if (m && strcmp(m, "activity") == 0) return use_activity("PASTAPROF_NATIVE_API_MECHANISM=activity");
   if (!p_subscribe || !p_enable_cb || !p_cb_name) return use_activity("this libcupti lacks the callback API");
-  g_launch_records = m && strcmp(m, "hybrid") == 0 && p_enable_rt && p_enable_drv;
+  g_launch_records = hybrid_asked();
   int want = classify_all();
   if (want == 0) { /* PASTAPROF_NATIVE_KINDS=kernel: no callback at all */
     g_launch_records = 0;
@@ -419,8 +425,7 @@ static CUptiResult CUPTIAPI test_stream_id(CUcontext ctx, CUstream s, uint8_t pe
 /* Classes by the bound libcupti's names, callbacks live: how many cbids have a class, -1 without names. */
 int pp_cb_test_live(void) {
   if (!p_cb_name) return -1;
-  const char* m = getenv("PASTAPROF_NATIVE_API_MECHANISM");
-  g_launch_records = m && strcmp(m, "hybrid") == 0 && p_enable_rt && p_enable_drv;
+  g_launch_records = hybrid_asked();
   int n = classify_all();
   p_stream_id = test_stream_id;
   go_live(g_launch_records ? "hybrid" : "callbacks");

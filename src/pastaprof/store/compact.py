@@ -38,10 +38,9 @@ import pyarrow.parquet as pq
 
 from pastaprof.errors import InputError
 from pastaprof.events.schema import KINDS, SCHEMA_VERSION
+from pastaprof.store.parts import PART_RE as _PART_RE
 from pastaprof.store.safe_read import load_json, part_columns, part_rows, read_part
 from pastaprof.store.writer import MANIFEST, dictionary_columns
-
-_PART_RE = re.compile(r"^rank-(\d+)-pid-(\d+)-part-(\d+)\.parquet$")
 
 
 @functools.cache  # NVML's start-up takes tens of ms: asked once (``pastaprof run`` asks while the program runs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,35 @@ from pastaprof.store.writer import dictionary_columns
 # (madvise mode), and a part's first encode after the pool grew spent ~70% of its time in the
 # kernel zeroing 2 MB pages (perf, dev VM: a 6,130-op part 20-26 ms to encode instead of ~3).
 POOL = pa.system_memory_pool()
+
+#: A part's file name: its rank, its process and its number (one counter per process, across kinds).
+PART_RE = re.compile(r"^rank-(\d+)-pid-(\d+)-part-(\d+)\.parquet$")
+
+
+def next_part_numbers(run_dir: Path) -> dict[tuple[int, int], int]:
+    """(rank, pid) -> the number after the highest part that process wrote, of any kind: a later
+    image of the pid (it exec'd) numbers its parts on from there, and compaction tells the images
+    apart by where each began (the shard's ``first_part``)."""
+    out: dict[tuple[int, int], int] = {}
+    for d in run_dir.iterdir():
+        if d.is_dir() and not d.is_symlink() and d.name != "shards":
+            for p in d.iterdir():
+                m = PART_RE.match(p.name)
+                if m:
+                    key = (int(m[1]), int(m[2]))
+                    out[key] = max(out.get(key, 0), int(m[3]) + 1)
+    return out
+
+
+def free_shard(run_dir: Path, rank: int, pid: int) -> Path:
+    """Where a process's shard header goes: ``shards/rank-R-pid-P.json``, or, beside the shard of
+    an earlier image of the same pid (it exec'd), the first free ``...-exec-N.json``."""
+    path = run_dir / "shards" / f"rank-{rank}-pid-{pid}.json"
+    n = 0
+    while path.exists():
+        n += 1
+        path = path.with_name(f"rank-{rank}-pid-{pid}-exec-{n}.json")
+    return path
 
 
 @contextlib.contextmanager
