@@ -14,8 +14,14 @@ which three or five rounds cannot average away.  This benchmark asks where that 
 * one kernel-records run gives the GPU's side: the kernels' median duration and the median gap
   between consecutive kernel starts (a gap far above the duration: the host is the bottleneck).
 
+* ``--no-aslr`` runs every process with address-space randomization off (``setarch -R``): if the
+  two speeds follow where the process's memory lands, they go away with it.
+
+Besides the median of all repetitions, each variant's per-process medians are summarized: the
+median process and the best one, each against bare's.
+
     python3 bench/native_loop.py EMPTY_LOOP [--rounds 3] [--repeats 5] [--n 100000]
-        [--variants bare,kernel,default] [--cpusets local,cores,one] [--out DIR]
+        [--variants bare,kernel,default] [--cpusets local,cores,one] [--no-aslr] [--out DIR]
 """
 
 from __future__ import annotations
@@ -68,22 +74,30 @@ def threads(stdout: str) -> list[tuple[str, int, int]]:
     return [(m[0], int(m[1]), int(m[2])) for m in re.findall(r"thread \d+ (.+?) cpu_ticks (\d+) last_cpu (\d+)", stdout)]
 
 
+NO_ASLR: list[str] = []  # ["setarch", machine, "-R"] with --no-aslr
+
+
 def run_one(exe: str, n: int, repeats: int, env_extra: dict[str, str] | None, cpus: list[int],
             out: Path) -> dict[str, object]:
     env = {**os.environ, "PP_LOOP_THREADS": "1"}
-    prog = ["taskset", "-c", ",".join(map(str, cpus)), exe, str(n), str(repeats)]
+    prog = [*NO_ASLR, "taskset", "-c", ",".join(map(str, cpus)), exe, str(n), str(repeats)]
     if env_extra is None:
         cmd = prog
     else:
         env.update(env_extra)
         shutil.rmtree(out, ignore_errors=True)
-        cmd = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-m", "pastaprof.cli", "run", "--out",
-               str(out), "--", *prog[3:]]
+        cmd = [*NO_ASLR, "taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-m", "pastaprof.cli", "run",
+               "--out", str(out), "--", exe, str(n), str(repeats)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     t = loop_times(r.stdout)
     if len(t) != repeats:
         return {"error": (r.stdout + r.stderr)[-400:], "times": t}
     return {"times": t, "threads": threads(r.stdout)}
+
+
+def per_process(procs: list[dict[str, object]]) -> list[float]:
+    """Each process's median repetition: a process's speed, one number per process."""
+    return [statistics.median(p["times"]) for p in procs if "error" not in p and p["times"]]
 
 
 def gpu_side(run: Path) -> dict[str, float]:
@@ -107,8 +121,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--variants", default="bare,kernel,default")
     ap.add_argument("--cpusets", default="local,cores,one")
+    ap.add_argument("--no-aslr", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
+    if a.no_aslr:
+        NO_ASLR[:] = ["setarch", os.uname().machine, "-R"]
     names = a.variants.split(",")
     bad = [v for v in names if v not in VARIANTS]
     if bad or not Path(a.exe).exists():
@@ -131,8 +148,11 @@ def main() -> int:
               f"gap between kernel starts {side['start_gap_us']:.2f} us")
     for s, cpus in sets.items():
         bare = statistics.median(t for p in res[s].get("bare", []) for t in p["times"]) if "bare" in names else None
-        print(f"\nCPU set {s} ({len(cpus)} CPUs: {','.join(map(str, cpus[:8]))}{'...' if len(cpus) > 8 else ''})")
-        print(f"{'variant':<18} {'first':>7} {'all':>7} {'x bare':>7}  per process: repetitions (s)")
+        bare_procs = per_process(res[s].get("bare", []))
+        print(f"\nCPU set {s} ({len(cpus)} CPUs: {','.join(map(str, cpus[:8]))}{'...' if len(cpus) > 8 else ''})"
+              f"{', ASLR off' if NO_ASLR else ''}")
+        print(f"{'variant':<18} {'first':>7} {'all':>7} {'x bare':>7} {'med proc':>8} {'x':>6} {'best':>7} {'x':>6}"
+              "  per process: repetitions (s)")
         for v in names:
             procs = res[s][v]
             ok = [p for p in procs if "error" not in p]
@@ -142,8 +162,12 @@ def main() -> int:
             first = statistics.median(p["times"][0] for p in ok)
             every = statistics.median(t for p in ok for t in p["times"])
             ratio = f"{every / bare:7.3f}" if bare else "      -"
+            procs_s = per_process(ok)
+            med, best = statistics.median(procs_s), min(procs_s)
+            vs = (f"{med / statistics.median(bare_procs):6.3f} {best:7.4f} {best / min(bare_procs):6.3f}"
+                  if bare_procs else f"{'-':>6} {best:7.4f} {'-':>6}")
             rows = " | ".join(" ".join(f"{t:.3f}" for t in p["times"]) for p in ok)
-            print(f"{v:<18} {first:7.4f} {every:7.4f} {ratio}  {rows}")
+            print(f"{v:<18} {first:7.4f} {every:7.4f} {ratio} {med:8.4f} {vs}  {rows}")
             busy = sorted(ok[-1]["threads"], key=lambda x: -x[1])[:4]
             print(f"{'':<18} threads (cpu ticks, last cpu): " + ", ".join(f"{nm} {tk} @{c}" for nm, tk, c in busy))
     if a.out:
