@@ -415,10 +415,11 @@ def _processes(run: Path) -> list[dict]:
 
 
 def part_python(out: Path) -> None:
-    """A torch program under `pastaprof run` (CUDA_INJECTION64_PATH is set for it too): the
-    Python session captures it, the library stays out (no native files, no CUPTI conflict)."""
+    """A torch program started by a shell under `pastaprof run` (the shell is not Python, so the
+    library is in CUDA_INJECTION64_PATH and LD_PRELOAD for it): the Python session captures it,
+    the library stays out (no native files, no CUPTI conflict)."""
     code = "import torch; x = torch.ones(1000, device='cuda'); [x.add_(1) for _ in range(100)]; print(x[0].item())"
-    r = pastaprof_run(out / "py", [sys.executable, "-c", code])
+    r = pastaprof_run(out / "py", ["sh", "-c", f'exec "{sys.executable}" -c "{code}"'])
     k = rows(out / "py", "kernel")
     mech = json.loads((out / "py" / "run.json").read_text())["processes"] if (out / "py" / "run.json").exists() else []
     names = [list((p.get("handlers") or {}).keys()) for p in mech]

@@ -62,6 +62,17 @@ int main(int argc, char** argv) {
     execv(argv[0], again);
     return 8;
   }
+  if (!strncmp(how, "exec-held", 9)) {  /* 4 kernels still held (in CUPTI's buffer), then exec */
+    void (*held)(int, int) = (void (*)(int, int))dlsym(h, "pp_inject_selftest_held");
+    held(kernels, 4);
+    if (!strcmp(how, "exec-held-fails")) {  /* an exec that fails: the program and capture go on */
+      execl("/nonexistent/program", "program", (char*)NULL);
+      printf("exec failed\n");
+      return 6;
+    }
+    execlp(argv[0], argv[0], argv[1], "exit", "7", (char*)NULL);
+    return 8;
+  }
   return 5;
 }
 """
@@ -584,6 +595,52 @@ def test_a_native_process_that_execs_keeps_both_images(lib, programs, tmp_path):
     assert sorted(r["correlation"] for r in kernel) == sorted(r["correlation"] for r in api)
     assert len({r["correlation"] for r in kernel}) == 12
     assert len(run.manifest["processes"]) == 2
+
+
+def test_an_exec_writes_what_capture_still_holds(lib, programs, tmp_path):
+    """What CUPTI still holds when a native program execs (the buffer being filled: 4 kernels
+    and their launch calls here) is written before the image is replaced, through the library's
+    exec wrappers, which `pastaprof run` puts in LD_PRELOAD; with PASTAPROF_NATIVE_PRELOAD=0
+    they are lost, and the run says so.  An exec that fails leaves the program and its capture
+    going on."""
+    same = {"PASTAPROF_NATIVE_INJECT": "1", "PASTAPROF_CACHE": os.environ["PASTAPROF_CACHE"]}  # one library
+    r = _run(tmp_path, str(programs["selftest"]), str(lib), "exec-held", "5", **same)
+    assert r.returncode == 5 and r.stdout == "selftest 0\nselftest 0\n", r.stderr
+    run = pastaprof.load(tmp_path / "run")
+    kernel, api = run.table("kernel").to_pylist(), run.table("api").to_pylist()
+    assert (len(kernel), len(api)) == (16, 16), r.stderr  # 5 + 4 held, then 7
+    assert len({r["correlation"] for r in kernel}) == 16 and "final flush" not in r.stderr
+
+    r = _run(tmp_path, str(programs["selftest"]), str(lib), "exec-held", "5", PASTAPROF_NATIVE_PRELOAD="0", **same)
+    assert r.returncode == 5 and len(pastaprof.load(tmp_path / "run").table("kernel")) == 12
+    assert "final flush" in r.stderr
+
+    r = _run(tmp_path, str(programs["selftest"]), str(lib), "exec-held-fails", "5", **same)
+    assert r.returncode == 6 and r.stdout == "selftest 0\nexec failed\n", r.stderr
+    assert len(pastaprof.load(tmp_path / "run").table("kernel")) == 9 and "final flush" not in r.stderr
+
+
+def test_the_preloaded_library_leaves_programs_as_they_are(lib, programs, tmp_path):
+    """The library in LD_PRELOAD (after the user's own) changes no program that is not
+    capturing: a shell's exec, and an AddressSanitizer program (which refuses to start when a
+    library is preloaded before its runtime, unless ASAN_OPTIONS says otherwise)."""
+    same = {"PASTAPROF_NATIVE_INJECT": "1", "PASTAPROF_CACHE": os.environ["PASTAPROF_CACHE"]}
+    (tmp_path / "user.c").write_text("int user_lib_marker(void) { return 1; }\n")
+    user_lib = tmp_path / "libuser.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(user_lib), str(tmp_path / "user.c")], check=True)
+    r = _run(tmp_path, "sh", "-c", 'exec printf "%s|%s" "$LD_PRELOAD" "$ASAN_OPTIONS"', LD_PRELOAD=str(user_lib),
+             **same)
+    assert r.returncode == 0 and r.stdout == f"{user_lib} {lib}|verify_asan_link_order=0", (r.stdout, r.stderr)
+    src = tmp_path / "asan.c"
+    src.write_text('#include <stdio.h>\n#include <stdlib.h>\n#include <unistd.h>\nint main(void) { char* p = '
+                   'malloc(8); p[0] = 4; printf("asan %d\\n", p[0]); fflush(stdout); free(p); '
+                   'execl("/bin/sh", "sh", "-c", "echo exec done; exit 3", (char*)NULL); return 9; }\n')
+    exe = tmp_path / "asan"
+    if subprocess.run(["gcc", "-fsanitize=address", "-o", str(exe), str(src)], capture_output=True).returncode:
+        pytest.skip("no AddressSanitizer runtime here")
+    bare = subprocess.run([str(exe)], capture_output=True, text=True, env=_env(), timeout=60)
+    r = _run(tmp_path, str(exe), **same)
+    assert (r.returncode, r.stdout) == (bare.returncode, bare.stdout) == (3, "asan 4\nexec done\n"), r.stderr
 
 
 def test_pastaprof_run_killed_native_process_says_what_was_lost(lib, programs, tmp_path):

@@ -88,6 +88,8 @@ class NativeProgram(Handler):
                                    "or 2000)", integer(0)),
         Setting("NATIVE_KINDS", "CUPTI kinds for native programs (kernel,memcpy,memset,sync,memory,marker,api; "
                                 "default all)", _kinds),
+        Setting("NATIVE_PRELOAD", "0: the injection library not in LD_PRELOAD (a native program that execs "
+                                  "another image then loses its last CUPTI buffer)", boolean),
         Setting("NATIVE_BUFFER", "CUPTI buffer bytes in native programs (default 8 MiB)", integer(4096)),
         Setting("NATIVE_API_MECHANISM", "how native programs' API calls and syncs are recorded: callbacks "
                                         "(default), activity (CUPTI activity records, every kind enabled at start) "
@@ -127,8 +129,8 @@ def prepare(env: dict[str, str], command: list[str], config: Any = None) -> str 
     run's CaptureConfig: its tools decide whether the instruction-level sanitizer tool is
     loaded too).  Returns None, or one line saying why (part of) native capture is off; the
     program then runs unchanged."""
-    setting = env.get("PASTAPROF_NATIVE_INJECT", "")
-    if setting == "0" or (setting != "1" and not has_nvidia_driver()):
+    setting = _switch(env, "PASTAPROF_NATIVE_INJECT")
+    if setting is False or (setting is None and not has_nvidia_driver()):
         return None  # no CUDA program can run here: nothing to say
     from pastaprof import native
 
@@ -146,6 +148,7 @@ def prepare(env: dict[str, str], command: list[str], config: Any = None) -> str 
         return f"native capture off: the injection library could not be built: {e}"
     env["CUDA_INJECTION64_PATH"] = str(lib)
     env["PASTAPROF_NATIVE_CUPTI"] = libcupti
+    preload_for_exec(env, lib)
     env.setdefault("NVTX_INJECTION64_PATH", str(lib))  # a user's own NVTX tool (nsys) keeps its place
     if config is not None and config.tools:
         from pastaprof.handlers.native_sanitizer import launcher_env
@@ -157,6 +160,27 @@ def prepare(env: dict[str, str], command: list[str], config: Any = None) -> str 
             env["PASTAPROF_UVM"] = "1"
         return launcher_env(env, config, consumed)
     return None
+
+
+def _switch(env: dict[str, str], name: str) -> bool | None:
+    """A 0/1 setting's value (checked before the program starts), None where unset."""
+    value = env.get(name, "")
+    return boolean(value) if value else None
+
+
+def preload_for_exec(env: dict[str, str], lib: Path) -> None:
+    """The library in LD_PRELOAD too, after the user's own: a process that execs another image
+    then writes what CUPTI holds first (native/inject_exec.c); without it that image's last
+    buffer is lost.  Left out with PASTAPROF_NATIVE_PRELOAD=0, or where the path has a character
+    LD_PRELOAD splits on."""
+    if _switch(env, "PASTAPROF_NATIVE_PRELOAD") is False or any(c in str(lib) for c in " :\t\n"):
+        return
+    current = env.get("LD_PRELOAD", "").strip()
+    if str(lib) not in current.replace(":", " ").split():
+        env["LD_PRELOAD"] = f"{current} {lib}".strip()
+    asan = env.get("ASAN_OPTIONS", "")
+    if "verify_asan_link_order" not in asan:  # else an AddressSanitizer program refuses to start
+        env["ASAN_OPTIONS"] = f"{asan}:verify_asan_link_order=0" if asan else "verify_asan_link_order=0"
 
 
 def has_nvidia_driver() -> bool:

@@ -278,7 +278,8 @@ def build_inject() -> Path:
     if not inc:
         raise RuntimeError("CUPTI headers not found (CUDA toolkit or the nvidia-cuda-cupti wheel)")
     return _build("pastaprof_inject", [HERE / f"inject{p}.c" for p in ("", "_records", "_cupti", "_callbacks", "_files",
-                                                                        "_util", "_exits", "_sanitizer", "_selftest")],
+                                                                        "_util", "_exits", "_exec", "_sanitizer",
+                                                                        "_selftest")],
                   [f"-I{i}" for i in inc] + [f"-I{HERE}", "-fvisibility=hidden", "-Werror=implicit-function-declaration", "-ldl", "-lpthread",
                                              f"-DPP_INJECT_HASH={_hash(HERE / 'inject.h')}",
                                              f"-DPP_STATE_HASH={_hash(HERE / 'inject_state.h')}",

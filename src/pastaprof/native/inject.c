@@ -181,6 +181,22 @@ int pp_capturing(void) { return g_state == 1 && getpid() == g_stat[PP_STAT_PID];
 int pp_poll_ms(void) { return g_sanitizer || pp_cb_live() ? (g_flush_ms > 0 ? g_flush_ms : 2000) : -1; }
 void pp_finish(const char* how) { finish(how, 0); }
 
+/* for inject_exec.c: before the process's image is replaced, everything written and the files
+ * complete; 1 where this process was capturing (and its exec, if it returns, failed). */
+int pp_before_exec(void) {
+  if (!pp_capturing()) return 0;
+  finish("exec", 1);
+  return 1;
+}
+
+void pp_exec_failed(int was_capturing) {
+  if (!was_capturing) return;
+  pthread_mutex_lock(&g_mu);
+  snprintf(g_ended, sizeof g_ended, "running"); /* the program goes on, and so does its capture */
+  pp_write_meta(0);
+  pthread_mutex_unlock(&g_mu);
+}
+
 /* Every PASTAPROF_FLUSH_MS, on the flusher thread: the callback rows (a program that completes
  * no CUPTI buffer still has its calls written) and the sanitizer's tables. */
 void pp_drain_periodic(void) {
@@ -357,6 +373,12 @@ int pp_test_begin(void) {
 }
 
 int pp_test_named(void) { return p_cb_name != NULL; }
+
+/* Records decoded after pp_test_end, held (as in a CUPTI buffer not yet completed) until a flush. */
+void pp_test_hold(int begin) {
+  if (begin) pthread_mutex_lock(&g_mu);
+  else pthread_mutex_unlock(&g_mu);
+}
 
 /* One buffer through CUPTI's two callbacks, as CUPTI hands them: 0 when a fresh buffer and a
  * reused one came zeroed (PASTAPROF_NATIVE_ZEROED=1) or, without the knob, when the second

@@ -92,6 +92,10 @@ int pp_poll_ms(void);
 void pp_finish(const char* how);
 void pp_drain_periodic(void);
 void pp_last_words(const char* how);
+void pp_test_hold(int begin); /* inject.c, for inject_selftest.c */
+/* inject.c, for inject_exec.c */
+int pp_before_exec(void);
+void pp_exec_failed(int was_capturing);
 /* inject_exits.c */
 void pp_start_flusher(void);
 void pp_install_signals(void);

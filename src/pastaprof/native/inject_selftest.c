@@ -14,6 +14,45 @@
 #define EXPORT __attribute__((visibility("default")))
 
 /* ---- test-only entry point: synthetic CUPTI records through decode() and the writer ----------- */
+/* Kernel i's record and its runtime cudaLaunchKernel record (and, with PASTAPROF_NATIVE_CUPTI's
+ * names, a cudaGetDevice record, which decode() drops), through decode(). */
+static CUpti_ActivityKernel10 launch(int i, int names, int mangled, int64_t t) {
+  static char namebuf[256][64];
+  CUpti_ActivityKernel10 k;
+  memset(&k, 0, sizeof k);
+  k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+  int n = i % (names > 0 && names <= 256 ? names : 1);
+  if (mangled) snprintf(namebuf[n], sizeof namebuf[n], "_Z8kernel_%dv", n);
+  else snprintf(namebuf[n], sizeof namebuf[n], "kernel_%d", n);
+  k.name = namebuf[n];
+  k.start = (uint64_t)(t + 1000LL * i);
+  k.end = k.start + 500;
+  k.deviceId = 0;
+  k.streamId = 7;
+  k.correlationId = (uint32_t)(2 * i + 1);
+  k.gridX = (int32_t)(i + 1); k.gridY = 1; k.gridZ = 1;
+  k.blockX = 256; k.blockY = 1; k.blockZ = 1;
+  k.registersPerThread = 32;
+  k.staticSharedMemory = 1024;
+  k.dynamicSharedMemory = (uint32_t)i;
+  pp_decode(&k);
+  CUpti_ActivityAPI a;
+  memset(&a, 0, sizeof a);
+  a.kind = CUPTI_ACTIVITY_KIND_RUNTIME;
+  a.cbid = CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000;
+  a.start = k.start - 300;
+  a.end = k.start - 100;
+  a.processId = (uint32_t)getpid();
+  a.threadId = 42;
+  a.correlationId = k.correlationId;
+  pp_decode(&a);
+  if (pp_test_named()) { /* with CUPTI's names: a call nothing uses, dropped by decode() */
+    a.cbid = CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020;
+    a.correlationId = 0;
+    pp_decode(&a);
+  }
+  return k;
+}
 /* Writes into $PASTAPROF_OUT/native as a capture would: `kernels` kernel records (names
  * "kernel_<i % names>" mangled as _Z..v where `mangled`; mangled == 2 adds one kernel with a
  * hostile 5,000-byte name), one runtime cudaLaunchKernel record per
@@ -23,42 +62,9 @@
  * exit and signal handlers as a capture does; returns 0, or -1 when the files cannot be made. */
 EXPORT int pp_inject_selftest(int kernels, int names, int copies, int mangled) {
   if (pp_test_begin() != 0) return -1;
-  static char namebuf[256][64];
   int64_t t = 1700000000000000000LL;
   for (int i = 0; i < kernels; ++i) {
-    CUpti_ActivityKernel10 k;
-    memset(&k, 0, sizeof k);
-    k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
-    int n = i % (names > 0 && names <= 256 ? names : 1);
-    if (mangled) snprintf(namebuf[n], sizeof namebuf[n], "_Z8kernel_%dv", n);
-    else snprintf(namebuf[n], sizeof namebuf[n], "kernel_%d", n);
-    k.name = namebuf[n];
-    k.start = (uint64_t)(t + 1000LL * i);
-    k.end = k.start + 500;
-    k.deviceId = 0;
-    k.streamId = 7;
-    k.correlationId = (uint32_t)(2 * i + 1);
-    k.gridX = (int32_t)(i + 1); k.gridY = 1; k.gridZ = 1;
-    k.blockX = 256; k.blockY = 1; k.blockZ = 1;
-    k.registersPerThread = 32;
-    k.staticSharedMemory = 1024;
-    k.dynamicSharedMemory = (uint32_t)i;
-    pp_decode(&k);
-    CUpti_ActivityAPI a;
-    memset(&a, 0, sizeof a);
-    a.kind = CUPTI_ACTIVITY_KIND_RUNTIME;
-    a.cbid = CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000;
-    a.start = k.start - 300;
-    a.end = k.start - 100;
-    a.processId = (uint32_t)getpid();
-    a.threadId = 42;
-    a.correlationId = k.correlationId;
-    pp_decode(&a);
-    if (pp_test_named()) { /* with CUPTI's names: a call nothing uses, dropped by decode() */
-      a.cbid = CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020;
-      a.correlationId = 0;
-      pp_decode(&a);
-    }
+    CUpti_ActivityKernel10 k = launch(i, names, mangled, t);
     if (i % 10 == 0) {
       CUpti_ActivityMarker2 m;
       memset(&m, 0, sizeof m);
@@ -120,6 +126,15 @@ EXPORT int pp_inject_selftest(int kernels, int names, int copies, int mangled) {
   }
   pp_test_end();
   return 0;
+}
+
+/* Test-only, after pp_inject_selftest(first, ...): `more` kernels (numbered from `first`) and
+ * their launch records decoded but held, as records in a CUPTI buffer not yet completed are:
+ * only the capture's final flush (an exit, a signal, an exec) writes them. */
+EXPORT void pp_inject_selftest_held(int first, int more) {
+  pp_test_hold(1);
+  for (int i = first; i < first + more; ++i) launch(i, 3, 1, 1700000000000000000LL);
+  pp_test_hold(0);
 }
 
 /* Test-only: one buffer through the capture's CUPTI buffer callbacks (pp_test_buffers in

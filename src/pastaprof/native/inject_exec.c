@@ -1,0 +1,112 @@
+/* pastaprof's injection library (inject.c): a program that execs another image.
+ *
+ * exec replaces the process's image without running atexit handlers, so what the capture still
+ * holds -- CUPTI's buffer being filled, the callback rows since the last drain -- would be lost
+ * (a program of 40 kernels that exec'd one of 25 stored 25).  `pastaprof run` puts this library
+ * in LD_PRELOAD as well as in CUDA_INJECTION64_PATH, so the exec family of the program resolves
+ * here: a capturing process writes everything and marks its files complete ("exec") before the
+ * real call; the new image (the same pid) writes files of its own (inject_files.c).  Where exec
+ * fails, the files are marked as not ended and capture goes on.  In every other process (not
+ * capturing: a shell, a forked child, a Python program) these are the C library's calls.
+ *
+ * system(), popen() and posix_spawn() start another process and leave this one as it is.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <unistd.h>
+
+#include "inject.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef int (*execve_t)(const char*, char* const[], char* const[]);
+typedef int (*execv_t)(const char*, char* const[]);
+typedef int (*fexecve_t)(int, char* const[], char* const[]);
+typedef int (*execveat_t)(int, const char*, char* const[], char* const[], int);
+
+int execveat(int dirfd, const char* path, char* const argv[], char* const envp[], int flags);
+
+/* The C library's function of that name (the next definition after this library's). */
+static void* next(const char* name) { return dlsym(RTLD_NEXT, name); }
+
+/* Each wrapper: the capture written, the real call, and (it returned: it failed) capture on. */
+#define THROUGH(type, name, ...)                   \
+  do {                                             \
+    static type real;                              \
+    if (!real) real = (type)next(name);            \
+    if (!real) {                                   \
+      errno = ENOSYS;                              \
+      return -1;                                   \
+    }                                              \
+    int ours = pp_before_exec();                   \
+    int r = real(__VA_ARGS__);                     \
+    int e = errno;                                 \
+    pp_exec_failed(ours);                          \
+    errno = e;                                     \
+    return r;                                      \
+  } while (0)
+
+EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
+  THROUGH(execve_t, "execve", path, argv, envp);
+}
+EXPORT int execv(const char* path, char* const argv[]) { THROUGH(execv_t, "execv", path, argv); }
+EXPORT int execvp(const char* file, char* const argv[]) { THROUGH(execv_t, "execvp", file, argv); }
+EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) {
+  THROUGH(execve_t, "execvpe", file, argv, envp);
+}
+EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) {
+  THROUGH(fexecve_t, "fexecve", fd, argv, envp);
+}
+EXPORT int execveat(int dirfd, const char* path, char* const argv[], char* const envp[], int flags) {
+  THROUGH(execveat_t, "execveat", dirfd, path, argv, envp, flags);
+}
+
+/* The list forms: their arguments into an array (on the stack, as the C library does), then
+ * the array form above.  `ap` is just after `first`; on return it is after the list's NULL. */
+static size_t list_length(const char* first, va_list ap) {
+  if (!first) return 0;
+  va_list c;
+  va_copy(c, ap);
+  size_t n = 1;
+  while (va_arg(c, const char*)) ++n;
+  va_end(c);
+  return n;
+}
+
+static void list_fill(char** argv, size_t n, const char* first, va_list* ap) {
+  for (size_t i = 0; i < n; ++i) argv[i] = i ? va_arg(*ap, char*) : (char*)first;
+  if (n) (void)va_arg(*ap, char*); /* the NULL */
+  argv[n] = NULL;
+}
+
+EXPORT int execl(const char* path, const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  size_t n = list_length(arg, ap);
+  char* argv[n + 1];
+  list_fill(argv, n, arg, &ap);
+  va_end(ap);
+  return execv(path, argv);
+}
+EXPORT int execlp(const char* file, const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  size_t n = list_length(arg, ap);
+  char* argv[n + 1];
+  list_fill(argv, n, arg, &ap);
+  va_end(ap);
+  return execvp(file, argv);
+}
+EXPORT int execle(const char* path, const char* arg, ...) {
+  va_list ap;
+  va_start(ap, arg);
+  size_t n = list_length(arg, ap);
+  char* argv[n + 1];
+  list_fill(argv, n, arg, &ap);
+  char** envp = va_arg(ap, char**);
+  va_end(ap);
+  return execve(path, argv, envp);
+}
