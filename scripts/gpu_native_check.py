@@ -61,7 +61,7 @@ def rows(run: Path, kind: str, where: str = "") -> int:
                                     ).fetchone()[0]
 
 
-NEEDS = {"vecadd": "vecadd", "exits": "vecadd", "procs": "vecadd", "sanitizer": "vecadd", "libs": "blas_fft",
+NEEDS = {"vecadd": "vecadd", "harness": "vecadd", "exits": "vecadd", "procs": "vecadd", "sanitizer": "vecadd", "libs": "blas_fft",
          "loop": "empty_loop", "uvm": "uvm"}
 
 
@@ -427,10 +427,23 @@ def part_python(out: Path) -> None:
           f"{k} kernels, handlers {names}; stdout {r.stdout.strip()!r}; stderr {r.stderr.strip()[-300:]!r}")
 
 
+def part_harness(exe: dict[str, Path], out: Path) -> None:
+    """A Python program that does torch work and runs a native program (a harness): the torch
+    kernels are its Python session's, the native program's 10 kernels the library's."""
+    code = (f"import subprocess, torch; x = torch.ones(1000, device='cuda'); [x.add_(1) for _ in range(100)]; "
+            f"torch.cuda.synchronize(); print(subprocess.run(['{exe['vecadd']}', '10']).returncode)")
+    r = pastaprof_run(out / "harness", [sys.executable, "-c", code])
+    native = rows(out / "harness", "kernel", "where name like 'vecadd%'")
+    torch_k = rows(out / "harness", "kernel", "where name not like 'vecadd%'")
+    check("python harness: its native child captured", r.returncode == 0 and native == 10 and torch_k >= 100,
+          f"{native} vecadd kernels (10 launched), {torch_k} torch kernels; stdout {r.stdout.strip()[-120:]!r}; "
+          f"stderr {r.stderr.strip()[-300:]!r}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
-    ap.add_argument("--parts", default="build,vecadd,libs,loop,exits,procs,sanitizer,uvm,python")
+    ap.add_argument("--parts", default="build,vecadd,libs,loop,exits,procs,sanitizer,uvm,python,harness")
     ap.add_argument("--loop-rounds", type=int, default=3, help="rounds of part loop (each runs every variant once)")
     ap.add_argument("--pin", action="store_true",
                     help="run every program on the GPU's NUMA-local CPUs (bench/host_cpus.py), as launchers bind ranks")
@@ -458,7 +471,8 @@ def main() -> int:
     runs.mkdir(parents=True, exist_ok=True)
     loop = functools.partial(part_loop, rounds=a.loop_rounds, variants=variants or None)
     for name, fn in (("vecadd", part_vecadd), ("libs", part_libs), ("loop", loop), ("exits", part_exits),
-                     ("procs", part_procs), ("sanitizer", part_sanitizer), ("uvm", part_uvm)):
+                     ("procs", part_procs), ("sanitizer", part_sanitizer), ("uvm", part_uvm),
+                     ("harness", part_harness)):
         if name in parts:
             t0 = time.perf_counter()
             try:

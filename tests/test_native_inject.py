@@ -643,6 +643,20 @@ def test_the_preloaded_library_leaves_programs_as_they_are(lib, programs, tmp_pa
     assert (r.returncode, r.stdout) == (bare.returncode, bare.stdout) == (3, "asan 4\nexec done\n"), r.stderr
 
 
+def test_a_python_programs_native_children_are_captured(lib, programs, tmp_path):
+    """A Python program that starts native programs (a harness, a launcher script): its
+    children get native capture as a shell's do (the library preloaded too: a child that execs
+    keeps what CUPTI held), and the Python program's os.environ does not show what was added."""
+    same = {"PASTAPROF_NATIVE_INJECT": "1", "PASTAPROF_CACHE": os.environ["PASTAPROF_CACHE"]}
+    code = ("import os, subprocess, sys; print(sorted(k for k in ('CUDA_INJECTION64_PATH', 'LD_PRELOAD') "
+            "if k in os.environ)); subprocess.run(['sh', '-c', 'echo $CUDA_INJECTION64_PATH $LD_PRELOAD']); "
+            "print(subprocess.run(sys.argv[1:]).returncode)")
+    r = _run(tmp_path, sys.executable, "-c", code, str(programs["selftest"]), str(lib), "exec-held", "5", **same)
+    assert r.returncode == 0 and r.stdout == f"[]\n{lib} {lib}\nselftest 0\nselftest 0\n5\n", (r.stdout, r.stderr)
+    kernel = pastaprof.load(tmp_path / "run").table("kernel")
+    assert len(kernel) == 16 and len(set(kernel.column("correlation").to_pylist())) == 16, r.stderr
+
+
 def test_pastaprof_run_killed_native_process_says_what_was_lost(lib, programs, tmp_path):
     r = _run(tmp_path, str(programs["selftest"]), str(lib), "kill", "25")
     assert r.returncode == -signal.SIGKILL

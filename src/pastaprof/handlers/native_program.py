@@ -41,6 +41,9 @@ from pastaprof.handlers.cupti_memory import lookup_names, memory_tables
 from pastaprof.handlers.cupti_records import _MEMCPY_KIND, _SYNC_KIND
 
 NATIVE = "native"
+#: What native capture adds to a program's environment besides PASTAPROF_* settings: hidden from a
+#: Python program's os.environ, like pastaprof's other additions (live/launch.py).
+ADDED_ENV = ("CUDA_INJECTION64_PATH", "NVTX_INJECTION64_PATH", "LD_PRELOAD", "ASAN_OPTIONS")
 MAGIC = 0x31564954414E5050  # "PPNATIV1", native/inject.h
 FORMAT_VERSION = 1
 WORDS = 16
@@ -190,16 +193,18 @@ def has_nvidia_driver() -> bool:
 
 
 def launch_hook(env: dict[str, str], command: list[str], config: Any = None) -> None:
-    """The launcher's step before the program starts: native capture prepared for any program
-    that is not Python (a shell script or ``mpirun`` may start native CUDA programs); why it is
-    off, where it is, in one line."""
-    if is_python_command(command):
-        return
+    """The launcher's step before the program starts: native capture prepared, so that every
+    native CUDA process the command starts is captured (a shell script or ``mpirun`` may start
+    them, and so may a Python program: its own process is the Python session's, and the library
+    stays out of it).  Why it is off, where it is, in one line; for a Python program nothing is
+    said (its own capture does not need it) and the instruction-level and UVM settings are the
+    session's own."""
+    python = is_python_command(command)
     try:
-        line = prepare(env, command, config)
+        line = prepare(env, command, None if python else config)
     except Exception as e:  # noqa: BLE001 -- never keep the program from starting
         line = f"native capture off: {type(e).__name__}: {e}"
-    if line:
+    if line and not python:
         note(line)
 
 

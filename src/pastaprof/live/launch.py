@@ -84,14 +84,15 @@ def _start(command: list[str], out: Path | None, flags: dict[str, str | None], f
 
     if registry.loaded():  # found once here (from_env above, checking handler settings): not again
         env[registry.FOUND_ENV] = registry.entries_for_children()  # in each of the program's processes
-    # what pastaprof adds for itself: the bootstrap hides them from the program's os.environ
-    added = [name for name in ("PYTHONPATH", "TEARDOWN_CUPTI") if name not in env]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP), env.get("PYTHONPATH", "")) if p)
-    env.setdefault("TEARDOWN_CUPTI", "0")  # Kineto (torch.profiler) leaves CUPTI to pastaprof after its session
-    env[ENV_PREFIX + "HIDE_ENV"] = ",".join(added)
     from pastaprof.handlers import native_program  # native CUDA programs: CUDA_INJECTION64_PATH
 
+    # what pastaprof adds for itself: the bootstrap hides them from the program's os.environ
+    added = [name for name in ("PYTHONPATH", "TEARDOWN_CUPTI", *native_program.ADDED_ENV) if name not in env]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("TEARDOWN_CUPTI", "0")  # Kineto (torch.profiler) leaves CUPTI to pastaprof after its session
+
     native_program.launch_hook(env, command, config)
+    env[ENV_PREFIX + "HIDE_ENV"] = ",".join(name for name in added if name in env)
     probes = None
     if env.get(ENV_PREFIX + "PROBE"):  # a Python program's session probes itself; others are probed from here
         from pastaprof.handlers import probe_launch

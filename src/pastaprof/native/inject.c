@@ -343,8 +343,9 @@ EXPORT int InitializeInjectionNvtx2(void* get_export_table) {
   return init ? init(get_export_table) : 0;
 }
 
-/* LD_PRELOAD with PASTAPROF_NATIVE_EAGER=1: capture starts when the program loads. */
+/* At load.  LD_PRELOAD with PASTAPROF_NATIVE_EAGER=1: capture starts when the program loads. */
 __attribute__((constructor)) static void preload(void) {
+  pp_exec_resolve(); /* inject_exec.c: the C library's exec calls, while no fork can interrupt */
   const char* eager = getenv("PASTAPROF_NATIVE_EAGER");
   if (eager && strcmp(eager, "1") == 0) {
     g_start_mode = "preload";

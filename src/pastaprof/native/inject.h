@@ -96,6 +96,7 @@ void pp_test_hold(int begin); /* inject.c, for inject_selftest.c */
 /* inject.c, for inject_exec.c */
 int pp_before_exec(void);
 void pp_exec_failed(int was_capturing);
+void pp_exec_resolve(void); /* inject_exec.c, for inject.c's constructor */
 /* inject_exits.c */
 void pp_start_flusher(void);
 void pp_install_signals(void);

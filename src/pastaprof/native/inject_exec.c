@@ -29,39 +29,49 @@ typedef int (*execveat_t)(int, const char*, char* const[], char* const[], int);
 
 int execveat(int dirfd, const char* path, char* const argv[], char* const envp[], int flags);
 
-/* The C library's function of that name (the next definition after this library's). */
-static void* next(const char* name) { return dlsym(RTLD_NEXT, name); }
+/* The C library's functions, resolved once when the library loads (pp_exec_resolve, from its
+ * constructor): never later, since the exec of a forked or vforked child of a multithreaded
+ * program must not enter the dynamic loader (another thread may have held its lock at the fork). */
+static execve_t real_execve, real_execvpe;
+static execv_t real_execv, real_execvp;
+static fexecve_t real_fexecve;
+static execveat_t real_execveat;
+
+void pp_exec_resolve(void) {
+  real_execve = (execve_t)dlsym(RTLD_NEXT, "execve");
+  real_execvpe = (execve_t)dlsym(RTLD_NEXT, "execvpe");
+  real_execv = (execv_t)dlsym(RTLD_NEXT, "execv");
+  real_execvp = (execv_t)dlsym(RTLD_NEXT, "execvp");
+  real_fexecve = (fexecve_t)dlsym(RTLD_NEXT, "fexecve");
+  real_execveat = (execveat_t)dlsym(RTLD_NEXT, "execveat");
+}
 
 /* Each wrapper: the capture written, the real call, and (it returned: it failed) capture on. */
-#define THROUGH(type, name, ...)                   \
-  do {                                             \
-    static type real;                              \
-    if (!real) real = (type)next(name);            \
-    if (!real) {                                   \
-      errno = ENOSYS;                              \
-      return -1;                                   \
-    }                                              \
-    int ours = pp_before_exec();                   \
-    int r = real(__VA_ARGS__);                     \
-    int e = errno;                                 \
-    pp_exec_failed(ours);                          \
-    errno = e;                                     \
-    return r;                                      \
+#define THROUGH(real, ...)       \
+  do {                           \
+    if (!real) {                 \
+      errno = ENOSYS;            \
+      return -1;                 \
+    }                            \
+    int ours = pp_before_exec(); \
+    int r = real(__VA_ARGS__);   \
+    int e = errno;               \
+    pp_exec_failed(ours);        \
+    errno = e;                   \
+    return r;                    \
   } while (0)
 
 EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
-  THROUGH(execve_t, "execve", path, argv, envp);
+  THROUGH(real_execve, path, argv, envp);
 }
-EXPORT int execv(const char* path, char* const argv[]) { THROUGH(execv_t, "execv", path, argv); }
-EXPORT int execvp(const char* file, char* const argv[]) { THROUGH(execv_t, "execvp", file, argv); }
+EXPORT int execv(const char* path, char* const argv[]) { THROUGH(real_execv, path, argv); }
+EXPORT int execvp(const char* file, char* const argv[]) { THROUGH(real_execvp, file, argv); }
 EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) {
-  THROUGH(execve_t, "execvpe", file, argv, envp);
+  THROUGH(real_execvpe, file, argv, envp);
 }
-EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) {
-  THROUGH(fexecve_t, "fexecve", fd, argv, envp);
-}
+EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) { THROUGH(real_fexecve, fd, argv, envp); }
 EXPORT int execveat(int dirfd, const char* path, char* const argv[], char* const envp[], int flags) {
-  THROUGH(execveat_t, "execveat", dirfd, path, argv, envp, flags);
+  THROUGH(real_execveat, dirfd, path, argv, envp, flags);
 }
 
 /* The list forms: their arguments into an array (on the stack, as the C library does), then
