@@ -49,6 +49,7 @@ VARIANTS: dict[str, dict[str, str] | None] = {
     "default+hybrid": {KN + "API_MECHANISM": "hybrid"},
     "default+activity": {KN + "API_MECHANISM": "activity"},
     "default-no-flush": {KN + "FLUSH_MS": "0"},
+    "default-no-preload": {KN + "PRELOAD": "0"},
 }
 
 
