@@ -197,11 +197,10 @@ def launch_hook(env: dict[str, str], command: list[str], config: Any = None) -> 
     native CUDA process the command starts is captured (a shell script or ``mpirun`` may start
     them, and so may a Python program: its own process is the Python session's, and the library
     stays out of it).  Why it is off, where it is, in one line; for a Python program nothing is
-    said (its own capture does not need it) and the instruction-level and UVM settings are the
-    session's own."""
+    said (its own capture does not need it)."""
     python = is_python_command(command)
     try:
-        line = prepare(env, command, None if python else config)
+        line = prepare(env, command, config)
     except Exception as e:  # noqa: BLE001 -- never keep the program from starting
         line = f"native capture off: {type(e).__name__}: {e}"
     if line and not python:
