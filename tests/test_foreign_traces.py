@@ -407,6 +407,53 @@ def test_kernel_op_found_by_nesting_when_external_ids_differ():
     assert _op_of_kernels(pastaprof.load(path)) == expect == ["aten::mm"]
 
 
+@pytest.mark.parametrize("shift", [459, 489])
+def test_call_external_ids_that_meet_the_ops_do_not_move_the_links(tmp_path, shift):
+    """The ROCm trace numbers its runtime calls' and kernels' External ids (their correlation,
+    24-55) apart from its ops' (513-522).  Later in a run the two counters meet: shifted so
+    that calls carry op ids, every kernel still takes the op its launch lies in, and the
+    synchronizes, outside every op, take none."""
+    path = DATA / "foreign" / "amd_gfx942_gemm_bf16_extid_flows.json"
+    doc = load_doc(path)
+    for e in doc["traceEvents"]:
+        args = e.get("args") or {}
+        if e.get("cat") in ("cuda_runtime", "kernel", "ac2g") and isinstance(args.get("External id"), int):
+            args["External id"] += shift
+        if e.get("cat") == "ac2g" and isinstance(e.get("id"), int):
+            e["id"] += shift
+    moved = write(tmp_path, "shifted.json", json.dumps(doc).encode())
+    base, shifted = pastaprof.load(path), pastaprof.load(moved)
+    assert _op_of_kernels(shifted) == _op_of_kernels(base) and None not in _op_of_kernels(base)
+    api = shifted.table("api").to_pylist()
+    syncs = [a for a in api if "Synchronize" in str(a["name"])]
+    assert len(syncs) == 2 and all(a["op_id"] is None for a in syncs)
+    assert [a["op_id"] for a in api] == [a["op_id"] for a in base.table("api").to_pylist()]
+
+
+def test_launches_in_one_microsecond_keep_their_own_flows(tmp_path):
+    """The ROCm trace has no ``correlation``: calls and kernels are tied by ac2g flows that start
+    (end) at their thread and microsecond.  Two launches in one microsecond (the first of under
+    a microsecond, rounded to 0) each keep the flow numbered like their own External id, so
+    every kernel still joins its own launch."""
+    doc = load_doc(DATA / "foreign" / "amd_gfx942_gemm_bf16_extid_flows.json")
+    events = doc["traceEvents"]
+    calls = {e["args"]["External id"]: e for e in _of(events, {"cuda_runtime"}) if "Launch" in e["name"]}
+    first, second = calls[25], calls[26]
+    first["dur"] = 0
+    for e in events:
+        if e.get("cat") == "ac2g" and e.get("ph") == "s" and e.get("id") == 26:
+            e["ts"] = first["ts"]
+    second["ts"] = first["ts"]
+    run = pastaprof.load(write(tmp_path, "tie.json", json.dumps(doc).encode()))
+    launches = [r for r in run.table("api").to_pylist() if "Launch" in str(r["name"])]
+    assert sorted(r["correlation"] for r in launches) == sorted(calls)
+    tied = sorted((r for r in launches if r["start_ns"] == ns(first["ts"])), key=lambda r: r["end_ns"])
+    assert [r["correlation"] for r in tied] == [25, 26]
+    kernels = {e["args"]["External id"]: ns(e["ts"]) for e in kernels_of(events)}
+    got = {r["correlation"]: r["start_ns"] for r in run.table("kernel").to_pylist()}
+    assert got == kernels
+
+
 def test_kernels_without_launches_take_their_op_by_external_id():
     """The trace in torch's inductor tests: kernels on the host's pid and tid, no runtime
     call, no correlation; the op is the cpu_op with the kernel's External id."""

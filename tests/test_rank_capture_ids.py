@@ -113,3 +113,29 @@ def test_self_cpu_of_joined_captures_is_the_sum_over_files(folder, tmp_path):
     (rep,) = pastaprof.analyze(folder, tools=["ops"])
     per_op = rep.details["per op"]
     assert all(s <= c for s, c in zip(per_op["self_cpu_ns"].to_pylist(), per_op["cpu_ns"].to_pylist()))
+
+
+def test_two_profiler_sessions_of_one_process_keep_their_steps_and_launches(tmp_path):
+    """A process that opens ``torch.profiler.profile()`` twice: each session restarts
+    ``ProfilerStep#N``, and its launches may be numbered from where the first's were.  The
+    real GPU trace twice, the second 10 s later (tensorboard names of one pid): every step of
+    both sessions is a step of its own with the kernels it has alone, correlation ids are
+    unique in the rank, and each kernel joins the launch of its own session."""
+    import gzip
+
+    src = DATA / "mlp_train_3steps.pt.trace.json.gz"
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    for i, shift_us in enumerate((0, 10_000_000)):  # the second file: the first's events 10 s later
+        for e in doc["traceEvents"]:
+            if isinstance(e.get("ts"), (int, float)):
+                e["ts"] += shift_us
+        (tmp_path / f"node_77.{1790000000000 + i}.pt.trace.json").write_text(json.dumps(doc))
+    (alone,) = pastaprof.analyze(src, tools=["steps"])
+    (both,) = pastaprof.analyze(tmp_path, tools=["steps"])
+    one = [(r["label"], r["kernels"]) for r in alone.tables["steps"].to_pylist()]
+    assert len(one) == 3 and [(r["label"], r["kernels"]) for r in both.tables["steps"].to_pylist()] == one + one
+    run = pastaprof.load(tmp_path)
+    n, distinct = run.sql("SELECT count(*), count(DISTINCT correlation) FROM kernel").fetchall()[0]
+    joined = run.sql("""SELECT count(*) FROM kernel k JOIN api a ON a.rank = k.rank AND a.correlation = k.correlation
+                        AND a.start_ns <= k.start_ns AND k.start_ns - a.start_ns < 5e9""").fetchall()[0][0]
+    assert n == 2 * pastaprof.load(src).table("kernel").num_rows and distinct == n and joined == n

@@ -384,6 +384,24 @@ def test_distributed_info_past_the_first_bytes_is_the_rank(tmp_path):
     assert only.ranks == [3] and kernels_per_rank(only) == {3: count(src, "kernel")}
 
 
+def test_a_guess_every_file_corrects_is_not_said(tmp_path):
+    """Two ranks whose distributedInfo comes after their events (as HTA's traces lay it out):
+    the first bytes state no rank, so the plan guesses by file order; the files then state
+    theirs (1 and 0, against the guess).  The notes say what the files state, and no longer
+    that the ranks are a guess -- on stderr and in the stored run."""
+    write_with_tail(DDP / "rank-1.pt.trace.json.gz", tmp_path / "a_worker.json.gz", {"schemaVersion": 1},
+                    {"distributedInfo": {"rank": 1, "world_size": 2}})
+    write_with_tail(DDP / "rank-0.pt.trace.json.gz", tmp_path / "b_worker.json.gz", {"schemaVersion": 1},
+                    {"distributedInfo": {"rank": 0, "world_size": 2}})
+    run, said, _ = load_quiet(tmp_path)
+    assert run.ranks == [0, 1] and kernels_per_rank(run) == {0: count(DDP / "rank-0.pt.trace.json.gz", "kernel"),
+                                                             1: count(DDP / "rank-1.pt.trace.json.gz", "kernel")}
+    assert len(said) == 2 and all("found past the first bytes" in n for n in said), said
+    r = cli("import", str(tmp_path), "-o", str(tmp_path / "run"))
+    assert r.returncode == 0 and notes(r.stderr) == ["pastaprof: note: " + n for n in said], r.stderr
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["notes"] == said
+
+
 def test_guessed_ranks_skip_the_ranks_files_state(tmp_path):
     """rank-1 stated; two traces of unknown processes around it: ranks 0 and 2, not 1 twice."""
     shutil.copy(MLP, tmp_path / "a.pt.trace.json.gz")

@@ -429,19 +429,34 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
 def _borrow_flow_ids(con) -> None:
     """Older traces link GPU work to its launch only through ac2g/async flows: an
     activity (or API call) without ``args.correlation`` takes the id of the flow
-    that ends (starts) at the same thread and time.  Run only once a projection
-    found an event without one (reading every event's ``args`` to find out first
-    would parse them all once more)."""
-    corr = "TRY_CAST(json_extract(args, '$.\"correlation\"') ->> '$' AS BIGINT)"
+    that ends (starts) at the same thread and time.  Where several events and flows meet
+    there (integer-microsecond traces: launches of under a microsecond), an event takes the
+    flow numbered like its own External id (ROCm traces number both alike), else the events
+    and the flows left are paired in order (shorter event, lower flow id first), never two
+    events one flow.  Run only once a projection found an event without one (reading every
+    event's ``args`` to find out first would parse them all once more)."""
+    corr = "TRY_CAST(json_extract(ev.args, '$.\"correlation\"') ->> '$' AS BIGINT)"
+    ext = "TRY_CAST(json_extract(ev.args, '$.\"External id\"') ->> '$' AS BIGINT)"
     con.execute(f"""
-        UPDATE ev SET flow_id = fl.fid
-        FROM (SELECT ph, {_int_or_digits('pid')} AS p, {_int_or_digits('tid')} AS t, start_ns, fid FROM ev
-              WHERE kind = 'flow') AS fl
-        WHERE ev.kind IN ('kernel','memcpy','memset','api','sync') AND {corr.replace('(args', '(ev.args')} IS NULL
-          AND fl.ph = (CASE WHEN ev.kind = 'api' THEN 's' ELSE 'f' END)
-          AND fl.start_ns = ev.start_ns
-          AND fl.p IS NOT DISTINCT FROM {_int_or_digits('ev.pid')}
-          AND fl.t IS NOT DISTINCT FROM {_int_or_digits('ev.tid')}
+        CREATE TEMP TABLE fl AS SELECT ph, {_int_or_digits('pid')} AS p, {_int_or_digits('tid')} AS t, start_ns, fid
+        FROM ev WHERE kind = 'flow' AND fid IS NOT NULL;
+        CREATE TEMP TABLE wants AS
+        SELECT rowid AS rid, CASE WHEN kind = 'api' THEN 's' ELSE 'f' END AS ph, {_int_or_digits('pid')} AS p,
+               {_int_or_digits('tid')} AS t, start_ns, end_ns, {ext} AS ext
+        FROM ev WHERE kind IN ('kernel','memcpy','memset','api','sync') AND {corr} IS NULL;
+        UPDATE ev SET flow_id = fl.fid FROM wants w, fl
+        WHERE ev.rowid = w.rid AND fl.fid = w.ext AND fl.ph = w.ph AND fl.start_ns = w.start_ns
+          AND fl.p IS NOT DISTINCT FROM w.p AND fl.t IS NOT DISTINCT FROM w.t;
+        UPDATE ev SET flow_id = pair.fid FROM (
+            WITH e AS (SELECT w.*, row_number() OVER (PARTITION BY w.ph, w.p, w.t, w.start_ns
+                                                      ORDER BY w.end_ns, w.rid) AS k
+                       FROM wants w JOIN ev ON ev.rowid = w.rid WHERE ev.flow_id IS NULL),
+                 f AS (SELECT fl.*, row_number() OVER (PARTITION BY fl.ph, fl.p, fl.t, fl.start_ns ORDER BY fl.fid) AS k
+                       FROM fl WHERE fl.fid NOT IN (SELECT flow_id FROM ev WHERE flow_id IS NOT NULL))
+            SELECT e.rid, f.fid FROM e JOIN f ON f.ph = e.ph AND f.start_ns = e.start_ns AND f.k = e.k
+              AND f.p IS NOT DISTINCT FROM e.p AND f.t IS NOT DISTINCT FROM e.t) AS pair
+        WHERE ev.rowid = pair.rid;
+        DROP TABLE fl; DROP TABLE wants;
     """)
 
 

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from pastaprof.errors import InputError
 from pastaprof.importers.base import FALLBACK, LIKELY, Claim, Importer, Note, Progress, RankTables
 from pastaprof.importers.kineto import CATEGORY_KIND, IGNORED_CATEGORIES, import_file, unread_note
-from pastaprof.importers.ranks import FileRank, check_overlap, plan_ranks, rank_in_header, show
+from pastaprof.importers.ranks import GUESS_NOTE, FileRank, check_overlap, plan_ranks, rank_in_header, show
 from pastaprof.importers.sniff import Sniff, sniff
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -215,6 +215,8 @@ class KinetoImporter(Importer):
             yielded = True
             seen.append({"rank": entry.rank, "deviceProperties": meta.get("deviceProperties")})
             yield entry.rank, tables, meta
+        if entries and not any(e.guess for e in entries):  # every guess was corrected by a late distributedInfo
+            notes[:] = [line for line in notes if GUESS_NOTE not in line]
         shared["device_names_by_rank"] = by_rank = _devices_by_rank(seen)
         if by_rank:
             notes.append(_devices_note(by_rank, seen[0]["rank"]))

@@ -28,6 +28,9 @@ _RANK_RE = re.compile(r"(?<![a-z])rank[-_]?(\d+)", re.IGNORECASE)
 # tensorboard_trace_handler: f"{hostname}_{pid}.{time_ns}.pt.trace.json[.gz]" (older torch: time in ms)
 _TB_RE = re.compile(r"^(?P<host>.+)_(?P<pid>\d{1,10})\.(?P<t>\d{10,20})\.pt\.trace\.json(?:\.gz)?$")
 LIST_MAX = 3  # names listed in one note line before "and N more"
+#: The words of the note on files whose rank is a guess (dropped once every such file turned out
+#: to state its rank after all: a distributedInfo past the first bytes).
+GUESS_NOTE = "no rank (no distributedInfo, no rank-N in the name)"
 
 
 @dataclass
@@ -182,8 +185,7 @@ def _guess(plan: list, by_process: dict[tuple[str, int], int], notes: list[str])
         pids = sorted({e.pid for e in by_file_order if e.pid is not None})
         pid_note = f"; pids {', '.join(map(str, pids[:LIST_MAX]))}{' ...' if len(pids) > LIST_MAX else ''}" \
             if len(pids) > 1 else ""
-        notes.append(f"{len(guessed)} trace{'s state' if len(guessed) > 1 else ' states'} no rank "
-                     "(no distributedInfo, no rank-N in the name): "
+        notes.append(f"{len(guessed)} trace{'s state' if len(guessed) > 1 else ' states'} {GUESS_NOTE}: "
                      f"{names([e.path for e in guessed])} read as rank{'s' if len(ranks) > 1 else ''} "
                      f"{_span(ranks)} {how}, a guess{pid_note}; if they are separate runs, analyze each on its own")
 

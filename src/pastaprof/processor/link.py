@@ -110,12 +110,28 @@ def link_ops(op: pa.Table, first_id: int = 0) -> pa.Table:
     return op
 
 
+#: How far an API call may start outside the op its external id names and still be that op's
+#: (integer-microsecond traces round both ends).
+EXTERNAL_SLACK_NS = 1_000
+
+
 def link_api(api: pa.Table, op: pa.Table) -> pa.Table:
-    """op_id of API calls: the op with their external id, else the innermost op
-    around them on their thread."""
-    ext_op = map_keys(_col(api, "external_id"), _np(op["external_id"]), _np(op["id"]))
+    """op_id of API calls: the op with their external id where that op (of the same process)
+    is open when the call starts, else the innermost op around them on their thread.  The
+    check matters where a trace numbers its calls' external ids apart from its ops' (ROCm
+    traces: a call's is its correlation id): once the two counters meet, an id names an op
+    the call has nothing to do with."""
+    op_start, op_end, api_start = _np(op["start_ns"]), _np(op["end_ns"]), _np(api["start_ns"])
+    ext = map_keys(_col(api, "external_id"), _np(op["external_id"]), np.arange(op.num_rows, dtype=np.int64))
+    hit = ext >= 0
+    if hit.any():
+        j, t = ext[hit], api_start[hit]
+        inside = (op_start[j] - EXTERNAL_SLACK_NS <= t) & (t <= op_end[j] + EXTERNAL_SLACK_NS)
+        inside &= _col(op, "pid")[j] == _col(api, "pid")[hit]
+        hit[hit] = inside
+    ext_op = np.where(hit, _gather(_np(op["id"]), ext), -1)
     g_api, g_op = _thread_groups(api, op)
-    by_time = innermost_enclosing(g_op, _np(op["start_ns"]), _np(op["end_ns"]), g_api, _np(api["start_ns"]))
+    by_time = innermost_enclosing(g_op, op_start, op_end, g_api, api_start)
     by_time = _gather(_np(op["id"]), by_time)
     return _set(api, "op_id", _ids_to_arrow(np.where(ext_op >= 0, ext_op, by_time)))
 
@@ -251,13 +267,34 @@ class RankLinker:
 
     def __init__(self) -> None:
         self._next: dict[int, int] = {}
+        self._correlation_top: dict[int, int] = {}
 
     def __call__(self, rank: int, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
         first = self._next.get(rank, 0)
         out = link_rank(tables, first)
         if "op" in out:
             self._next[rank] = first + out["op"].num_rows
-        return out
+        return self._after_earlier_correlations(rank, out)
+
+    def _after_earlier_correlations(self, rank: int, tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
+        """The file's correlation ids past those of its rank's earlier files where they meet
+        (a process's second profiler session may number its launches from where the first
+        began): tools join a kernel to its call on (rank, correlation).  The file's own links
+        are made before, so they hold either way."""
+        lo, hi = None, None
+        for t in tables.values():
+            if "correlation" in t.column_names and t.num_rows and t["correlation"].null_count < t.num_rows:
+                c = _np(t["correlation"])
+                c = c[c >= 0]
+                if len(c):
+                    lo = int(c.min()) if lo is None else min(lo, int(c.min()))
+                    hi = int(c.max()) if hi is None else max(hi, int(c.max()))
+        if lo is None:
+            return tables
+        top = self._correlation_top.get(rank)
+        shift = 0 if top is None or lo > top else shifts_past({0: (0, 0, top), 1: (1, lo, hi)}).get(1, 0)
+        self._correlation_top[rank] = max(top if top is not None else hi, hi + shift)
+        return {k: shift_correlation(t, shift) for k, t in tables.items()} if shift else tables
 
     @staticmethod
     def process_shifts(ops: dict[int, list[pa.Table]]) -> dict[int, int]:

@@ -85,6 +85,28 @@ DISPLAY = {"steps": ["rank", "step", "label", "wall_ns", "gpu_busy_ns", "host_wa
                      "other_idle_ns", "compute_ns", "communication_ns", "memory_ns", "kernels", "top_op", "outlier"]}
 
 
+
+def _occurrences(hits: pa.Table) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(starts, ends, labels) of step ranges: the ranges of one name that overlap (the op and
+    the annotation of one step) make one window; the same name again later (a second capture
+    of the process restarts ProfilerStep#N) makes another."""
+    hits = hits.sort_by([("name", "ascending"), ("start_ns", "ascending")])
+    names = hits["name"].to_pylist()
+    starts, ends = to_np(hits["start_ns"]), to_np(hits["end_ns"])
+    out_s: list[int] = []
+    out_e: list[int] = []
+    labels: list[str] = []
+    for name, start, end in zip(names, starts.tolist(), ends.tolist()):  # one row per step range: few
+        if labels and labels[-1] == name and start <= out_e[-1]:
+            out_e[-1] = max(out_e[-1], end)
+            continue
+        out_s.append(start)
+        out_e.append(end)
+        labels.append(name)
+    order = np.argsort(np.array(out_s, dtype=np.int64), kind="stable")
+    return (np.array(out_s, dtype=np.int64)[order], np.array(out_e, dtype=np.int64)[order],
+            [labels[i] for i in order])
+
 class Steps(Tool):
     name = "steps"
     description = ("Training/inference steps (ProfilerStep, step ranges, optimizer steps or repeated ops): "
@@ -156,9 +178,7 @@ class Steps(Tool):
                     hits.append(pa.table({"name": pa.array(np.array(names, dtype=object)[codes[keep]], pa.string()),
                                           "start_ns": to_np(t["start_ns"])[keep], "end_ns": to_np(t["end_ns"])[keep]}))
             if hits:
-                g = pa.concat_tables(hits).group_by("name", use_threads=False).aggregate([("start_ns", "min"), ("end_ns", "max")])
-                g = g.sort_by("start_ns_min")
-                return to_np(g["start_ns_min"]), to_np(g["end_ns_max"]), g["name"].to_pylist(), rule
+                return (*_occurrences(pa.concat_tables(hits)), rule)
         opt = rng.filter(pc.starts_with(str_col(rng["name"]), OPTIMIZER_STEP))
         bounds = self._host_bounds(rank)
         if opt.num_rows and bounds is not None:
