@@ -75,7 +75,7 @@ EXPORT int execveat(int dirfd, const char* path, char* const argv[], char* const
 }
 
 /* The list forms: their arguments into an array (on the stack, as the C library does), then
- * the array form above.  `ap` is just after `first`; on return it is after the list's NULL. */
+ * the array form above.  `ap` is just after `first`. */
 static size_t list_length(const char* first, va_list ap) {
   if (!first) return 0;
   va_list c;
@@ -86,37 +86,41 @@ static size_t list_length(const char* first, va_list ap) {
   return n;
 }
 
-static void list_fill(char** argv, size_t n, const char* first, va_list* ap) {
-  for (size_t i = 0; i < n; ++i) argv[i] = i ? va_arg(*ap, char*) : (char*)first;
-  if (n) (void)va_arg(*ap, char*); /* the NULL */
+typedef int (*array_form_t)(const char*, char* const[], char* const[]);
+static int as_v(const char* path, char* const argv[], char* const envp[]) { (void)envp; return execv(path, argv); }
+static int as_vp(const char* file, char* const argv[], char* const envp[]) { (void)envp; return execvp(file, argv); }
+
+static int by_list(const char* target, const char* first, va_list ap, int with_env, array_form_t array_form) {
+  va_list c;
+  va_copy(c, ap);
+  size_t n = list_length(first, ap);
+  char* argv[n + 1];
+  for (size_t i = 0; i < n; ++i) argv[i] = i ? va_arg(c, char*) : (char*)first;
+  if (n) (void)va_arg(c, char*); /* the list's NULL */
   argv[n] = NULL;
+  char** envp = with_env ? va_arg(c, char**) : NULL;
+  va_end(c);
+  return array_form(target, argv, envp);
 }
 
 EXPORT int execl(const char* path, const char* arg, ...) {
   va_list ap;
   va_start(ap, arg);
-  size_t n = list_length(arg, ap);
-  char* argv[n + 1];
-  list_fill(argv, n, arg, &ap);
+  int r = by_list(path, arg, ap, 0, as_v);
   va_end(ap);
-  return execv(path, argv);
+  return r;
 }
 EXPORT int execlp(const char* file, const char* arg, ...) {
   va_list ap;
   va_start(ap, arg);
-  size_t n = list_length(arg, ap);
-  char* argv[n + 1];
-  list_fill(argv, n, arg, &ap);
+  int r = by_list(file, arg, ap, 0, as_vp);
   va_end(ap);
-  return execvp(file, argv);
+  return r;
 }
 EXPORT int execle(const char* path, const char* arg, ...) {
   va_list ap;
   va_start(ap, arg);
-  size_t n = list_length(arg, ap);
-  char* argv[n + 1];
-  list_fill(argv, n, arg, &ap);
-  char** envp = va_arg(ap, char**);
+  int r = by_list(path, arg, ap, 1, execve);
   va_end(ap);
-  return execve(path, argv, envp);
+  return r;
 }
