@@ -155,10 +155,8 @@ def prepare(env: dict[str, str], command: list[str], config: Any = None) -> str 
     env.setdefault("NVTX_INJECTION64_PATH", str(lib))  # a user's own NVTX tool (nsys) keeps its place
     if config is not None and config.tools:
         from pastaprof.handlers.native_sanitizer import launcher_env
-        from pastaprof.tools.registry import resolve
 
-        consumed = {k for cls in resolve(list(config.tools)) for k in getattr(cls, "consumes", ())
-                    if k not in getattr(cls, "optional", ())}
+        consumed = _consumed(config)
         if "uvm" in consumed:  # as in a Python session: a tool that reads uvm turns the counters on
             env["PASTAPROF_UVM"] = "1"
         return launcher_env(env, config, consumed)
@@ -186,6 +184,21 @@ def preload_for_exec(env: dict[str, str], lib: Path) -> None:
         env["ASAN_OPTIONS"] = f"{asan}:verify_asan_link_order=0" if asan else "verify_asan_link_order=0"
 
 
+def _consumed(config: Any, prefix: str | None = None) -> set[str]:
+    """The kinds the run's tools need (not those they take only where present); with
+    ``prefix``, those that start with it."""
+    if config is None or not config.tools:
+        return set()
+    from pastaprof.tools.registry import resolve
+
+    try:
+        kinds = {k for cls in resolve(list(config.tools)) for k in getattr(cls, "consumes", ())
+                 if k not in getattr(cls, "optional", ())}
+    except Exception:  # noqa: BLE001 -- an unknown tool is the CLI's to report
+        return set()
+    return {k for k in kinds if k.startswith(prefix)} if prefix else kinds
+
+
 def has_nvidia_driver() -> bool:
     """Whether this machine has NVIDIA's kernel driver (without it no CUDA program runs, and
     native capture is not prepared; PASTAPROF_NATIVE_INJECT=1 prepares it anyway)."""
@@ -196,11 +209,14 @@ def launch_hook(env: dict[str, str], command: list[str], config: Any = None) -> 
     """The launcher's step before the program starts: native capture prepared, so that every
     native CUDA process the command starts is captured (a shell script or ``mpirun`` may start
     them, and so may a Python program: its own process is the Python session's, and the library
-    stays out of it).  Why it is off, where it is, in one line; for a Python program nothing is
-    said (its own capture does not need it)."""
+    stays out of it; not with instruction-level tools, whose sanitizer the session runs).  Why
+    it is off, where it is, in one line; for a Python program nothing is said (its own capture
+    does not need it)."""
     python = is_python_command(command)
-    try:
-        line = prepare(env, command, config)
+    if python and _consumed(config, "access_"):
+        return  # the Python session runs its own sanitizer: the library stays out of its process
+    try:  # a Python program's own settings (UVM counters) are its session's: its children get the defaults
+        line = prepare(env, command, None if python else config)
     except Exception as e:  # noqa: BLE001 -- never keep the program from starting
         line = f"native capture off: {type(e).__name__}: {e}"
     if line and not python:
