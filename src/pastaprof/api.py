@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 
-from pastaprof.errors import InputError
+from pastaprof.errors import InputError, UsageError
 from pastaprof.events.schema import KINDS, conform
 from pastaprof.importers import iter_ranks, manifest_for
 from pastaprof.processor.link import RankLinker
@@ -61,6 +61,9 @@ def import_trace(path: str | Path, out: str | Path, ranks: Sequence[int] | None 
     if is_run_dir(path):
         open_run_dir(path)  # a damaged one: say what is wrong with it
         raise InputError(path, "is a pastaprof run directory already (analyze, info and export read it as it is)")
+    from pastaprof.store.outputs import check_not_input
+
+    check_not_input(out, (path,))  # --force must not replace the trace being read
     with readable_trace(path) as src, RunWriter(out, overwrite=force) as writer:
         proc = Processor(sink=writer)
         metas = []
@@ -88,6 +91,8 @@ def analyze(source: str | Path | Run, tools: Sequence[str | Tool] | None = None,
     instances = _instances(tools)
     rank_list = list(ranks) if ranks is not None else None
     if isinstance(source, Run) or is_run_dir(Path(source)):
+        if out is not None:  # nothing to store: the run is stored already
+            raise UsageError(f"{out}: the input is a run directory already; -o stores a foreign trace's run")
         if isinstance(source, Run):
             run = source if rank_list is None else source.select_ranks(rank_list)
         else:

@@ -6,6 +6,8 @@ flag) ends as one line on stderr and exit code 2 -- never a traceback.
 
 from __future__ import annotations
 
+import errno
+import io
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,23 +38,13 @@ def _echo(message: str, err: bool = False) -> None:
 
 
 def _parse_ranks(value: str | None) -> list[int] | None:
-    """'0,2,4-7' -> [0, 2, 4, 5, 6, 7]."""
-    if not value:
+    """'0,2,4-7' -> [0, 2, 4, 5, 6, 7] (live/config.py ``parse_rank_list``, the one parser of
+    rank lists); a bad list is one line, exit 2."""
+    if value is None:
         return None
-    ranks: list[int] = []
-    try:
-        for part in value.split(","):
-            part = part.strip()
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                ranks.extend(range(int(lo), int(hi) + 1))
-            else:
-                ranks.append(int(part))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a rank list like '0,2,4-7'", param_hint="--ranks") from None
-    if any(r < 0 for r in ranks):
-        raise click.BadParameter("ranks are non-negative", param_hint="--ranks")
-    return ranks
+    from pastaprof.live.config import parse_rank_list
+
+    return list(_run_guarded(lambda: parse_rank_list(value, "--ranks")))
 
 
 def _parse_tools(value: str | None) -> list[str] | None:
@@ -115,6 +107,9 @@ def _run_guarded(fn: Callable[[], Any], signals: bool = True) -> Any:
             _fail(str(e))
         if isinstance(e, MemoryError):
             _fail("out of memory")
+        overflow = _overflow(e)
+        if overflow:
+            _fail(overflow)
         raise
     except KeyboardInterrupt:
         from pastaprof.store.run_dirs import discard_unpublished
@@ -127,6 +122,21 @@ def _run_guarded(fn: Callable[[], Any], signals: bool = True) -> Any:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+def _overflow(e: Exception) -> str | None:
+    """The line for numbers of the input that int64 arithmetic cannot take once added up or
+    subtracted (a damaged or hand-made store: kernels on another clock than ops), else None."""
+    import duckdb
+
+    if isinstance(e, (duckdb.ConversionException, duckdb.OutOfRangeException)) and (
+            "INT128" in str(e) or "overflow" in str(e).lower() or "out of range" in str(e).lower()):
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return ("the input's numbers do not fit 64-bit integers once added up (times of different event kinds "
+                f"far apart? sizes too large?): {first[:200]}")
+    if isinstance(e, OverflowError):
+        return f"the input's numbers do not fit 64-bit integers: {e}"
+    return None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -180,9 +190,11 @@ def analyze(path: Path | None, example: bool, tools: str | None, json_out: Path 
     from pastaprof.engine import check_engine
 
     _run_guarded(lambda: check_engine(engine, scheduler))  # before anything is read
-    from pastaprof.store.outputs import check_output_file, is_stdout
+    from pastaprof.store.outputs import check_not_input, check_output_file, is_stdout
     from pastaprof.store.run_dirs import check_output_dir
 
+    for target in (json_out, uvm_plan, html_out, out):
+        _run_guarded(lambda t=target: check_not_input(t, (source, access_run)))
     for target in (json_out, uvm_plan, html_out):
         if target is not None:
             _run_guarded(lambda t=target: check_output_file(t))  # before the analysis, not after it
@@ -245,13 +257,14 @@ def report(path: Path | None, example: bool, dest: Path, tools: str | None, rank
     from pastaprof.api import analyze as run_analyze
     from pastaprof.api import example_path
     from pastaprof.report import html as html_report
-    from pastaprof.store.outputs import check_output_file, is_stdout
+    from pastaprof.store.outputs import check_not_input, check_output_file, is_stdout
 
     if example == (path is not None):
         _fail("give either a PATH or --example")
     source = example_path() if example else path
     assert source is not None
     rank_list = _parse_ranks(ranks)
+    _run_guarded(lambda: check_not_input(dest, (source,)))
     _run_guarded(lambda: check_output_file(dest))  # before the analysis, not after it
     _run_guarded(html_report.check_available)
     tool_list = html_report.tools_for(source, _parse_tools(tools))
@@ -374,8 +387,9 @@ def export(path: Path, fmt: str, dest: Path, ranks: str | None) -> None:
     """Export a run or trace: Perfetto trace with kernels per stream, ops per thread,
     op -> kernel flows and a memory counter track.  Open it at ui.perfetto.dev."""
     from pastaprof.api import load
-    from pastaprof.store.outputs import check_output_file, is_stdout
+    from pastaprof.store.outputs import check_not_input, check_output_file, is_stdout
 
+    _run_guarded(lambda: check_not_input(dest, (path,)))
     _run_guarded(lambda: check_output_file(dest))  # before loading the input, not after
 
     def work() -> None:
@@ -472,15 +486,38 @@ def main(argv: list[str] | None = None) -> None:
 
     from pastaprof.report.pipes import reader_gone, silence
 
+    if sys.stdout is None:  # the shell closed it (`>&-`): printing fails, as below, in one line
+        sys.stdout = _ClosedOutput()
     try:
         _main(argv)
         sys.stdout.flush()
     except BrokenPipeError:
         silence(1)
+    except OSError as e:  # the terminal output could not be written (a full disk, a closed stdout)
+        if e.filename is not None or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EBADF, errno.EFBIG):
+            raise
+        silence(1)  # nothing more is written there, and no flush at exit fails
+        from pastaprof.store.outputs import problem
+
+        click.echo(f"pastaprof: error: cannot write the output: {problem(e)}", err=True)
+        sys.exit(2)
     if reader_gone():
         sys.stderr.flush()
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         signal.raise_signal(signal.SIGPIPE)
+
+
+class _ClosedOutput(io.TextIOBase):
+    """Standard output the shell closed: the first thing printed fails as writing a closed
+    descriptor does (main makes it one line)."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        if s:
+            raise OSError(errno.EBADF, "standard output is closed")
+        return 0
 
 
 def _main(argv: list[str] | None) -> None:

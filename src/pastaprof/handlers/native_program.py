@@ -356,7 +356,7 @@ def _read_meta(path: Path) -> dict[str, Any] | None:
         if path.is_symlink() or path.stat().st_size > 1 << 20:
             return None
         meta = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(meta, dict) or meta.get("format") != "pastaprof-native" or meta.get("version") != FORMAT_VERSION:
         return None

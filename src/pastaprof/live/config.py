@@ -95,26 +95,33 @@ CORE_SETTINGS = frozenset(("OUT", "TOOLS", "RANGES", "KERNELS", "SAMPLE", "STEPS
 OFF_PARTS = ("kernels", "api", "ext", "ops", "modules", "tensors", "memory", "copies", "sync", "callbacks", "gate")
 
 
+RANK_LIST_MAX = 1 << 20  # ranks one list may name: a job's, never a range of all the integers
+_RANK_PART = re.compile(r"^([0-9]{1,10})(?:-([0-9]{1,10}))?$")  # ASCII digits: int() takes "١" and "1_0"
+
+
 def parse_rank_list(value: str, what: str = "PASTAPROF_RANKS") -> tuple[int, ...]:
-    """'0,2,4-7' -> (0, 2, 4, 5, 6, 7)."""
-    ranks: list[int] = []
-    try:
-        for part in value.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if hi < lo:
-                    raise ValueError
-                ranks.extend(range(lo, hi + 1))
-            else:
-                ranks.append(int(part))
-    except ValueError:
-        raise UsageError(f"{what}={value!r}: expected a rank list like 0,2,4-7") from None
-    if not ranks or any(r < 0 for r in ranks):
-        raise UsageError(f"{what}={value!r}: expected non-negative ranks like 0,2,4-7")
-    return tuple(sorted(set(ranks)))
+    """'0,2,4-7' -> (0, 2, 4, 5, 6, 7): ranks 0..2**31-1 (the event schema's int32), ranges
+    low to high, at most ``RANK_LIST_MAX`` ranks, counted before any is made."""
+    spans: list[tuple[int, int]] = []
+    for part in value.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        m = _RANK_PART.match(part)
+        if not m:
+            raise UsageError(f"{what}={value!r}: expected a rank list like 0,2,4-7")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise UsageError(f"{what}={value!r}: the range {part} runs backwards (low-high, like 4-7)")
+        if hi > 2**31 - 1:
+            raise UsageError(f"{what}={value!r}: ranks are at most {2**31 - 1}")
+        spans.append((lo, hi))
+    if not spans:
+        raise UsageError(f"{what}={value!r}: expected a rank list like 0,2,4-7")
+    if sum(hi - lo + 1 for lo, hi in spans) > RANK_LIST_MAX:
+        raise UsageError(f"{what}={value!r}: more than {RANK_LIST_MAX:,} ranks; name the ones wanted")
+    return tuple(sorted({r for lo, hi in spans for r in range(lo, hi + 1)}))
 
 
 def parse_steps(value: str, what: str = "PASTAPROF_STEPS") -> tuple[int, int | None]:

@@ -103,11 +103,12 @@ def _start(command: list[str], out: Path | None, flags: dict[str, str | None], f
     child = Supervised(command, env, held)  # signals for the program are passed on (live/supervise.py)
     try:
         child.start()
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: an empty program name, a NUL byte in an argument
         claim.discard()
         if probes is not None:
             probes.close()
-        raise UsageError(f"cannot start {command[0]!r}: {e.strerror}") from None
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise UsageError(f"cannot start {command[0]!r}: {why}") from None
     return child, claim, config, t0, probes
 
 

@@ -57,6 +57,8 @@ def load_plan(source: str | Path | dict) -> dict[str, Any]:
             raise UsageError(f"{where}: cannot read the UVM plan ({e.strerror or e})") from None
         except json.JSONDecodeError as e:
             raise UsageError(f"{where}: not a UVM plan (invalid JSON at line {e.lineno})") from None
+        except (ValueError, RecursionError):  # not UTF-8 text, or nested past any plan's depth
+            raise UsageError(f"{where}: not a UVM plan (not JSON text)") from None
     if not isinstance(plan, dict) or plan.get("schema") != SCHEMA or not isinstance(plan.get("actions"), list):
         raise UsageError(f"{where}: not a UVM plan (expected schema {SCHEMA!r} and a list of actions)")
     for i, a in enumerate(plan["actions"]):

@@ -269,11 +269,12 @@ def diff_main(base: Path, new: Path, json_out: Path | None, fail_above: float | 
     import orjson
 
     from pastaprof.report.diff_terminal import gate_line, print_diff
-    from pastaprof.store.outputs import check_output_file, is_stdout, write_output
+    from pastaprof.store.outputs import check_not_input, check_output_file, is_stdout, write_output
 
     if fail_above is not None and not (math.isfinite(fail_above) and fail_above >= 0):
         raise UsageError(f"--fail-above takes a percentage >= 0, not {fail_above}")
     if json_out is not None:
+        check_not_input(json_out, (base, new))
         check_output_file(json_out)  # before the analysis, not after it
     d = diff(base, new)
     if not quiet:

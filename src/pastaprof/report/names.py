@@ -9,13 +9,16 @@ import re
 from functools import lru_cache
 
 # C0 controls (ESC, BEL, CR, newline...), DEL, C1 controls (0x9b is a one-byte CSI on some terminals),
-# line/paragraph separators and the bidirectional overrides and isolates that reorder what is shown.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# line/paragraph separators, the bidirectional overrides and isolates that reorder what is shown, and
+# the invisible format characters that hide text in a cell (zero-width spaces and joiners, soft
+# hyphen, word joiner, BOM, interlinear annotations, tag characters).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
+                     "\ufeff\ufff9-\ufffb\U000e0000-\U000e007f]")
 
 
 def _escaped(m: re.Match[str]) -> str:
     c = ord(m.group())
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
 
 
 def terminal_safe(text: str) -> str:

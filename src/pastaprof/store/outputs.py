@@ -163,6 +163,26 @@ def _file_target(path: Path | str) -> tuple[str, int | str]:
     raise OutputError(name, "not a regular file, FIFO or character device")
 
 
+def check_not_input(target: Path | str | None, inputs: tuple[Path | str | None, ...]) -> None:
+    """Refuse an output that is one of the inputs, lies inside one (a run directory, a folder
+    of traces) or holds one: writing it would destroy what is being read (``analyze T --json T``
+    replaced the trace with its findings)."""
+    from pastaprof.errors import UsageError
+
+    if target is None or is_stdout(target):
+        return
+    t = os.path.realpath(str(target))  # what a write replaces, through links
+    for given in inputs:
+        if given is None:
+            continue
+        s = os.path.realpath(str(given))
+        same = t == s or (os.path.exists(t) and os.path.exists(s) and os.path.samefile(t, s))
+        inside, holds = t.startswith(s.rstrip(os.sep) + os.sep), s.startswith(t.rstrip(os.sep) + os.sep)
+        if same or inside or holds:
+            how = "is" if same else "is inside" if inside else "holds"
+            raise UsageError(f"{target}: {how} the input {given}; not writing there")
+
+
 def check_output_file(path: Path | str) -> None:
     """Refuse early (before a long analysis) an output file that cannot be written."""
     kind, target = _file_target(path)

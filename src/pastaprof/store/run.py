@@ -160,6 +160,10 @@ def open_run_dir(path: Path, ranks: list[int] | None = None) -> Run:
     if not path.is_dir():
         raise InputError(path, "not a directory")
     run = Run(read_manifest(path, MANIFEST), path=path, ranks=ranks)
+    if ranks is not None and not run.ranks:  # as a trace with no file of those ranks
+        have = run.manifest.get("ranks", [0])
+        shown = ", ".join(map(str, have[:8])) + (" ..." if len(have) > 8 else "")
+        raise InputError(path, f"no rank of the run matches the selected ranks (its ranks: {shown})")
     for kind in KINDS:  # every part's footer now (~0.2 ms each): a damaged store fails every command alike
         run._files(kind)
     return run

@@ -70,11 +70,13 @@ def root_ops(op: pa.Table) -> np.ndarray:
     row = KeyIndex(to_np(op["rank"], dtype=np.int32), to_np(op["id"]))
     parent = row.find(to_np(op["rank"], dtype=np.int32), to_np(op["parent_id"])).astype(np.int64)
     root = np.where(parent >= 0, parent, np.arange(n))
-    while True:  # doubling: log2(depth) passes
+    for _ in range(64):  # doubling: log2(depth) passes
         nxt = root[root]
         if np.array_equal(nxt, root):
             return root
         root = nxt
+    # parent_id cycles (a damaged store) never settle: the ops on or under one are their own roots
+    return np.where(root[root] == root, root, np.arange(n))
 
 
 def user_frames_around(frame: pa.Table, rank: np.ndarray, pid: np.ndarray, tid: np.ndarray,

@@ -76,7 +76,7 @@ def gemm_dims(op: str, shapes: str | None) -> tuple[int, int, int, int] | None:
     try:
         s = json.loads(shapes)
         a, b = (s[i] for i in LEAF_GEMMS[op])
-    except (ValueError, TypeError, IndexError, KeyError):
+    except (ValueError, TypeError, IndexError, KeyError, RecursionError):  # a damaged store's strings
         return None
     ok = (isinstance(a, list) and isinstance(b, list)
           and all(type(x) is int and 0 < x < 1 << 40 for x in (*a, *b)))  # no floats, bools, negatives
@@ -90,7 +90,7 @@ def gemm_dims(op: str, shapes: str | None) -> tuple[int, int, int, int] | None:
 def _dtype(dtypes: str | None, op: str) -> str | None:
     try:
         d = json.loads(dtypes) if dtypes else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     i = LEAF_GEMMS[op][0]  # a trace's dtypes are whatever it wrote: a list of strings or nothing
     return d[i] if isinstance(d, list) and 0 <= i < len(d) and isinstance(d[i], str) else None
