@@ -164,9 +164,9 @@ def _file_target(path: Path | str) -> tuple[str, int | str]:
 
 
 def check_not_input(target: Path | str | None, inputs: tuple[Path | str | None, ...]) -> None:
-    """Refuse an output that is one of the inputs, lies inside one (a run directory, a folder
-    of traces) or holds one: writing it would destroy what is being read (``analyze T --json T``
-    replaced the trace with its findings)."""
+    """Refuse an output that is one of the inputs, lies inside an input run directory or holds
+    an input: writing it would destroy what is being read (``analyze T --json T`` replaced the
+    trace with its findings).  A new file or run inside a folder of traces harms none of them."""
     from pastaprof.errors import UsageError
 
     if target is None or is_stdout(target):
@@ -177,7 +177,8 @@ def check_not_input(target: Path | str | None, inputs: tuple[Path | str | None, 
             continue
         s = os.path.realpath(str(given))
         same = t == s or (os.path.exists(t) and os.path.exists(s) and os.path.samefile(t, s))
-        inside, holds = t.startswith(s.rstrip(os.sep) + os.sep), s.startswith(t.rstrip(os.sep) + os.sep)
+        inside = t.startswith(s.rstrip(os.sep) + os.sep) and os.path.exists(os.path.join(s, "run.json"))
+        holds = s.startswith(t.rstrip(os.sep) + os.sep)
         if same or inside or holds:
             how = "is" if same else "is inside" if inside else "holds"
             raise UsageError(f"{target}: {how} the input {given}; not writing there")
