@@ -214,7 +214,7 @@ def node_table(nodes: list[dict]) -> pa.Table:
         cols["rf_id"].append(_int(attrs.get("rf_id")))
         cols["tid"].append(_int(attrs.get("tid")))
         cols["sequence_id"].append(seq if seq is not None and seq >= 0 else None)
-        cols["op_schema"].append(str(schema)[:2000] if schema else None)
+        cols["op_schema"].append(schema[:2000] if isinstance(schema, str) and schema else None)
         cols["input_shapes"].append(_json(ins, "shapes"))
         cols["input_dtypes"].append(_json(ins, "types"))
         cols["output_shapes"].append(_json(outs, "shapes"))
@@ -225,7 +225,13 @@ def node_table(nodes: list[dict]) -> pa.Table:
     types = {"name": pa.string(), "op_schema": pa.string(), "input_shapes": pa.string(), "input_dtypes": pa.string(),
              "output_shapes": pa.string(), "output_dtypes": pa.string(), "input_tensor_ids": pa.list_(pa.int64()),
              "output_tensor_ids": pa.list_(pa.int64()), "data_deps": pa.list_(pa.int64())}
-    return pa.table({k: pa.array(v, types.get(k, pa.int64())) for k, v in cols.items()})
+    try:
+        return pa.table({k: pa.array(v, types.get(k, pa.int64())) for k, v in cols.items()})
+    except UnicodeEncodeError:  # a lone surrogate ("\\ud800", which JSON may escape): Arrow takes UTF-8 only
+        for k, t in types.items():
+            if t == pa.string():
+                cols[k] = [x.encode("utf-8", "replace").decode("utf-8") if isinstance(x, str) else x for x in cols[k]]
+        return pa.table({k: pa.array(v, types.get(k, pa.int64())) for k, v in cols.items()})
 
 
 def _ticks(et: pa.Table) -> tuple[np.ndarray, np.ndarray]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,11 @@ def safe_load(path: Path) -> Any:
             data = f.read(MAX_BYTES + 1)
     except OSError as e:
         raise InputError(path, f"cannot be read ({e.strerror or e})") from None
+    if not _survives_loading(data):
+        raise InputError(path, "is refused as a memory snapshot: loading it crashes Python (a structure nested "
+                               "far deeper than a snapshot's?)")
+    # a failed huge length claim prints "SystemError: deallocated bytearray..." through sys.stderr
+    hook, err, sys.unraisablehook, sys.stderr = sys.unraisablehook, sys.stderr, lambda _: None, io.StringIO()
     try:
         return SafeUnpickler(io.BytesIO(data)).load()
     except pickle.UnpicklingError as e:
@@ -91,6 +97,39 @@ def safe_load(path: Path) -> Any:
             MemoryError, RecursionError, UnicodeDecodeError, SystemError) as e:
         why = "it ends early" if isinstance(e, EOFError) else _short(f"{type(e).__name__}: {e}", 120)
         raise InputError(path, f"is not a readable pickle ({why})") from None
+    finally:
+        sys.unraisablehook, sys.stderr = hook, err
+
+
+def _survives_loading(data: bytes) -> bool:
+    """Whether unpickling ``data`` ends, tried first in a forked child: a pickle can crash the
+    interpreter in C, where no exception is raised (a tuple nested 200,000 deep, hashed as a
+    dict key, overflows the C stack).  The child only unpickles; a C unpickle is quick."""
+    if not hasattr(os, "fork"):
+        return True
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover -- the child
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)  # its own messages are the parent's to give
+        try:
+            SafeUnpickler(io.BytesIO(data)).load()
+        except BaseException:  # noqa: BLE001 -- the parent's load reports it, in one line
+            pass
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status)
+
+
+def _text(v: Any, n: int) -> str:
+    """A snapshot's text field: a string (lone surrogates replaced: Arrow takes only UTF-8) or a
+    number, at most ``n`` characters; anything else reads as empty (str() of a list nested
+    100,000 deep raised RecursionError)."""
+    if isinstance(v, str):
+        v = v[:n]
+        return v.encode("utf-8", "replace").decode("utf-8") if not v.isascii() else v
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return str(v)[:n]
+    return ""
 
 
 def _pickle_head(path: Path) -> bytes | None:
@@ -164,7 +203,8 @@ def _frames(v: Any) -> list[tuple[str, int, str]]:
     out = []
     for f in _list(v)[:MAX_FRAMES]:
         if isinstance(f, dict):
-            out.append((str(f.get("filename", "") or "")[:500], _int(f.get("line"), 0), str(f.get("name", "") or "")[:200]))
+            line = _int(f.get("line"), 0)
+            out.append((_text(f.get("filename"), 500), line if 0 <= line < 1 << 31 else 0, _text(f.get("name"), 200)))
     return out
 
 
@@ -270,7 +310,7 @@ def snapshot_tables(snap: Any, path: Path) -> tuple[dict[str, pa.Table], dict[st
             if not isinstance(e, dict):
                 continue
             entries += 1
-            action = str(e.get("action", ""))[:40]
+            action = _text(e.get("action"), 40)
             actions[action] = actions.get(action, 0) + 1
             t = max(_int(e.get("time_us"), 0) * 1000, last + TICK)
             last = t
@@ -359,9 +399,9 @@ def _annotations(rng: _Cols, ann: Any) -> None:
     for a in _list(ann):
         if not isinstance(a, dict):
             continue
-        name, stage = str(a.get("name", ""))[:300], str(a.get("stage", "")).upper()
+        name, stage = _text(a.get("name"), 300), _text(a.get("stage"), 20).upper()
         t = _int(a.get("time_us"), 0) * 1000
-        key = (a.get("device"), name)
+        key = (_int(a.get("device"), -1), name)  # a device that is no integer (a list, a deep tuple): none
         if stage == "START":
             open_.setdefault(key, []).append(t)
         elif stage == "END" and open_.get(key):

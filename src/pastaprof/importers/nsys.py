@@ -244,7 +244,8 @@ def _plan_ranks(db: Db, path: Path, tables: dict[str, pa.Table], notes: list[str
         names = {p: n for p, n in db.query("SELECT pid, name FROM PROCESSES") if isinstance(p, int)}
     mpi = nsys_map.mpi_ranks(db)
     ordered = sorted(pids)
-    if mpi and all(p in mpi for p in ordered):
+    distinct = len({mpi.get(p) for p in ordered}) == len(ordered)
+    if mpi and all(p in mpi for p in ordered) and distinct:
         ranks, source = {p: mpi[p] for p in ordered}, "MPI_RANKS"
     elif len(ordered) == 1 and rank_from_name(path) is not None:
         ranks, source = {ordered[0]: rank_from_name(path)}, "file name"
@@ -252,8 +253,9 @@ def _plan_ranks(db: Db, path: Path, tables: dict[str, pa.Table], notes: list[str
         ranks, source = {p: first_rank + i for i, p in enumerate(ordered)}, "pid order"
         if len(ordered) > 1 or multi:
             shown = ", ".join(f"pid {p} ({show(str(names.get(p, '?')))}) as rank {ranks[p]}" for p in ordered[:4])
+            why = "no MPI_RANKS table" if not mpi else "MPI_RANKS gives them no rank each of their own"
             notes.append(f"{show(path.name)}: {len(ordered)} process{'es' if len(ordered) > 1 else ''} with CUDA "
-                         f"activity, no MPI_RANKS table: read {shown}{' ...' if len(ordered) > 4 else ''} "
+                         f"activity, {why}: read {shown}{' ...' if len(ordered) > 4 else ''} "
                          "by pid order, a guess")
     if not ordered:
         notes.append(f"{show(path.name)}: no process has CUDA activity (kernels, copies, API calls): no rank to read")

@@ -125,18 +125,26 @@ class Db:
         return t
 
     def _sqls(self, table: str, exprs: dict[str, str], where: str) -> list[str]:
-        """One ``group_concat`` query per CHUNK_ROWS rowids of ``table``."""
+        """One ``group_concat`` query per CHUNK_ROWS rowids of ``table``: by rowid ranges where
+        the rowids are dense (an export's), by every CHUNK_ROWS-th rowid where they are sparse
+        (one rowid of 2**63-1 made 2**45 ranges), and one query for a view (no rowid)."""
         # one printf per row: half the work of joining the columns with || (a new string per column)
         args = ", ".join(e if _plain_col(e) else f"CAST(({e}) AS INTEGER)" for e in exprs.values())
         row = f"printf('{','.join(['%s'] * len(exprs))}', {args})"
-        cond = f"WHERE {where}" if where else ""
-        lo_hi = self.query(f'SELECT min(rowid), max(rowid) FROM "{table}"')
-        lo, hi = lo_hi[0] if lo_hi else (None, None)
-        if lo is None or not isinstance(lo, int) or not isinstance(hi, int):
+        head = f'SELECT group_concat({row}, char(10)), count(*) FROM "{table}" '
+        if self.query("SELECT type FROM sqlite_master WHERE name = ?", (table,)) == [("view",)]:
+            return [head + (f"WHERE {where}" if where else "")]
+        lo, hi, n = self.query(f'SELECT min(rowid), max(rowid), count(*) FROM "{table}"')[0]
+        if not all(isinstance(x, int) for x in (lo, hi, n)) or not n:
             return []
-        return [f'SELECT group_concat({row}, char(10)), count(*) FROM "{table}" '
-                f"{cond + ' AND ' if cond else 'WHERE '}rowid >= {start} AND rowid < {start + CHUNK_ROWS}"
-                for start in range(lo, hi + 1, CHUNK_ROWS)]
+        if hi - lo >= 4 * max(n, CHUNK_ROWS):
+            firsts = [r for (r,) in self.query(f'SELECT rowid FROM (SELECT rowid, row_number() OVER (ORDER BY rowid) '
+                                               f'- 1 AS k FROM "{table}") WHERE k % {CHUNK_ROWS} = 0')]
+        else:
+            firsts = list(range(lo, hi + 1, CHUNK_ROWS))
+        cond = f"{where} AND " if where else ""
+        return [head + f"WHERE {cond}rowid >= {a}" + (f" AND rowid < {b}" if b is not None else "")
+                for a, b in zip(firsts, [*firsts[1:], None])]
 
     def prefetch(self, table: str, exprs: dict[str, str], where: str = "") -> None:
         """Start reading what ``fetch(table, exprs, where)`` will return, on the chunk readers,
