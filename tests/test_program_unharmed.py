@@ -545,3 +545,31 @@ def test_the_functions_pastaprof_wraps_pickle_as_bare(tmp_path):
     bare = _bare(cmd, tmp_path)
     assert bare.returncode == 0 and bare.stdout.count("True") == 12, bare.stderr
     _same(bare, _captured(tmp_path / "run", cmd, tmp_path))
+
+
+JIT_RANGES = """
+import inspect, torch
+@torch.jit.script
+def f(x):
+    with torch.autograd.profiler.record_function("scripted"):
+        y = x * 2
+    return y
+print(f(torch.ones(2)).tolist())
+print(inspect.signature(torch.autograd.profiler.record_function.__exit__))
+with torch.autograd.profiler.record_function("eager"):
+    print(torch.ones(3).sum().item())
+"""
+
+
+def test_torchscript_compiles_record_function_and_eager_ranges_are_kept(tmp_path):
+    """pastaprof wraps record_function's __enter__/__exit__ for its ranges.  TorchScript compiles
+    record_function from its methods' source and names: the wrappers named ``enter``/``exit_``
+    left it without __enter__ (the scripted function raised, exit 1).  Same output as bare,
+    and the eager range is still recorded."""
+    (tmp_path / "p.py").write_text(JIT_RANGES)
+    bare = _bare([sys.executable, "p.py"], tmp_path)
+    run = _captured(tmp_path / "run", [sys.executable, "p.py"], tmp_path)
+    assert bare.returncode == 0 and bare.stdout.startswith("[2.0, 2.0]\n"), bare.stderr
+    _same(bare, run)
+    names = pastaprof.load(tmp_path / "run").table("range").column("name").to_pylist()
+    assert "eager" in names, names

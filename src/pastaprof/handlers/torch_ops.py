@@ -24,6 +24,7 @@ use patterns need) go into one flat list with a count per op.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 import threading
@@ -268,10 +269,14 @@ class TorchHandler(Handler, Gated):
         rf = torch.autograd.profiler.record_function
         rf_enter, rf_exit = rf.__enter__, rf.__exit__
 
+        # wraps: the name, signature and source stay the originals', so that TorchScript, which
+        # compiles record_function from its methods' source, still finds __enter__/__exit__
+        @functools.wraps(rf_enter)
         def enter(self_rf):
             self_rf._pastaprof = (self_rf.name, begin(self_rf.name))
             return rf_enter(self_rf)
 
+        @functools.wraps(rf_exit)
         def exit_(self_rf, *exc):
             try:
                 return rf_exit(self_rf, *exc)
