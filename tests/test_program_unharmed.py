@@ -573,3 +573,32 @@ def test_torchscript_compiles_record_function_and_eager_ranges_are_kept(tmp_path
     _same(bare, run)
     names = pastaprof.load(tmp_path / "run").table("range").column("name").to_pylist()
     assert "eager" in names, names
+
+
+WARN_CHILD = """
+import os, sys
+os.environ["PASTAPROF_LAUNCHER"] = str(os.getppid())  # the shell stands in for `pastaprof run`
+sys.stderr = open(sys.argv[1], "w")  # the program's own log
+from pastaprof.live import messages
+messages.warn("disk full")
+print("program line", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("launcher_stderr", ["pipe", "file"])
+def test_capture_warnings_never_land_in_the_programs_own_log(tmp_path, launcher_stderr):
+    """A program that points sys.stderr at its log: pastaprof's warning in the process (a shard it
+    cannot write) went into that log.  It goes where `pastaprof run`'s own stderr is -- a pipe
+    through /proc/PID/fd/2, a regular file through the shared fd 2."""
+    (tmp_path / "c.py").write_text(WARN_CHILD)
+    log, err = tmp_path / "log.txt", tmp_path / "err.txt"
+    cmd = ["sh", "-c", f'"{sys.executable}" c.py "{log}"; true']
+    if launcher_stderr == "pipe":
+        r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=60)
+        said = r.stderr
+    else:
+        with open(err, "w") as f:
+            subprocess.run(cmd, cwd=tmp_path, stderr=f, env=_env(), timeout=60)
+        said = err.read_text()
+    assert log.read_text() == "program line\n"
+    assert said == "pastaprof: warning: disk full\n"

@@ -91,7 +91,7 @@ def current_rank(env: Mapping[str, str] | None = None) -> int:
 #: the variables CaptureConfig reads itself (others: the handlers' settings), and the launcher's own
 CORE_SETTINGS = frozenset(("OUT", "TOOLS", "RANGES", "KERNELS", "SAMPLE", "STEPS", "RANKS", "FLUSH_MS", "BUFFER_MB",
                            "SHAPES", "CALL_SITES", "UVM", "UVM_PLAN", "PROCESS", "PAGE", "OFF", "RUN_PARENT", "EAGER",
-                           "FOUND_HANDLERS", "HIDE_ENV"))
+                           "FOUND_HANDLERS", "HIDE_ENV", "LAUNCHER"))
 OFF_PARTS = ("kernels", "api", "ext", "ops", "modules", "tensors", "memory", "copies", "sync", "callbacks", "gate")
 
 

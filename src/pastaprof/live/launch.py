@@ -80,6 +80,7 @@ def _start(command: list[str], out: Path | None, flags: dict[str, str | None], f
     claim = OutputDir(out or config.out or f"pastaprof-run-{time.strftime('%Y%m%d-%H%M%S')}", force)
     env[ENV_PREFIX + "OUT"] = str(claim.tmp)
     env["PASTAPROF_RUN_PARENT"] = "1"
+    env["PASTAPROF_LAUNCHER"] = str(os.getpid())  # its stderr: where the program's own warnings go (live/messages.py)
     from pastaprof.handlers import registry
 
     if registry.loaded():  # found once here (from_env above, checking handler settings): not again

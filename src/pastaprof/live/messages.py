@@ -18,10 +18,40 @@ def warn(msg: str) -> None:
     try:
         from pastaprof.report.names import terminal_safe  # names in it cannot control the terminal
 
-        sys.stderr.write(f"pastaprof: warning: {terminal_safe(str(msg))}\n")
-        sys.stderr.flush()
+        line = f"pastaprof: warning: {terminal_safe(str(msg))}\n"
+        if not _to_launcher(line):
+            sys.stderr.write(line)
+            sys.stderr.flush()
     except Exception:
         pass
+
+
+def _to_launcher(line: str) -> bool:
+    """Under `pastaprof run`: ``line`` where the launcher's own stderr is, never in a log file
+    the program pointed its stderr at.  A terminal, pipe or socket is written through
+    /proc/PID/fd/2; a regular file only through this process's fd 2 when that is the same file
+    (the shared offset: the program only replaced ``sys.stderr``).  False otherwise (not under
+    `pastaprof run`, no /proc): the caller writes ``sys.stderr``."""
+    import stat
+
+    pid = os.environ.get("PASTAPROF_LAUNCHER", "")
+    if not pid.isdigit():
+        return False
+    data = line.encode("utf-8", "replace")
+    try:
+        theirs = os.stat(f"/proc/{pid}/fd/2")
+        if stat.S_ISREG(theirs.st_mode):
+            ours = os.fstat(2)
+            return (ours.st_dev, ours.st_ino) == (theirs.st_dev, theirs.st_ino) and os.write(2, data) == len(data)
+        fd = os.open(f"/proc/{pid}/fd/2", os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return os.write(fd, data) == len(data)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def notice(msg: str) -> None:
