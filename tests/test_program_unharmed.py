@@ -577,7 +577,7 @@ def test_torchscript_compiles_record_function_and_eager_ranges_are_kept(tmp_path
 
 WARN_CHILD = """
 import os, sys
-os.environ["PASTAPROF_LAUNCHER"] = str(os.getppid())  # the shell stands in for `pastaprof run`
+os.environ["PASTAPROF_LAUNCHER"] = str(os.getppid())  # the shell ($0 "pastaprof") stands in for `pastaprof run`
 sys.stderr = open(sys.argv[1], "w")  # the program's own log
 from pastaprof.live import messages
 messages.warn("disk full")
@@ -592,7 +592,7 @@ def test_capture_warnings_never_land_in_the_programs_own_log(tmp_path, launcher_
     through /proc/PID/fd/2, a regular file through the shared fd 2."""
     (tmp_path / "c.py").write_text(WARN_CHILD)
     log, err = tmp_path / "log.txt", tmp_path / "err.txt"
-    cmd = ["sh", "-c", f'"{sys.executable}" c.py "{log}"; true']
+    cmd = ["sh", "-c", f'"{sys.executable}" c.py "{log}"; true', "pastaprof"]
     if launcher_stderr == "pipe":
         r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=60)
         said = r.stderr

@@ -39,6 +39,9 @@ def _to_launcher(line: str) -> bool:
         return False
     data = line.encode("utf-8", "replace")
     try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:  # still the launcher, not a process given its pid since
+            if b"pastaprof" not in f.read(4096):
+                return False
         theirs = os.stat(f"/proc/{pid}/fd/2")
         if stat.S_ISREG(theirs.st_mode):
             ours = os.fstat(2)
