@@ -454,6 +454,27 @@ def test_launches_in_one_microsecond_keep_their_own_flows(tmp_path):
     assert got == kernels
 
 
+def test_a_launch_and_kernel_tied_only_by_their_external_id(tmp_path):
+    """The layout of TraceLens' MoE test traces (AMD-AGI/TraceLens, evals/unit_tests/moe): no
+    ``correlation``; the ac2g flow starts and ends on the GPU, so no flow reaches the call; the
+    call and the kernel share an External id no other event has.  The id ties them: the kernel
+    has its launch, and its op is the one around the call."""
+    gpu, host = {"pid": 0, "tid": 7}, {"pid": 470, "tid": 711}
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "vllm::fused_moe", **host, "ts": 1000000.0, "dur": 380.0, "args": {}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", **host, "ts": 1000010.0, "dur": 5.0,
+         "args": {"External id": 100}},
+        {"ph": "X", "cat": "kernel", "name": "fused_moe_kernel", **gpu, "ts": 1000050.0, "dur": 180.0,
+         "args": {"device": 0, "stream": 7, "External id": 100}},
+        {"ph": "s", "id": 100, **gpu, "ts": 1000050.0, "cat": "ac2g", "name": "ac2g"},
+        {"ph": "f", "id": 100, **gpu, "ts": 1000050.0, "cat": "ac2g", "name": "ac2g", "bp": "e"},
+    ]
+    run = pastaprof.load(write(tmp_path, "moe.json", json.dumps({"traceEvents": events}).encode()))
+    (kernel,), (call,) = run.table("kernel").to_pylist(), run.table("api").to_pylist()
+    assert kernel["correlation"] == call["correlation"] is not None
+    assert _op_of_kernels(run) == ["vllm::fused_moe"]
+
+
 def test_kernels_without_launches_take_their_op_by_external_id():
     """The trace in torch's inductor tests: kernels on the host's pid and tid, no runtime
     call, no correlation; the op is the cpu_op with the kernel's External id."""

@@ -426,6 +426,11 @@ def _project(con, files: list[Path], rank: int, base: int, path: Path,
     return tables, counts, phases
 
 
+#: Where a call and one GPU activity are tied only by an External id that no other call or activity
+#: has (no correlation, no flow where they are): their correlation, past any id a trace numbers.
+EXTERNAL_TIE = 1 << 40
+
+
 def _borrow_flow_ids(con) -> None:
     """Older traces link GPU work to its launch only through ac2g/async flows: an
     activity (or API call) without ``args.correlation`` takes the id of the flow
@@ -433,7 +438,8 @@ def _borrow_flow_ids(con) -> None:
     there (integer-microsecond traces: launches of under a microsecond), an event takes the
     flow numbered like its own External id (ROCm traces number both alike), else the events
     and the flows left are paired in order (shorter event, lower flow id first), never two
-    events one flow.  Run only once a projection found an event without one (reading every
+    events one flow.  A call and a GPU activity left without either, whose External id is theirs
+    alone, are tied by it.  Run only once a projection found an event without one (reading every
     event's ``args`` to find out first would parse them all once more)."""
     corr = "TRY_CAST(json_extract(ev.args, '$.\"correlation\"') ->> '$' AS BIGINT)"
     ext = "TRY_CAST(json_extract(ev.args, '$.\"External id\"') ->> '$' AS BIGINT)"
@@ -456,6 +462,15 @@ def _borrow_flow_ids(con) -> None:
             SELECT e.rid, f.fid FROM e JOIN f ON f.ph = e.ph AND f.start_ns = e.start_ns AND f.k = e.k
               AND f.p IS NOT DISTINCT FROM e.p AND f.t IS NOT DISTINCT FROM e.t) AS pair
         WHERE ev.rowid = pair.rid;
+        UPDATE ev SET flow_id = one.fid FROM (
+            WITH cand AS (SELECT w.rid, w.ph, w.ext, ev.flow_id AS fid FROM wants w JOIN ev ON ev.rowid = w.rid
+                          WHERE w.ext IS NOT NULL AND w.ext >= 0),
+                 tied AS (SELECT ext, max(fid) FILTER (WHERE ph = 'f') AS act, max(fid) FILTER (WHERE ph = 's') AS call
+                          FROM cand GROUP BY ext
+                          HAVING count(*) FILTER (WHERE ph = 's') = 1 AND count(*) FILTER (WHERE ph = 'f') = 1)
+            SELECT cand.rid, coalesce(tied.act, tied.call, {EXTERNAL_TIE} + cand.ext) AS fid
+            FROM cand JOIN tied USING (ext) WHERE cand.fid IS NULL AND (tied.act IS NULL OR tied.call IS NULL)) AS one
+        WHERE ev.rowid = one.rid;
         DROP TABLE fl; DROP TABLE wants;
     """)
 
