@@ -463,13 +463,19 @@ def _borrow_flow_ids(con) -> None:
               AND f.p IS NOT DISTINCT FROM e.p AND f.t IS NOT DISTINCT FROM e.t) AS pair
         WHERE ev.rowid = pair.rid;
         UPDATE ev SET flow_id = one.fid FROM (
-            WITH cand AS (SELECT w.rid, w.ph, w.ext, ev.flow_id AS fid FROM wants w JOIN ev ON ev.rowid = w.rid
-                          WHERE w.ext IS NOT NULL AND w.ext >= 0),
+            WITH held AS (SELECT w.ph, ev.flow_id AS fid FROM wants w JOIN ev ON ev.rowid = w.rid
+                          WHERE ev.flow_id IS NOT NULL),
+                 cand AS (SELECT w.rid, w.ph, w.ext, ev.flow_id AS fid FROM wants w JOIN ev ON ev.rowid = w.rid
+                          WHERE w.ext >= 0 AND w.ext < {EXTERNAL_TIE}),
                  tied AS (SELECT ext, max(fid) FILTER (WHERE ph = 'f') AS act, max(fid) FILTER (WHERE ph = 's') AS call
                           FROM cand GROUP BY ext
                           HAVING count(*) FILTER (WHERE ph = 's') = 1 AND count(*) FILTER (WHERE ph = 'f') = 1)
+            -- the side that has an id gives it, unless a call (an activity) of its own holds it already
             SELECT cand.rid, coalesce(tied.act, tied.call, {EXTERNAL_TIE} + cand.ext) AS fid
-            FROM cand JOIN tied USING (ext) WHERE cand.fid IS NULL AND (tied.act IS NULL OR tied.call IS NULL)) AS one
+            FROM cand JOIN tied USING (ext)
+            WHERE cand.fid IS NULL AND (tied.act IS NULL OR tied.call IS NULL)
+              AND (tied.act IS NULL OR tied.act NOT IN (SELECT fid FROM held WHERE ph = 's'))
+              AND (tied.call IS NULL OR tied.call NOT IN (SELECT fid FROM held WHERE ph = 'f'))) AS one
         WHERE ev.rowid = one.rid;
         DROP TABLE fl; DROP TABLE wants;
     """)
