@@ -292,8 +292,8 @@ class RankLinker:
         if lo is None:
             return tables
         top = self._correlation_top.get(rank)
-        shift = 0 if top is None or lo > top else shifts_past({0: (0, 0, top), 1: (1, lo, hi)}).get(1, 0)
-        self._correlation_top[rank] = max(top if top is not None else hi, hi + shift)
+        shift = top + 1 - lo if top is not None and lo <= top else 0
+        self._correlation_top[rank] = hi + shift if top is None else max(top, hi + shift)
         return {k: shift_correlation(t, shift) for k, t in tables.items()} if shift else tables
 
     @staticmethod

@@ -85,7 +85,6 @@ DISPLAY = {"steps": ["rank", "step", "label", "wall_ns", "gpu_busy_ns", "host_wa
                      "other_idle_ns", "compute_ns", "communication_ns", "memory_ns", "kernels", "top_op", "outlier"]}
 
 
-
 def _occurrences(hits: pa.Table) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(starts, ends, labels) of step ranges: the ranges of one name that overlap (the op and
     the annotation of one step) make one window; the same name again later (a second capture
@@ -106,6 +105,7 @@ def _occurrences(hits: pa.Table) -> tuple[np.ndarray, np.ndarray, list[str]]:
     order = np.argsort(np.array(out_s, dtype=np.int64), kind="stable")
     return (np.array(out_s, dtype=np.int64)[order], np.array(out_e, dtype=np.int64)[order],
             [labels[i] for i in order])
+
 
 class Steps(Tool):
     name = "steps"
